@@ -1,0 +1,65 @@
+"""One rank's part of a training segment: build the World, create or load the engine, train.
+
+Used by the tests, the demo and the stop-and-restart path: each phase is timed so that a
+restart's downtime can be broken down (group init, load, warm-up).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from liver.checkpoint import dcp as ckpt
+from liver.engine.state import gather_full_state, state_digest
+from liver.engine.trainer import Engine
+from liver.topology import JobConfig, Layout, ParallelConfig
+from liver.world.world import World, connect_store
+
+
+def run_segment(*, store_addr: str, namespace: str, rank: int, job: dict[str, Any],
+                parallel: dict[str, Any], steps: int, load_from: str | None = None,
+                save_to: str | None = None, digests: bool = True, gather: bool = False,
+                backend: str = "gloo", generation: int = 0, log: bool = False) -> dict[str, Any]:
+    """Train ``steps`` steps on this rank; returns losses, digests and phase timings."""
+    timings: dict[str, float] = {}
+    jc = JobConfig.from_dict(job)
+    pc = ParallelConfig.from_dict(parallel)
+    layout = Layout(jc.model, pc, jc.train)
+    device = (torch.device("cuda", torch.cuda.current_device()) if backend == "nccl"
+              else torch.device("cpu"))
+    t0 = time.perf_counter()
+    store = dist.PrefixStore(namespace + "/", connect_store(store_addr))
+    world = World.build(store, generation, layout, rank, backend, device)
+    world.warm()
+    world.activate()
+    timings["group_init_s"] = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    engine = Engine(jc, world, device, initialise=load_from is None)
+    timings["build_s"] = time.perf_counter() - t0
+    out: dict[str, Any] = {"rank": rank, "losses": [], "grad_norms": [], "step_s": []}
+    if load_from is not None:
+        timings["load_s"] = ckpt.load(engine, load_from)
+    if digests:
+        out["digest_start"] = state_digest(engine)
+    for i in range(steps):
+        st = engine.train_step()
+        out["losses"].append(st.loss)
+        out["grad_norms"].append(st.grad_norm)
+        out["step_s"].append(st.step_s)
+        if log and rank == 0:
+            print(f"[{pc.short()}] step: {st.step:4d}  loss: {st.loss:.4f}  grad_norm: "
+                  f"{st.grad_norm:.3f}  lr: {st.lr:.2e}  tps: {st.tokens_per_s:,.0f}"
+                  + (f"  mfu: {st.mfu:.1%}" if st.mfu else ""), flush=True)
+    if digests:
+        out["digest_end"] = state_digest(engine)
+    if gather:
+        out["full_state"] = gather_full_state(engine)
+    if save_to is not None:
+        timings["save_s"] = ckpt.save(engine, save_to)
+    out["step"] = engine.step
+    out["timings"] = timings
+    world.destroy()
+    return out

@@ -1,0 +1,193 @@
+"""The reference training engine: one rank's shards, its optimizer state and its training step.
+
+The engine gets all its process groups from the World it is handed. Its full training state is
+the logical tensors of ``state_specs`` (fp32 master parameters and AdamW moments) plus the
+scalars (step, data position, seed, LR schedule).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from liver.engine import data, model
+from liver.engine.optim import adamw_step, learning_rate
+from liver.engine.pipeline import OneFOneB
+from liver.resource_view.spec import TensorSpec, with_adam_state
+from liver.resource_view.view import Box, local_shape, view
+from liver.topology.config import JobConfig
+from liver.world.world import World
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+
+
+def state_specs(job: JobConfig) -> list[TensorSpec]:
+    """The full logical training state: every parameter followed by its two AdamW moments."""
+    return with_adam_state(model.param_specs(job.model))
+
+
+@dataclass
+class StepStats:
+    step: int
+    loss: float
+    grad_norm: float
+    lr: float
+    step_s: float
+    tokens_per_s: float
+    mfu: float | None
+
+
+def peak_flops(device: torch.device, dtype: str) -> float | None:
+    """Dense peak of one accelerator, for MFU; None on CPU."""
+    if device.type != "cuda":
+        return None
+    name = torch.cuda.get_device_name(device)
+    if "H100" in name or "H200" in name or "H800" in name:
+        return 989e12 if dtype == "bfloat16" else 67e12
+    if "A100" in name or "A800" in name:
+        return 312e12 if dtype == "bfloat16" else 19.5e12
+    return None
+
+
+class Engine:
+    """One rank of a TP x PP x DP training job."""
+
+    def __init__(self, job: JobConfig, world: World, device: torch.device, *,
+                 initialise: bool = True) -> None:
+        self.job = job
+        self.world = world
+        self.layout = world.layout
+        self.device = device
+        self.compute_dtype = _DTYPES[job.compute_dtype]
+        self.specs = state_specs(job)
+        self.param_specs = [s for s in self.specs if s.kind == "param"]
+        self.boxes: dict[str, Box] = {}
+        for s in self.specs:
+            b = view(s, self.layout, world.rank)
+            if b is not None:
+                self.boxes[s.name] = b
+        self.local_params = [s for s in self.param_specs if s.name in self.boxes]
+        # fp32 master state, created directly on this rank's device, shard by shard.
+        self.state: dict[str, torch.Tensor] = {}
+        for s in self.specs:
+            if s.name not in self.boxes:
+                continue
+            box = self.boxes[s.name]
+            if s.kind == "param" and initialise:
+                t = model.init_shard(s, box, job.model, job.train.seed, device)
+            elif initialise:
+                t = torch.zeros(local_shape(box), dtype=torch.float32, device=device)
+            else:
+                t = torch.empty(local_shape(box), dtype=torch.float32, device=device)
+            self.state[s.name] = t
+        self.step = 0
+        self.consumed_samples = 0
+        self._bind_params()
+        self._rope = model.rope_tables(job.model, device)
+
+    def _bind_params(self) -> None:
+        """Compute-dtype leaves for autograd; in fp32 they are the master tensors themselves."""
+        self.params: dict[str, torch.Tensor] = {}
+        for s in self.local_params:
+            master = self.state[s.name]
+            p = master if self.compute_dtype == torch.float32 else master.to(self.compute_dtype)
+            self.params[s.name] = p.requires_grad_(True)
+
+    def refresh_params(self) -> None:
+        """Re-derive compute weights after the master state was overwritten (load, transfer)."""
+        if self.compute_dtype != torch.float32:
+            with torch.no_grad():
+                for s in self.local_params:
+                    self.params[s.name].copy_(self.state[s.name])
+
+    # ---- scalars -----------------------------------------------------------------------------
+    def scalars(self) -> dict[str, Any]:
+        t = self.job.train
+        return {"step": self.step, "consumed_samples": self.consumed_samples,
+                "rng": {"seed": t.seed, "counter": self.step},
+                "lr_schedule": {"lr": t.lr, "min_lr": t.min_lr, "warmup_steps": t.warmup_steps,
+                                "total_steps": t.total_steps,
+                                "current": learning_rate(t, self.step)},
+                "corpus": data.corpus_fingerprint(t.corpus_bytes)}
+
+    def load_scalars(self, s: dict[str, Any]) -> None:
+        if s["rng"]["seed"] != self.job.train.seed:
+            raise ValueError(f"scalars.rng.seed={s['rng']['seed']} differs from the job's "
+                             f"train.seed={self.job.train.seed}")
+        self.step = int(s["step"])
+        self.consumed_samples = int(s["consumed_samples"])
+
+    # ---- training ----------------------------------------------------------------------------
+    def train_step(self) -> StepStats:
+        t0 = time.perf_counter()
+        job, lay, w = self.job, self.layout, self.world
+        m, tr = job.model, job.train
+        c = lay.coord(w.rank)
+        lo, hi = lay.stage_bounds[c.pp]
+        first_stage, last_stage = c.pp == 0, c.pp == lay.pp - 1
+        n_micro, mb = lay.num_micro_batches, tr.micro_batch
+        first_sample = self.consumed_samples + c.dp * lay.local_batch
+        scale = 1.0 / (n_micro * lay.dp)
+        p = self.params
+
+        def forward(i: int, x: torch.Tensor | None) -> torch.Tensor:
+            ids, tgt = data.batch(first_sample + i * mb, mb, m.seq_len, m.vocab_size, tr.seed,
+                                  tr.corpus_bytes)
+            if first_stage:
+                x = model.embed(ids.to(self.device), p, w.tp)
+            for layer in range(lo, hi):
+                x = model.block(x, p, layer, m, w.tp, self._rope)
+            if last_stage:
+                return model.head_loss(x, tgt.to(self.device), p, m, w.tp) * scale
+            return x
+
+        sched = OneFOneB(w.pp, (mb, m.seq_len, m.hidden_size), self.compute_dtype, self.device)
+        losses = sched.run(forward, n_micro)
+
+        grads = [p[s.name].grad for s in self.local_params]
+        if lay.dp > 1:
+            flat = torch._utils._flatten_dense_tensors(grads)
+            w.dp.allreduce(flat)
+            grads = torch._utils._unflatten_dense_tensors(flat, grads)
+        grads = [g.float() for g in grads]
+        norm = self._grad_norm(grads)
+        clip = min(1.0, tr.grad_clip / (norm + 1e-6)) if tr.grad_clip > 0 else 1.0
+        lr = learning_rate(tr, self.step)
+        adamw_step([self.state[s.name] for s in self.local_params], grads,
+                   [self.state[s.name + ".exp_avg"] for s in self.local_params],
+                   [self.state[s.name + ".exp_avg_sq"] for s in self.local_params],
+                   [len(s.shape) > 1 for s in self.local_params], tr, self.step, lr, clip)
+        for s in self.local_params:
+            p[s.name].grad = None
+        self.refresh_params()
+
+        loss = torch.tensor([sum(losses)], dtype=torch.float64, device=self.device)
+        w.dp.allreduce(loss)
+        w.pp.allreduce(loss)
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        self.step += 1
+        self.consumed_samples += tr.global_batch
+        dt = time.perf_counter() - t0
+        tokens = tr.global_batch * m.seq_len
+        peak = peak_flops(self.device, job.compute_dtype)
+        mfu = None
+        if peak:
+            flops_per_token = 6 * m.num_params() + 12 * m.num_layers * m.hidden_size * m.seq_len
+            mfu = flops_per_token * tokens / dt / (peak * lay.size)
+        return StepStats(self.step, float(loss.item()), norm, lr, dt, tokens / dt, mfu)
+
+    def _grad_norm(self, grads: list[torch.Tensor]) -> float:
+        """Global L2 norm: TP-sharded parameters count on every TP rank, replicated ones once."""
+        w = self.world
+        total = torch.zeros(1, dtype=torch.float64, device=self.device)
+        for s, g in zip(self.local_params, grads):
+            if s.shard_dim is not None or w.tp.rank == 0:
+                total += g.double().pow(2).sum()
+        w.tp.allreduce(total)
+        w.pp.allreduce(total)
+        return math.sqrt(float(total.item()))

@@ -1,0 +1,194 @@
+"""Process groups that belong to one generation.
+
+A ``Group`` wraps a standalone c10d ``ProcessGroup`` built over a ``PrefixStore`` (fresh prefix per
+generation), so it never depends on torch.distributed's process-global default group. All ranks
+here are group-local. ``LocalGroup`` is the one-member case: every collective is the identity.
+"""
+
+from __future__ import annotations
+
+import pickle
+from datetime import timedelta
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch._C._distributed_c10d import ProcessGroup
+
+_OPS = {"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX, "min": dist.ReduceOp.MIN}
+
+
+class _Done:
+    """A completed work handle (for groups whose collectives are local)."""
+
+    def wait(self) -> bool:
+        return True
+
+
+class Group:
+    """A real process group of ``size`` members; this process is member ``rank``.
+
+    ``members`` are the generation-wide ranks of the members, in group-rank order.
+    """
+
+    def __init__(self, name: str, members: list[int], rank: int, pg: ProcessGroup | None,
+                 backend: str, device: torch.device) -> None:
+        self.name = name
+        self.members = list(members)
+        self.rank = rank
+        self.size = len(members)
+        self.pg = pg
+        self.backend = backend
+        self.device = device
+
+    # ---- construction --------------------------------------------------------------------
+    @staticmethod
+    def create(store: dist.Store, name: str, members: list[int], my_rank: int, backend: str,
+               device: torch.device, timeout: timedelta) -> "Group":
+        """Build (rendezvous) the group; blocks until every member has called create()."""
+        rank = members.index(my_rank)
+        if len(members) == 1:
+            return LocalGroup(name, members, 0, backend, device)
+        prefix_store = dist.PrefixStore(f"{name}/", store)
+        if backend == "gloo":
+            be = dist.ProcessGroupGloo(prefix_store, rank, len(members), timeout)
+            btype = ProcessGroup.BackendType.GLOO
+        elif backend == "nccl":
+            opts = dist.ProcessGroupNCCL.Options()
+            opts._timeout = timeout
+            be = dist.ProcessGroupNCCL(prefix_store, rank, len(members), opts)
+            btype = ProcessGroup.BackendType.NCCL
+        else:
+            raise ValueError(f"backend={backend!r}: allowed 'gloo', 'nccl'")
+        pg = ProcessGroup(prefix_store, rank, len(members))
+        pg._set_default_backend(btype)
+        pg._register_backend(device, btype, be)
+        if device.type != "cpu" and backend == "gloo":
+            pg._register_backend(torch.device("cpu"), btype, be)
+        if hasattr(pg, "_set_group_name"):
+            pg._set_group_name(name.replace("/", "_"))
+        return Group(name, members, rank, pg, backend, device)
+
+    # ---- collectives (in place) ----------------------------------------------------------
+    def allreduce(self, t: torch.Tensor, op: str = "sum") -> None:
+        opts = dist.AllreduceOptions()
+        opts.reduceOp = _OPS[op]
+        self.pg.allreduce([t], opts).wait()
+
+    def broadcast(self, t: torch.Tensor, src: int = 0) -> None:
+        opts = dist.BroadcastOptions()
+        opts.rootRank = src
+        opts.rootTensor = 0
+        self.pg.broadcast([t], opts).wait()
+
+    def allgather(self, t: torch.Tensor) -> list[torch.Tensor]:
+        out = [torch.empty_like(t) for _ in range(self.size)]
+        self.pg.allgather([out], [t]).wait()
+        return out
+
+    def isend(self, t: torch.Tensor, dst: int, tag: int = 0) -> Any:
+        return self.pg.send([t], dst, tag)
+
+    def irecv(self, t: torch.Tensor, src: int, tag: int = 0) -> Any:
+        return self.pg.recv([t], src, tag)
+
+    def send(self, t: torch.Tensor, dst: int, tag: int = 0) -> None:
+        self.isend(t, dst, tag).wait()
+
+    def recv(self, t: torch.Tensor, src: int, tag: int = 0) -> None:
+        self.irecv(t, src, tag).wait()
+
+    def exchange(self, sends: list[tuple[torch.Tensor, int]], recvs: list[tuple[torch.Tensor, int]],
+                 tag: int = 0) -> None:
+        """Post point-to-point sends and receives together and wait for all of them.
+
+        On NCCL they are coalesced into one group call, so two peers that both send before they
+        receive cannot deadlock on in-order streams.
+        """
+        if not sends and not recvs:
+            return
+        coalesce = self.backend == "nccl"
+        if coalesce:
+            self.pg._start_coalescing(self.device)
+        works = [self.pg.send([t], p, tag) for t, p in sends]
+        works += [self.pg.recv([t], p, tag) for t, p in recvs]
+        if coalesce:
+            work = self.pg._end_coalescing(self.device)
+            works = [work] if work is not None else works
+        for w in works:
+            w.wait()
+
+    def barrier(self) -> None:
+        self.allreduce(torch.zeros(1, device=self.device))
+
+    def all_gather_object(self, obj: Any) -> list[Any]:
+        """Pickled objects from every member, in group-rank order."""
+        data = torch.frombuffer(bytearray(pickle.dumps(obj)), dtype=torch.uint8)
+        n = torch.tensor([data.numel()], dtype=torch.int64, device=self.device)
+        sizes = [int(x.item()) for x in self.allgather(n)]
+        buf = torch.zeros(max(sizes), dtype=torch.uint8, device=self.device)
+        buf[: data.numel()] = data.to(self.device)
+        return [pickle.loads(bytes(b[:s].cpu().numpy())) for b, s in zip(self.allgather(buf), sizes)]
+
+    def broadcast_object(self, obj: Any, src: int = 0) -> Any:
+        return self.all_gather_object(obj if self.rank == src else None)[src]
+
+    def warm(self) -> None:
+        """First collective: connection set-up happens here, not at the first training step."""
+        self.barrier()
+
+    def destroy(self) -> None:
+        if self.pg is not None and self.backend == "nccl":
+            try:
+                self.pg._get_backend(self.device).shutdown()
+            except Exception:  # already torn down or a peer died
+                pass
+        self.pg = None
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.name}, rank {self.rank}/{self.size})"
+
+
+class LocalGroup(Group):
+    """A group whose collectives are answered locally: the one-member group is exact.
+
+    Its subclass ``MockGroup`` (runtime warm-up) has more nominal members but still answers
+    locally; this class keeps the arithmetic identity (sum over one member = the value).
+    """
+
+    def __init__(self, name: str, members: list[int], rank: int, backend: str,
+                 device: torch.device) -> None:
+        super().__init__(name, members, rank, None, backend, device)
+
+    def allreduce(self, t: torch.Tensor, op: str = "sum") -> None:
+        return None
+
+    def broadcast(self, t: torch.Tensor, src: int = 0) -> None:
+        return None
+
+    def allgather(self, t: torch.Tensor) -> list[torch.Tensor]:
+        return [t.clone() for _ in range(self.size)]
+
+    def isend(self, t: torch.Tensor, dst: int, tag: int = 0) -> Any:
+        if dst != self.rank:
+            raise RuntimeError(f"{self}: send to member {dst} of a local group")
+        return _Done()
+
+    def irecv(self, t: torch.Tensor, src: int, tag: int = 0) -> Any:
+        if src != self.rank:
+            raise RuntimeError(f"{self}: recv from member {src} of a local group")
+        return _Done()
+
+    def exchange(self, sends: list[tuple[torch.Tensor, int]], recvs: list[tuple[torch.Tensor, int]],
+                 tag: int = 0) -> None:
+        if sends or recvs:
+            raise RuntimeError(f"{self}: point-to-point traffic on a local group")
+
+    def barrier(self) -> None:
+        return None
+
+    def all_gather_object(self, obj: Any) -> list[Any]:
+        return [obj for _ in range(self.size)]
+
+    def destroy(self) -> None:
+        return None

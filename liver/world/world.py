@@ -1,0 +1,140 @@
+"""World: one generation's process groups (TP, PP, DP and one over all its ranks).
+
+Built explicitly from a TCPStore with a fresh prefix per generation; it can be built in a
+background thread while another World trains, warmed (first collective done), activated
+(registered with torch.distributed so that DCP can use it) and destroyed.
+"""
+
+from __future__ import annotations
+
+import time
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+from torch.distributed import distributed_c10d as c10d
+
+from liver.topology.layout import Layout
+from liver.world.group import Group
+
+
+def connect_store(addr: str, timeout_s: float = 120.0) -> dist.TCPStore:
+    """A client of the job's TCPStore at ``host:port``."""
+    host, port = addr.rsplit(":", 1)
+    return dist.TCPStore(host, int(port), is_master=False, timeout=timedelta(seconds=timeout_s),
+                         wait_for_workers=False)
+
+
+class World:
+    """The process groups of one generation, as seen by one of its ranks."""
+
+    def __init__(self, generation: int, layout: Layout, rank: int, backend: str,
+                 device: torch.device, groups: dict[str, Group], build_s: float) -> None:
+        self.generation = generation
+        self.layout = layout
+        self.rank = rank
+        self.backend = backend
+        self.device = device
+        self.groups = groups
+        self.build_s = build_s
+        self.warm_s = 0.0
+        self._registered = False
+
+    # Training code asks the World for its groups; nothing reads the process-global default.
+    @property
+    def all(self) -> Group:
+        return self.groups["all"]
+
+    @property
+    def tp(self) -> Group:
+        return self.groups["tp"]
+
+    @property
+    def pp(self) -> Group:
+        return self.groups["pp"]
+
+    @property
+    def dp(self) -> Group:
+        return self.groups["dp"]
+
+    @property
+    def coord(self):
+        return self.layout.coord(self.rank)
+
+    @classmethod
+    def build(cls, store: dist.Store, generation: int, layout: Layout, rank: int,
+              backend: str = "gloo", device: torch.device | None = None,
+              timeout: timedelta = timedelta(seconds=300)) -> "World":
+        """Rendezvous this rank's groups of generation ``generation`` (blocks on its peers)."""
+        device = device or torch.device("cpu")
+        t0 = time.perf_counter()
+        groups: dict[str, Group] = {}
+        prefix = f"liver/gen{generation}"
+        groups["all"] = Group.create(store, f"{prefix}/all", list(range(layout.size)), rank,
+                                     backend, device, timeout)
+        for axis, members_of in (("tp", layout.tp_group), ("dp", layout.dp_group),
+                                 ("pp", layout.pp_group)):
+            members = members_of(rank)
+            index = layout.all_groups(axis).index(members)
+            groups[axis] = Group.create(store, f"{prefix}/{axis}{index}", members, rank, backend,
+                                        device, timeout)
+        return cls(generation, layout, rank, backend, device, groups, time.perf_counter() - t0)
+
+    def warm(self) -> float:
+        """Run a first collective on every group so connection set-up is off the critical path."""
+        t0 = time.perf_counter()
+        for g in self.groups.values():
+            g.warm()
+        self.warm_s = time.perf_counter() - t0
+        return self.warm_s
+
+    # ---- registration with torch.distributed (for DCP and DTensor) ------------------------
+    def activate(self) -> None:
+        """Install this generation as torch.distributed's default group, with its subgroups.
+
+        Only the Active World is registered; a Shadow World uses its groups directly.
+        """
+        w = c10d._world
+        for name, g in self.groups.items():
+            if g.pg is None:
+                continue
+            gname = g.name.replace("/", "_")
+            w.pg_map[g.pg] = (self.backend, None)
+            w.pg_names[g.pg] = gname
+            w.pg_group_ranks[g.pg] = {m: i for i, m in enumerate(g.members)}
+            w.pg_backend_config[g.pg] = f"{self.device.type}:{self.backend}"
+            w.pg_to_tag[g.pg] = f"ptd:{gname}"
+            w.tags_to_pg.setdefault(f"ptd:{gname}", []).append(g.pg)
+            if hasattr(c10d, "_register_process_group"):
+                c10d._register_process_group(gname, g.pg)
+        if self.all.pg is not None:
+            c10d._update_default_pg(self.all.pg)
+        self._registered = True
+
+    def deactivate(self) -> None:
+        if not self._registered:
+            return
+        w = c10d._world
+        for g in self.groups.values():
+            if g.pg is None:
+                continue
+            gname = g.name.replace("/", "_")
+            for d in (w.pg_map, w.pg_names, w.pg_group_ranks, w.pg_backend_config, w.pg_to_tag):
+                d.pop(g.pg, None)
+            w.tags_to_pg.pop(f"ptd:{gname}", None)
+            if hasattr(c10d, "_unregister_process_group"):
+                try:
+                    c10d._unregister_process_group(gname)
+                except Exception:
+                    pass
+        if c10d._world.default_pg is self.all.pg:
+            c10d._update_default_pg(None)
+        self._registered = False
+
+    def destroy(self) -> None:
+        self.deactivate()
+        for g in self.groups.values():
+            g.destroy()
+
+    def __repr__(self) -> str:
+        return f"World(gen={self.generation}, rank={self.rank}, {self.layout.describe()})"
