@@ -1,0 +1,85 @@
+"""World: a second generation is built in the background while the first keeps training.
+
+Two processes train on generation 0; a third process is started; generation 1 over all three is
+built in a background thread while generation 0 keeps stepping; then both generations'
+collectives give the right sums.
+"""
+
+import multiprocessing as mp
+import threading
+from datetime import timedelta
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from liver.engine.trainer import Engine
+from liver.topology import JobConfig, Layout, ModelConfig, ParallelConfig, TrainConfig
+from liver.world.world import World, connect_store
+
+JOB = JobConfig(model=ModelConfig(num_layers=2, hidden_size=32, num_heads=4, ffn_size=64, seq_len=16),
+                train=TrainConfig(global_batch=6, micro_batch=1, corpus_bytes=1 << 20))
+
+
+def _member(rank: int, addr: str, results) -> None:
+    torch.set_num_threads(1)
+    store = connect_store(addr)
+    out = {"rank": rank}
+    gen1_layout = Layout(JOB.model, ParallelConfig(dp=3), JOB.train)
+    if rank < 2:
+        gen0 = World.build(store, 0, Layout(JOB.model, ParallelConfig(dp=2), JOB.train), rank)
+        gen0.warm()
+        engine = Engine(JOB, gen0, torch.device("cpu"))
+        engine.train_step()
+        store.set(f"trained/{rank}", "1")
+        shadow: dict = {}
+
+        def build():
+            w = World.build(store, 1, gen1_layout, rank)
+            w.warm()
+            shadow["world"] = w
+
+        t = threading.Thread(target=build)
+        t.start()
+        steps_during_build = 0
+        while t.is_alive() or steps_during_build < 2:
+            engine.train_step()
+            steps_during_build += 1
+        t.join()
+        out["steps_during_build"] = steps_during_build
+        x = torch.tensor([float(rank + 1)])
+        gen0.all.allreduce(x)
+        out["gen0_sum"] = x.item()
+        gen1 = shadow["world"]
+    else:
+        store.wait(["trained/0", "trained/1"])  # start only once generation 0 is training
+        gen1 = World.build(store, 1, gen1_layout, rank)
+        gen1.warm()
+    y = torch.tensor([float(10 * (rank + 1))])
+    gen1.all.allreduce(y)
+    out["gen1_sum"] = y.item()
+    out["gen1_generation"] = gen1.generation
+    results.put(out)
+
+
+@pytest.mark.timeout(120)
+def test_shadow_generation_builds_while_old_one_trains():
+    ctx = mp.get_context("spawn")
+    store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False,
+                          timeout=timedelta(seconds=60))
+    addr = f"127.0.0.1:{store.port}"
+    results = ctx.Queue()
+    procs = [ctx.Process(target=_member, args=(r, addr, results)) for r in range(2)]
+    for p in procs:
+        p.start()
+    store.wait(["trained/0", "trained/1"], timedelta(seconds=90))
+    late = ctx.Process(target=_member, args=(2, addr, results))  # the third process starts now
+    late.start()
+    procs.append(late)
+    outs = sorted((results.get(timeout=90) for _ in range(3)), key=lambda o: o["rank"])
+    for p in procs:
+        p.join(timeout=30)
+        assert p.exitcode == 0
+    assert [o["gen1_sum"] for o in outs] == [60.0, 60.0, 60.0]
+    assert [o["gen0_sum"] for o in outs[:2]] == [3.0, 3.0]
+    assert all(o["steps_during_build"] >= 1 for o in outs[:2])
