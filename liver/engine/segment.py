@@ -25,6 +25,7 @@ def run_segment(*, store_addr: str, namespace: str, rank: int, job: dict[str, An
                 backend: str = "gloo", generation: int = 0, log: bool = False) -> dict[str, Any]:
     """Train ``steps`` steps on this rank; returns losses, digests and phase timings."""
     timings: dict[str, float] = {}
+    wall: dict[str, float] = {"start": time.time()}
     jc = JobConfig.from_dict(job)
     pc = ParallelConfig.from_dict(parallel)
     layout = Layout(jc.model, pc, jc.train)
@@ -42,10 +43,15 @@ def run_segment(*, store_addr: str, namespace: str, rank: int, job: dict[str, An
     out: dict[str, Any] = {"rank": rank, "losses": [], "grad_norms": [], "step_s": []}
     if load_from is not None:
         timings["load_s"] = ckpt.load(engine, load_from)
-    if digests:
+    if digests:  # timed apart: a check, not part of a restart's cost
+        t0 = time.perf_counter()
         out["digest_start"] = state_digest(engine)
+        timings["digest_s"] = time.perf_counter() - t0
+    wall["ready"] = time.time()
     for i in range(steps):
         st = engine.train_step()
+        wall.setdefault("first_step_end", time.time())
+        wall["last_step_end"] = time.time()
         out["losses"].append(st.loss)
         out["grad_norms"].append(st.grad_norm)
         out["step_s"].append(st.step_s)
@@ -54,12 +60,16 @@ def run_segment(*, store_addr: str, namespace: str, rank: int, job: dict[str, An
                   f"{st.grad_norm:.3f}  lr: {st.lr:.2e}  tps: {st.tokens_per_s:,.0f}"
                   + (f"  mfu: {st.mfu:.1%}" if st.mfu else ""), flush=True)
     if digests:
+        t0 = time.perf_counter()
         out["digest_end"] = state_digest(engine)
+        timings["digest_s"] = timings.get("digest_s", 0.0) + time.perf_counter() - t0
     if gather:
         out["full_state"] = gather_full_state(engine)
     if save_to is not None:
         timings["save_s"] = ckpt.save(engine, save_to)
+    wall["end"] = time.time()
     out["step"] = engine.step
     out["timings"] = timings
+    out["wall"] = wall
     world.destroy()
     return out
