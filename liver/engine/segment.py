@@ -46,7 +46,7 @@ def run_segment(*, store_addr: str, namespace: str, rank: int, job: dict[str, An
     if digests:  # timed apart: a check, not part of a restart's cost
         t0 = time.perf_counter()
         out["digest_start"] = state_digest(engine)
-        timings["digest_s"] = time.perf_counter() - t0
+        timings["digest_start_s"] = time.perf_counter() - t0
     wall["ready"] = time.time()
     for i in range(steps):
         st = engine.train_step()
@@ -62,7 +62,7 @@ def run_segment(*, store_addr: str, namespace: str, rank: int, job: dict[str, An
     if digests:
         t0 = time.perf_counter()
         out["digest_end"] = state_digest(engine)
-        timings["digest_s"] = timings.get("digest_s", 0.0) + time.perf_counter() - t0
+        timings["digest_end_s"] = time.perf_counter() - t0
     if gather:
         out["full_state"] = gather_full_state(engine)
     if save_to is not None:
