@@ -1,0 +1,149 @@
+"""Streaming executor: runs a transfer plan over point-to-point send/recv, layer by layer, through
+a staging budget of B bytes per process.
+
+Every process walks the same global order of chunks (layer, task, tensor, chunk) and posts only
+its own, so each pair of peers sees its messages in one order and the smallest unfinished chunk
+can always complete: there is no barrier between layers. A chunk needs staging only when its
+box is not contiguous in memory (a slice across the TP-sharded inner dimension); contiguous
+boxes are sent from, and received into, the shard storage itself. When the staging in flight
+would exceed B, the process waits for its oldest operations first.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from liver.planner.plan import Plan, TransferTask
+from liver.resource_view.spec import TensorSpec
+from liver.resource_view.view import local_shape, view
+from liver.world.group import Group
+
+_TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+
+
+@dataclass
+class TransferStats:
+    bytes_sent: int = 0
+    bytes_received: int = 0
+    bytes_local: int = 0
+    bytes_kept: int = 0
+    seconds: float = 0.0
+    peak_staging_bytes: int = 0
+    num_chunks: int = 0
+    timeline: list[tuple[int, float]] = field(default_factory=list)  # (layer, seconds at its end)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {k: v for k, v in self.__dict__.items() if k != "timeline"}
+
+
+def _slices(box) -> tuple[slice, ...]:
+    return tuple(slice(lo, hi) for lo, hi in box)
+
+
+def _row_chunks(box, row_bytes: int, budget: int) -> list:
+    """Split a box along its first dimension into pieces of at most ``budget`` bytes."""
+    (lo, hi), rest = box[0], box[1:]
+    if row_bytes > budget:
+        raise ValueError(f"staging budget={budget} bytes is smaller than one row of a transfer "
+                         f"({row_bytes} bytes); allowed: budget >= the largest row")
+    step = max(1, budget // row_bytes)
+    return [((a, min(hi, a + step)),) + rest for a in range(lo, hi, step)]
+
+
+class StreamingExecutor:
+    """One process's side of a plan. ``group`` spans every process of the plan; its group ranks
+    are the plan's process ids."""
+
+    def __init__(self, plan: Plan, specs: list[TensorSpec], proc: int, group: Group,
+                 budget_bytes: int, device: torch.device) -> None:
+        if budget_bytes < 1:
+            raise ValueError(f"budget_bytes={budget_bytes}: must be positive")
+        self.plan = plan
+        self.specs = {s.name: s for s in specs}
+        self.proc = proc
+        self.group = group
+        self.budget = budget_bytes
+        self.device = device
+        self.new_rank = plan.placement.index(proc) if proc in plan.placement else None
+
+    def run(self, src_state: dict[str, torch.Tensor] | None) -> tuple[dict[str, torch.Tensor], TransferStats]:
+        """Move the state. ``src_state`` is this process's old shards (None for a joiner).
+        Returns the new shards of this process (empty if it leaves) and statistics."""
+        stats = TransferStats()
+        t0 = time.perf_counter()
+        dst: dict[str, torch.Tensor] = {}
+        self._pending: deque = deque()  # (work, staging bytes, buffer, finalize)
+        self._staging = 0
+
+        def dst_tensor(name: str) -> torch.Tensor:
+            t = dst.get(name)
+            if t is None:
+                spec = self.specs[name]
+                shape = local_shape(view(spec, self.plan.new, self.new_rank))
+                t = torch.empty(shape, dtype=_TORCH_DTYPES[spec.dtype], device=self.device)
+                dst[name] = t
+            return t
+
+        for layer, tasks in self.plan.layer_tasks(self.proc):
+            for task in tasks:
+                kind = task.kind
+                for name in task.tensors:
+                    if kind == "keep":
+                        dst[name] = src_state[name]  # the very same storage: nothing moves
+                        stats.bytes_kept += src_state[name].numel() * src_state[name].element_size()
+                    elif kind == "copy":
+                        d = dst_tensor(name)[_slices(task.dst_box)]
+                        d.copy_(src_state[name][_slices(task.src_box)])
+                        stats.bytes_local += d.numel() * d.element_size()
+                    else:
+                        self._stream(task, name, src_state, dst_tensor, stats)
+            stats.timeline.append((layer, time.perf_counter() - t0))
+        self._drain(0)
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        stats.seconds = time.perf_counter() - t0
+        return dst, stats
+
+    def _drain(self, need: int) -> None:
+        """Wait for the oldest operations until ``need`` more staging bytes fit (0: wait for all)."""
+        while self._pending and (need == 0 or self._staging + need > self.budget):
+            work, nbytes, _buf, finalize = self._pending.popleft()
+            work.wait()
+            if finalize is not None:
+                finalize()
+            self._staging -= nbytes
+
+    def _stream(self, task: TransferTask, name: str, src_state, dst_tensor,
+                stats: TransferStats) -> None:
+        spec = self.specs[name]
+        sending = task.src_proc == self.proc
+        base = src_state[name] if sending else dst_tensor(name)
+        box = task.src_box if sending else task.dst_box
+        row_bytes = spec.itemsize
+        for lo, hi in box[1:]:
+            row_bytes *= hi - lo
+        for chunk in _row_chunks(box, row_bytes, self.budget):
+            v = base[_slices(chunk)]
+            nbytes = v.numel() * v.element_size()
+            extra = 0 if v.is_contiguous() else nbytes
+            if extra:
+                self._drain(extra)
+            if sending:
+                buf = v if not extra else v.contiguous()
+                work = self.group.isend(buf, task.dst_proc)
+                finalize = None
+                stats.bytes_sent += nbytes
+            else:
+                buf = v if not extra else torch.empty(v.shape, dtype=v.dtype, device=v.device)
+                work = self.group.irecv(buf, task.src_proc)
+                finalize = None if not extra else (lambda d=v, b=buf: d.copy_(b))
+                stats.bytes_received += nbytes
+            self._pending.append((work, extra, buf, finalize))
+            self._staging += extra
+            stats.peak_staging_bytes = max(stats.peak_staging_bytes, self._staging)
+            stats.num_chunks += 1
