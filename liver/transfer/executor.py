@@ -56,8 +56,8 @@ def _row_chunks(box, row_bytes: int, budget: int) -> list:
 
 
 class StreamingExecutor:
-    """One process's side of a plan. ``group`` spans every process of the plan; its group ranks
-    are the plan's process ids."""
+    """One process's side of a plan. ``group`` spans every process of the plan; its members are
+    the plan's process ids."""
 
     def __init__(self, plan: Plan, specs: list[TensorSpec], proc: int, group: Group,
                  budget_bytes: int, device: torch.device) -> None:
@@ -70,6 +70,7 @@ class StreamingExecutor:
         self.budget = budget_bytes
         self.device = device
         self.new_rank = plan.placement.index(proc) if proc in plan.placement else None
+        self._peer = {p: i for i, p in enumerate(group.members)}  # process -> group rank
 
     def run(self, src_state: dict[str, torch.Tensor] | None) -> tuple[dict[str, torch.Tensor], TransferStats]:
         """Move the state. ``src_state`` is this process's old shards (None for a joiner).
@@ -135,12 +136,12 @@ class StreamingExecutor:
                 self._drain(extra)
             if sending:
                 buf = v if not extra else v.contiguous()
-                work = self.group.isend(buf, task.dst_proc)
+                work = self.group.isend(buf, self._peer[task.dst_proc])
                 finalize = None
                 stats.bytes_sent += nbytes
             else:
                 buf = v if not extra else torch.empty(v.shape, dtype=v.dtype, device=v.device)
-                work = self.group.irecv(buf, task.src_proc)
+                work = self.group.irecv(buf, self._peer[task.src_proc])
                 finalize = None if not extra else (lambda d=v, b=buf: d.copy_(b))
                 stats.bytes_received += nbytes
             self._pending.append((work, extra, buf, finalize))
