@@ -33,6 +33,20 @@ def _demo(args: argparse.Namespace) -> int:
     return 0 if all(ev["digest_equal"] for ev in out["events"]) else 1
 
 
+def _bench_plan(args: argparse.Namespace) -> int:
+    from liver.bench.plan import run
+
+    rows = run(repeats=args.repeats)
+    if args.json:
+        print(json.dumps(rows, indent=1))
+    else:
+        for r in rows:
+            print(f"{r['scenario']:<60} tasks {r['num_tasks']:>8,}  moved {r['bytes_moved'] / 1e12:7.2f} TB "
+                  f"(identity placement {r['bytes_moved_identity_placement'] / 1e12:7.2f} TB)  "
+                  f"plan {r['plan_s']:.3f} s")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="liver", description=__doc__)
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -42,6 +56,12 @@ def main(argv: list[str] | None = None) -> int:
     d.add_argument("--steps", type=int, default=8)
     d.add_argument("--workdir", default=None)
     d.set_defaults(fn=_demo)
+    b = sub.add_parser("bench", help="benchmarks (JSON output)")
+    bsub = b.add_subparsers(dest="bench", required=True)
+    bp = bsub.add_parser("plan", help="planner speed on GPT-3 175B at 1,024-2,048 ranks")
+    bp.add_argument("--json", action="store_true")
+    bp.add_argument("--repeats", type=int, default=3, help="best of N timings per scenario")
+    bp.set_defaults(fn=_bench_plan)
     args = p.parse_args(argv)
     try:
         return args.fn(args)

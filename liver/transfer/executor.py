@@ -78,8 +78,9 @@ class StreamingExecutor:
         stats = TransferStats()
         t0 = time.perf_counter()
         dst: dict[str, torch.Tensor] = {}
-        self._pending: deque = deque()  # (work, staging bytes, buffer, finalize)
+        self._pending: deque = deque()  # (works, staging bytes, buffers, finalizes)
         self._staging = 0
+        self._batch: list = []  # posted together: (is_send, buffer, peer, staging, finalize)
 
         def dst_tensor(name: str) -> torch.Tensor:
             t = dst.get(name)
@@ -103,20 +104,34 @@ class StreamingExecutor:
                         stats.bytes_local += d.numel() * d.element_size()
                     else:
                         self._stream(task, name, src_state, dst_tensor, stats)
+            self._flush()  # a layer's operations go out together; no barrier between layers
             stats.timeline.append((layer, time.perf_counter() - t0))
+        self._flush()
         self._drain(0)
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         stats.seconds = time.perf_counter() - t0
         return dst, stats
 
+    def _flush(self) -> None:
+        """Post the collected operations (one coalesced call on NCCL)."""
+        if not self._batch:
+            return
+        sends = [(b, p) for is_send, b, p, _, _ in self._batch if is_send]
+        recvs = [(b, p) for is_send, b, p, _, _ in self._batch if not is_send]
+        works = self.group.post(sends, recvs)
+        self._pending.append((works, sum(x[3] for x in self._batch), [x[1] for x in self._batch],
+                              [x[4] for x in self._batch if x[4] is not None]))
+        self._batch = []
+
     def _drain(self, need: int) -> None:
         """Wait for the oldest operations until ``need`` more staging bytes fit (0: wait for all)."""
         while self._pending and (need == 0 or self._staging + need > self.budget):
-            work, nbytes, _buf, finalize = self._pending.popleft()
-            work.wait()
-            if finalize is not None:
-                finalize()
+            works, nbytes, _bufs, finalizes = self._pending.popleft()
+            for w in works:
+                w.wait()
+            for f in finalizes:
+                f()
             self._staging -= nbytes
 
     def _stream(self, task: TransferTask, name: str, src_state, dst_tensor,
@@ -132,19 +147,18 @@ class StreamingExecutor:
             v = base[_slices(chunk)]
             nbytes = v.numel() * v.element_size()
             extra = 0 if v.is_contiguous() else nbytes
-            if extra:
+            if extra and self._staging + extra > self.budget:
+                self._flush()
                 self._drain(extra)
             if sending:
                 buf = v if not extra else v.contiguous()
-                work = self.group.isend(buf, self._peer[task.dst_proc])
-                finalize = None
+                self._batch.append((True, buf, self._peer[task.dst_proc], extra, None))
                 stats.bytes_sent += nbytes
             else:
                 buf = v if not extra else torch.empty(v.shape, dtype=v.dtype, device=v.device)
-                work = self.group.irecv(buf, self._peer[task.src_proc])
                 finalize = None if not extra else (lambda d=v, b=buf: d.copy_(b))
+                self._batch.append((False, buf, self._peer[task.src_proc], extra, finalize))
                 stats.bytes_received += nbytes
-            self._pending.append((work, extra, buf, finalize))
             self._staging += extra
             stats.peak_staging_bytes = max(stats.peak_staging_bytes, self._staging)
             stats.num_chunks += 1

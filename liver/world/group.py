@@ -105,8 +105,15 @@ class Group:
         On NCCL they are coalesced into one group call, so two peers that both send before they
         receive cannot deadlock on in-order streams.
         """
+        for w in self.post(sends, recvs, tag):
+            w.wait()
+
+    def post(self, sends: list[tuple[torch.Tensor, int]], recvs: list[tuple[torch.Tensor, int]],
+             tag: int = 0) -> list[Any]:
+        """Post point-to-point operations without waiting; on NCCL as one coalesced group call
+        (several channels at once instead of one operation after another)."""
         if not sends and not recvs:
-            return
+            return []
         coalesce = self.backend == "nccl"
         if coalesce:
             self.pg._start_coalescing(self.device)
@@ -115,8 +122,7 @@ class Group:
         if coalesce:
             work = self.pg._end_coalescing(self.device)
             works = [work] if work is not None else works
-        for w in works:
-            w.wait()
+        return works
 
     def barrier(self) -> None:
         self.allreduce(torch.zeros(1, device=self.device))
