@@ -57,7 +57,9 @@ class Engine:
     """One rank of a TP x PP x DP training job."""
 
     def __init__(self, job: JobConfig, world: World, device: torch.device, *,
-                 initialise: bool = True) -> None:
+                 initialise: bool = True, state: dict[str, torch.Tensor] | None = None) -> None:
+        """Create this rank's shards (``initialise``: from the seed; else uninitialised), or adopt
+        ``state`` (shards already in this layout, e.g. delivered by a live transfer)."""
         self.job = job
         self.world = world
         self.layout = world.layout
@@ -77,7 +79,12 @@ class Engine:
             if s.name not in self.boxes:
                 continue
             box = self.boxes[s.name]
-            if s.kind == "param" and initialise:
+            if state is not None:
+                t = state[s.name]
+                if tuple(t.shape) != local_shape(box):
+                    raise ValueError(f"state[{s.name!r}] has shape {tuple(t.shape)}; this rank's "
+                                     f"shard under {self.layout.parallel.short()} is {local_shape(box)}")
+            elif s.kind == "param" and initialise:
                 t = model.init_shard(s, box, job.model, job.train.seed, device)
             elif initialise:
                 t = torch.zeros(local_shape(box), dtype=torch.float32, device=device)

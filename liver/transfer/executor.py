@@ -72,6 +72,7 @@ class StreamingExecutor:
         self.new_rank = plan.placement.index(proc) if proc in plan.placement else None
         self._peer = {p: i for i, p in enumerate(group.members)}  # process -> group rank
 
+    @torch.no_grad()
     def run(self, src_state: dict[str, torch.Tensor] | None) -> tuple[dict[str, torch.Tensor], TransferStats]:
         """Move the state. ``src_state`` is this process's old shards (None for a joiner).
         Returns the new shards of this process (empty if it leaves) and statistics."""

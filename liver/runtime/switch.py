@@ -1,0 +1,37 @@
+"""The switch: hand the training state of one generation to the next over the network.
+
+Given this process's engine on the old generation (None for a joiner), the new generation's
+World, a transfer group over every process of both, and a plan, stream the shards, adopt them in
+a new engine and carry the scalars over. This is the only pause of a live reconfiguration.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import torch
+
+from liver.engine.trainer import Engine, state_specs
+from liver.planner.plan import Plan
+from liver.topology import JobConfig
+from liver.transfer.executor import StreamingExecutor
+from liver.world.group import Group
+from liver.world.world import World
+
+
+def switch(*, job: JobConfig, old: Engine | None, new_world: World | None, transfer: Group,
+           plan: Plan, proc: int, budget_bytes: int, device: torch.device) -> tuple[Engine | None, dict[str, Any]]:
+    """Returns the engine on the new generation (None if this process leaves) and timings."""
+    t0 = time.perf_counter()
+    specs = state_specs(job)
+    scalars = transfer.broadcast_object(old.scalars() if old is not None and proc == plan.old_procs[0] else None,
+                                        src=transfer.members.index(plan.old_procs[0]))
+    shards, stats = StreamingExecutor(plan, specs, proc, transfer, budget_bytes, device).run(
+        old.state if old is not None else None)
+    engine = None
+    if new_world is not None:
+        engine = Engine(job, new_world, device, state=shards)
+        engine.load_scalars(scalars)
+        engine.refresh_params()
+    return engine, {"switch_s": time.perf_counter() - t0, **stats.to_dict()}
