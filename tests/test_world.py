@@ -42,9 +42,15 @@ def _member(rank: int, addr: str, results) -> None:
         t = threading.Thread(target=build)
         t.start()
         steps_during_build = 0
-        while t.is_alive() or steps_during_build < 2:
+        while True:
             engine.train_step()
             steps_during_build += 1
+            # ranks agree at the iteration boundary that the shadow is ready (as the switch does);
+            # deciding alone would let one rank stop stepping while the other still steps
+            ready = torch.tensor([0.0 if t.is_alive() else 1.0])
+            gen0.all.allreduce(ready, "min")
+            if ready.item() == 1.0 and steps_during_build >= 2:
+                break
         t.join()
         out["steps_during_build"] = steps_during_build
         x = torch.tensor([float(rank + 1)])
