@@ -26,7 +26,7 @@ def _state_dict(engine: Engine) -> dict[str, Any]:
     w = engine.world
     mesh = None
     if w.tp.size > 1:
-        w.activate() if not w._registered else None
+        _group(engine)  # DeviceMesh.from_group needs the generation registered
         mesh = DeviceMesh.from_group(w.tp.pg, engine.device.type)
     sd: dict[str, Any] = {}
     for spec in engine.specs:
