@@ -47,6 +47,89 @@ def _bench_plan(args: argparse.Namespace) -> int:
     return 0
 
 
+DEFAULT_EVENTS = """\
+# the embedded schedule of `liver run` (and `make demo`): one event per line, see
+# liver/controller/events.py for the grammar
+at step 6: scale-out 4                 # two cold processes join; the controller picks tp,pp,dp
+at step 14: reshape 2,2,1              # same four processes, new layout
+at step 22: scale-in 2 deadline 20s    # preemption notice for two GPUs
+"""
+
+
+def _run(args: argparse.Namespace) -> int:
+    from liver.controller import report as rep
+    from liver.controller.controller import CONTROLLERS, RunOptions
+    from liver.controller.events import parse_schedule, parse_trace
+    from liver.controller.target import Hardware
+    from liver.topology.presets import preset
+
+    job = preset(args.model)
+    run_dir = Path(args.run_dir or tempfile.mkdtemp(prefix=f"liver-run-{args.mode}-"))
+    run_dir.mkdir(parents=True, exist_ok=True)
+    slots = args.slots
+    if slots is None:
+        if args.backend == "nccl":
+            import torch
+            slots = torch.cuda.device_count()
+        else:
+            slots = 4
+    gpus = args.gpus
+    if args.trace:
+        events = parse_trace(args.trace, slots=slots, compress=args.compress, notice_s=args.notice)
+        gpus = events.pop(0).gpus
+    else:
+        path = args.events
+        if path is None:
+            path = run_dir / "events.txt"
+            path.write_text(DEFAULT_EVENTS)
+        events = parse_schedule(path)
+    if args.steps < 1:
+        raise ValueError(f"--steps={args.steps}: allowed a positive step count")
+    if gpus < 1 or gpus > slots:
+        raise ValueError(f"--gpus={gpus}: allowed 1 to --slots={slots}")
+    initial = ParallelConfig.parse(args.parallel) if args.parallel else None
+    if initial is not None and initial.world_size != gpus:
+        raise ValueError(f"--parallel={args.parallel}: tp*pp*dp={initial.world_size} but --gpus={gpus}")
+    hw = Hardware(memory_bytes=args.memory_gib * 2**30 if args.memory_gib else None)
+    opts = RunOptions(steps=args.steps, gpus=gpus, slots=slots, backend=args.backend, initial=initial,
+                      ckpt_every=args.ckpt_every, digest=args.digest, budget_bytes=args.budget_mib << 20,
+                      warmup_steps=args.warmup_steps, hardware=hw, token=args.token,
+                      endpoint=not args.no_endpoint)
+    ctl = CONTROLLERS[args.mode](job, opts, events, run_dir)
+    # the whole schedule is checked before anything starts
+    n = gpus
+    for ev in events:
+        ctl._validate(ev, n)
+        n = ev.gpus
+    print(f"liver run --mode {args.mode}: model {args.model} ({job.model.num_params():,} parameters), "
+          f"{gpus} of {slots} slots, {args.steps} steps, {len(events)} events, backend {args.backend}, "
+          f"run dir {run_dir}", flush=True)
+    result = ctl.run()
+    report = rep.build(run_dir, result, {"model": args.model, "params": job.model.num_params(),
+                                         "backend": args.backend, "slots": slots,
+                                         "events_source": str(args.trace or args.events or "embedded")})
+    (run_dir / "report.json").write_text(json.dumps(report, indent=1))
+    rep.timeline(report, run_dir / "timeline.png")
+    print("\n" + rep.summary(report))
+    print(f"report: {run_dir / 'report.json'}\ntimeline: {run_dir / 'timeline.png'}")
+    bad = [e for e in report["events"] if e.get("digest_equal") is False]
+    return 1 if bad else 0
+
+
+def _scale(args: argparse.Namespace) -> int:
+    from liver.controller.endpoint import request
+
+    url, token = args.url, args.token
+    if args.run_dir:
+        info = json.loads((Path(args.run_dir) / "control.json").read_text())
+        url, token = url or info["url"], token or info["token"]
+    if not url:
+        raise ValueError("--run-dir or --url: the controller to talk to")
+    code, body = request(url, token, "POST", "/scale", {"action": " ".join(args.action)})
+    print(json.dumps(body))
+    return 0 if code == 202 else 1
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="liver", description=__doc__)
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -56,6 +139,34 @@ def main(argv: list[str] | None = None) -> int:
     d.add_argument("--steps", type=int, default=8)
     d.add_argument("--workdir", default=None)
     d.set_defaults(fn=_demo)
+    r = sub.add_parser("run", help="train and reconfigure live (the main job)")
+    src = r.add_mutually_exclusive_group()
+    src.add_argument("--events", help="schedule file (default: the embedded schedule)")
+    src.add_argument("--trace", help="spot trace time_ms,add|remove,nodeNAME")
+    r.add_argument("--compress", type=float, default=600.0, help="trace time divided by this factor")
+    r.add_argument("--notice", type=float, default=120.0, help="preemption notice before a removal (s, trace time)")
+    r.add_argument("--mode", choices=["live", "restart"], default="live")
+    r.add_argument("--model", default="tiny", help="preset: tiny, 1b, 3b")
+    r.add_argument("--gpus", type=int, default=2, help="GPUs (processes) at the start")
+    r.add_argument("--slots", type=int, default=None, help="GPUs this node can give (default: 4 on CPU)")
+    r.add_argument("--parallel", default=None, help="first configuration tp,pp,dp (default: chosen)")
+    r.add_argument("--steps", type=int, default=30)
+    r.add_argument("--backend", choices=["gloo", "nccl"], default="gloo")
+    r.add_argument("--ckpt-every", type=int, default=10, help="periodic async checkpoint (0: off)")
+    r.add_argument("--digest", action="store_true", help="state digest after every step and switch")
+    r.add_argument("--budget-mib", type=int, default=512, help="staging budget B per rank")
+    r.add_argument("--warmup-steps", type=int, default=2, help="mock-world warm-up steps of a joiner")
+    r.add_argument("--memory-gib", type=float, default=None, help="per-GPU memory for target choice")
+    r.add_argument("--token", default=None, help="control token (default: random, in control.json)")
+    r.add_argument("--no-endpoint", action="store_true")
+    r.add_argument("--run-dir", default=None)
+    r.set_defaults(fn=_run)
+    sc = sub.add_parser("scale", help="send an event to a running `liver run`")
+    sc.add_argument("action", nargs="+", help="scale-out N [as P] | scale-in N [deadline Ds] [as P] | reshape P")
+    sc.add_argument("--run-dir", default=None, help="the run's directory (reads control.json)")
+    sc.add_argument("--url", default=None)
+    sc.add_argument("--token", default=None)
+    sc.set_defaults(fn=_scale)
     b = sub.add_parser("bench", help="benchmarks (JSON output)")
     bsub = b.add_subparsers(dest="bench", required=True)
     bp = bsub.add_parser("plan", help="planner speed on GPT-3 175B at 1,024-2,048 ranks")

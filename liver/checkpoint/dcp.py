@@ -22,17 +22,22 @@ from liver.engine.trainer import Engine
 SCALARS = "scalars"
 
 
-def _state_dict(engine: Engine) -> dict[str, Any]:
+def _state_dict(engine: Engine, tensors: dict[str, torch.Tensor] | None = None,
+                tp_group=None) -> dict[str, Any]:
+    """DCP's view of the engine's state: TP shards as DTensors over ``tp_group`` (default: the
+    World's TP group); ``tensors`` replaces the engine's own (a snapshot on the CPU)."""
     w = engine.world
+    tp = tp_group or w.tp
+    tensors = engine.state if tensors is None else tensors
     mesh = None
-    if w.tp.size > 1:
+    if tp.size > 1:
         _group(engine)  # DeviceMesh.from_group needs the generation registered
-        mesh = DeviceMesh.from_group(w.tp.pg, engine.device.type)
+        mesh = DeviceMesh.from_group(tp.pg, tp.device.type)
     sd: dict[str, Any] = {}
     for spec in engine.specs:
-        if spec.name not in engine.state:
+        if spec.name not in tensors:
             continue
-        t = engine.state[spec.name]
+        t = tensors[spec.name]
         if mesh is not None and spec.shard_dim is not None:
             t = DTensor.from_local(t, mesh, [Shard(spec.shard_dim)], run_check=False,
                                    shape=torch.Size(spec.shape),

@@ -29,13 +29,17 @@ class World:
     """The process groups of one generation, as seen by one of its ranks."""
 
     def __init__(self, generation: int, layout: Layout, rank: int, backend: str,
-                 device: torch.device, groups: dict[str, Group], build_s: float) -> None:
+                 device: torch.device, groups: dict[str, Group], build_s: float,
+                 cpu_groups: dict[str, Group] | None = None) -> None:
         self.generation = generation
         self.layout = layout
         self.rank = rank
         self.backend = backend
         self.device = device
         self.groups = groups
+        # gloo groups on the CPU over the same ranks, for work beside training (periodic
+        # checkpoints written by a background thread must not share the training groups)
+        self.cpu_groups = cpu_groups or {}
         self.build_s = build_s
         self.warm_s = 0.0
         self._registered = False
@@ -64,7 +68,7 @@ class World:
     @classmethod
     def build(cls, store: dist.Store, generation: int, layout: Layout, rank: int,
               backend: str = "gloo", device: torch.device | None = None,
-              timeout: timedelta = timedelta(seconds=300)) -> "World":
+              timeout: timedelta = timedelta(seconds=300), cpu_groups: bool = False) -> "World":
         """Rendezvous this rank's groups of generation ``generation`` (blocks on its peers)."""
         device = device or torch.device("cpu")
         t0 = time.perf_counter()
@@ -78,12 +82,21 @@ class World:
             index = layout.all_groups(axis).index(members)
             groups[axis] = Group.create(store, f"{prefix}/{axis}{index}", members, rank, backend,
                                         device, timeout)
-        return cls(generation, layout, rank, backend, device, groups, time.perf_counter() - t0)
+        cpu: dict[str, Group] = {}
+        if cpu_groups:
+            cpu_dev = torch.device("cpu")
+            cpu["all"] = Group.create(store, f"{prefix}/cpu_all", list(range(layout.size)), rank,
+                                      "gloo", cpu_dev, timeout)
+            members = layout.tp_group(rank)
+            index = layout.all_groups("tp").index(members)
+            cpu["tp"] = Group.create(store, f"{prefix}/cpu_tp{index}", members, rank, "gloo",
+                                     cpu_dev, timeout)
+        return cls(generation, layout, rank, backend, device, groups, time.perf_counter() - t0, cpu)
 
     def warm(self) -> float:
         """Run a first collective on every group so connection set-up is off the critical path."""
         t0 = time.perf_counter()
-        for g in self.groups.values():
+        for g in [*self.groups.values(), *self.cpu_groups.values()]:
             g.warm()
         self.warm_s = time.perf_counter() - t0
         return self.warm_s
@@ -95,14 +108,14 @@ class World:
         Only the Active World is registered; a Shadow World uses its groups directly.
         """
         w = c10d._world
-        for name, g in self.groups.items():
+        for g in [*self.groups.values(), *self.cpu_groups.values()]:
             if g.pg is None:
                 continue
             gname = g.name.replace("/", "_")
-            w.pg_map[g.pg] = (self.backend, None)
+            w.pg_map[g.pg] = (g.backend, None)
             w.pg_names[g.pg] = gname
             w.pg_group_ranks[g.pg] = {m: i for i, m in enumerate(g.members)}
-            w.pg_backend_config[g.pg] = f"{self.device.type}:{self.backend}"
+            w.pg_backend_config[g.pg] = f"{g.device.type}:{g.backend}"
             w.pg_to_tag[g.pg] = f"ptd:{gname}"
             w.tags_to_pg.setdefault(f"ptd:{gname}", []).append(g.pg)
             if hasattr(c10d, "_register_process_group"):
@@ -115,7 +128,7 @@ class World:
         if not self._registered:
             return
         w = c10d._world
-        for g in self.groups.values():
+        for g in [*self.groups.values(), *self.cpu_groups.values()]:
             if g.pg is None:
                 continue
             gname = g.name.replace("/", "_")
@@ -133,7 +146,7 @@ class World:
 
     def destroy(self) -> None:
         self.deactivate()
-        for g in self.groups.values():
+        for g in [*self.groups.values(), *self.cpu_groups.values()]:
             g.destroy()
 
     def __repr__(self) -> str:

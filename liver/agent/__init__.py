@@ -1,0 +1,1 @@
+"""The node agent: starts and stops the worker processes of this node."""

@@ -1,0 +1,119 @@
+"""Node agent: starts worker processes on this node's slots (one per GPU, or per CPU slot), watches
+them, and stops them. It knows nothing about training; the controller tells it what to start.
+
+``procs.json`` in the run directory lists the live processes (proc id, slot, pid, role), so an
+operator (or a test) can see which process holds which slot.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+
+@dataclass
+class Worker:
+    proc: int
+    slot: int
+    role: str
+    generation: int
+    popen: subprocess.Popen
+    started: float
+    leaving: bool = False     # told to go: its exit is expected
+    returncode: int | None = None
+
+
+class NodeAgent:
+    def __init__(self, run_dir: Path, slots: int, base_spec: dict[str, Any]) -> None:
+        self.run_dir = run_dir
+        self.slots = slots
+        self.base_spec = base_spec
+        self.workers: dict[int, Worker] = {}
+        self._next_proc = 0
+        (run_dir / "specs").mkdir(parents=True, exist_ok=True)
+        (run_dir / "logs").mkdir(parents=True, exist_ok=True)
+
+    def busy_slots(self) -> set[int]:
+        return {w.slot for w in self.workers.values() if w.returncode is None}
+
+    def free_slots(self) -> list[int]:
+        return [s for s in range(self.slots) if s not in self.busy_slots()]
+
+    def new_proc_ids(self, n: int) -> list[int]:
+        ids = list(range(self._next_proc, self._next_proc + n))
+        self._next_proc += n
+        return ids
+
+    def start(self, proc: int, slot: int, role: str, generation: int) -> Worker:
+        if slot in self.busy_slots():
+            raise RuntimeError(f"slot {slot} is busy")
+        spec = dict(self.base_spec, proc=proc, slot=slot, role=role, generation=generation)
+        path = self.run_dir / "specs" / f"proc{proc}.json"
+        path.write_text(json.dumps(spec))
+        env = dict(os.environ, OMP_NUM_THREADS="1", LOCAL_RANK=str(slot))
+        log = open(self.run_dir / "logs" / f"proc{proc}.log", "w")
+        p = subprocess.Popen([sys.executable, "-m", "liver.runtime.member", str(path)], env=env,
+                             stderr=log)
+        w = Worker(proc, slot, role, generation, p, time.time())
+        self.workers[proc] = w
+        self._write_procs()
+        return w
+
+    def poll(self) -> list[Worker]:
+        """Workers that exited since the last poll."""
+        out = []
+        for w in self.workers.values():
+            if w.returncode is None:
+                rc = w.popen.poll()
+                if rc is not None:
+                    w.returncode = rc
+                    out.append(w)
+        if out:
+            self._write_procs()
+        return out
+
+    def alive(self) -> list[Worker]:
+        return [w for w in self.workers.values() if w.returncode is None]
+
+    def kill(self, proc: int) -> None:
+        w = self.workers[proc]
+        if w.returncode is None:
+            try:
+                w.popen.send_signal(signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            w.returncode = w.popen.wait()
+            self._write_procs()
+
+    def wait(self, procs: list[int], timeout_s: float) -> bool:
+        end = time.time() + timeout_s
+        for p in procs:
+            w = self.workers[p]
+            try:
+                w.returncode = w.popen.wait(timeout=max(0.0, end - time.time()))
+            except subprocess.TimeoutExpired:
+                return False
+        self._write_procs()
+        return True
+
+    def log_tail(self, proc: int, chars: int = 2000) -> str:
+        f = self.run_dir / "logs" / f"proc{proc}.log"
+        return f.read_text()[-chars:] if f.exists() else ""
+
+    def shutdown(self) -> None:
+        for w in self.alive():
+            self.kill(w.proc)
+
+    def _write_procs(self) -> None:
+        rows = [{"proc": w.proc, "slot": w.slot, "pid": w.popen.pid, "role": w.role,
+                 "generation": w.generation, "alive": w.returncode is None} for w in self.workers.values()]
+        tmp = self.run_dir / ".procs.json"
+        tmp.write_text(json.dumps(rows, indent=1))
+        os.replace(tmp, self.run_dir / "procs.json")

@@ -1,0 +1,1 @@
+"""The controller: events in, generations out (DESIGN.md, "Events and the controller")."""

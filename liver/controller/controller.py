@@ -1,0 +1,525 @@
+"""The controller of ``liver run``: owns the job's store, the node agent and the event queue, and runs
+the generation state machine
+
+    Stable -> Prepare -> Ready -> Switch -> Cleanup -> Stable        (LiveController)
+    Stable -> Stop (DCP save) -> Start (new processes, DCP load)      (RestartController)
+
+one event at a time, with monotonic generation ids and at most two generations alive. Workers
+learn its wishes through the store (runtime/protocol.py); it learns their progress the same way.
+A worker that dies without notice while in the Active World is a fail-stop: every process is
+stopped and the job restarts from the latest periodic checkpoint on the slots it still has.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from liver.agent.node import NodeAgent, Worker
+from liver.checkpoint.periodic import latest
+from liver.controller import target
+from liver.controller.endpoint import ControlEndpoint
+from liver.controller.events import Event, EventError, parse_action
+from liver.engine.trainer import state_specs
+from liver.planner.plan import plan_transfer
+from liver.runtime import protocol
+from liver.runtime.protocol import GenerationSpec, get, put
+from liver.runtime.restart import make_store
+from liver.topology import JobConfig, Layout, ParallelConfig
+
+
+@dataclass
+class RunOptions:
+    steps: int
+    gpus: int
+    slots: int
+    backend: str = "gloo"
+    initial: ParallelConfig | None = None
+    ckpt_every: int = 0
+    digest: bool = False
+    budget_bytes: int = 512 << 20
+    warmup_steps: int = 2
+    prepare_timeout_s: float = 300.0
+    group_timeout_s: float = 120.0
+    hardware: target.Hardware = field(default_factory=target.Hardware)
+    token: str | None = None
+    endpoint: bool = True
+
+
+class ControllerError(RuntimeError):
+    pass
+
+
+class Controller:
+    mode = "base"
+
+    def __init__(self, job: JobConfig, opts: RunOptions, events: list[Event], run_dir: Path,
+                 log: Callable[[str], None] = print) -> None:
+        self.job, self.opts, self.run_dir, self.log = job, opts, run_dir, log
+        run_dir.mkdir(parents=True, exist_ok=True)
+        (run_dir / "steps.jsonl").write_text("")
+        self.master, self.store_addr = make_store()
+        self.store = protocol.run_store(self.master)
+        self.agent = NodeAgent(run_dir, opts.slots, dict(
+            store_addr=self.store_addr, run_dir=str(run_dir), job=job.to_dict(), backend=opts.backend,
+            total_steps=opts.steps, digest=opts.digest, ckpt_every=opts.ckpt_every,
+            budget_bytes=opts.budget_bytes, warmup_steps=opts.warmup_steps,
+            timeout_s=opts.group_timeout_s))
+        self.queue: collections.deque[Event] = collections.deque(events)
+        self.lock = threading.Lock()
+        self.records: list[dict[str, Any]] = []
+        self.gen = -1
+        self.active: GenerationSpec | None = None
+        self.slot_of: dict[int, int] = {}
+        self.lost_slots: set[int] = set()
+        self.phase = "stable"
+        self.current: dict[str, Any] | None = None  # the event being handled
+        self.progress: dict[str, Any] | None = None
+        self.t_start: float | None = None
+        self.finished = False
+        self.endpoint: ControlEndpoint | None = None
+        self.started_at = time.time()
+
+    # ---- the loop ------------------------------------------------------------------------
+    def run(self) -> dict[str, Any]:
+        if self.opts.endpoint:
+            self.endpoint = ControlEndpoint(self.submit, self.status, self.run_dir, token=self.opts.token)
+            self.log(f"control endpoint {self.endpoint.url} (token in {self.run_dir / 'control.json'})")
+        try:
+            parallel = self.opts.initial or target.choose(self.job, self.opts.gpus, self.opts.hardware)
+            self._start_generation(parallel, slots=list(range(self.opts.gpus)), load_from=None, kind="start")
+            while not self.finished:
+                self.progress = get(self.store, "progress", self.progress)
+                if self.progress and self.t_start is None:
+                    self.t_start = self.progress["time"]
+                for w in self.agent.poll():
+                    self._exited(w)
+                if not self.finished:
+                    self.tick()
+                time.sleep(0.005)
+        finally:
+            self.agent.shutdown()
+            if self.endpoint is not None:
+                self.endpoint.close()
+        if self.current is not None:
+            self.current["status"] = f"not completed: training ended in phase {self.phase}"
+            self.records.append(self.current)
+        for ev in self.queue:
+            self.records.append({"event": ev.to_dict(), "status": "not reached: training ended"})
+        return {"mode": self.mode, "records": self.records, "wall_s": time.time() - self.started_at}
+
+    def tick(self) -> None:
+        raise NotImplementedError
+
+    # ---- events --------------------------------------------------------------------------
+    def submit(self, action: str) -> dict[str, Any]:
+        """From the control endpoint: validate against the GPUs the job will have, then queue."""
+        ev = parse_action(action.strip(), "http")
+        with self.lock:
+            n = self._projected_gpus()
+            self._validate(ev, n)
+            self.queue.append(ev)
+            return {"accepted": ev.describe(), "position": len(self.queue)}
+
+    def status(self) -> dict[str, Any]:
+        return {"mode": self.mode, "phase": self.phase, "generation": self.gen,
+                "parallel": self.active.parallel if self.active else None,
+                "step": self.progress["step"] if self.progress else 0, "queued": len(self.queue)}
+
+    def _projected_gpus(self) -> int:
+        n = len(self.active.procs) if self.active else self.opts.gpus
+        if self.current is not None:
+            n = self.current["gpus"]
+        for ev in self.queue:
+            n = ev.gpus
+        return n
+
+    def _validate(self, ev: Event, n_before: int) -> ParallelConfig:
+        """Refuse (ValueError naming the field) what cannot be done; returns the target."""
+        usable = self.opts.slots - len(self.lost_slots)
+        if ev.kind == "scale-out" and ev.gpus <= n_before:
+            raise EventError(f"{ev.source}: scale-out {ev.gpus}: the job will have {n_before} GPUs; "
+                             "allowed a larger total")
+        if ev.kind == "scale-in" and ev.gpus >= n_before:
+            raise EventError(f"{ev.source}: scale-in {ev.gpus}: the job will have {n_before} GPUs; "
+                             "allowed a smaller total")
+        if ev.kind == "reshape" and ev.gpus != n_before:
+            raise EventError(f"{ev.source}: reshape {ev.parallel.short()}: tp*pp*dp={ev.gpus} but the job "
+                             f"will have {n_before} GPUs; a reshape keeps the GPU count")
+        if ev.gpus > usable:
+            raise EventError(f"{ev.source}: gpus={ev.gpus} exceeds the {usable} usable slots")
+        try:
+            if ev.parallel is not None:
+                Layout(self.job.model, ev.parallel, self.job.train)
+                return ev.parallel
+            return target.choose(self.job, ev.gpus, self.opts.hardware)
+        except ValueError as e:
+            raise EventError(f"{ev.source}: {e}") from None
+
+    def _head_triggered(self) -> Event | None:
+        if not self.queue:
+            return None
+        ev = self.queue[0]
+        step = self.progress["step"] if self.progress else 0
+        if ev.at_step is not None and step < ev.at_step:
+            return None
+        if ev.at_time is not None and (self.t_start is None or time.time() - self.t_start < ev.at_time):
+            return None
+        return ev
+
+    # ---- generations ---------------------------------------------------------------------
+    def _plan(self, ev: Event) -> dict[str, Any]:
+        """Target, processes and placement of the event's generation (refused: ValueError)."""
+        old = self.active
+        n_old = len(old.procs)
+        tgt = self._validate(ev, n_old)
+        old_layout = Layout(self.job.model, ParallelConfig.from_dict(old.parallel), self.job.train)
+        new_layout = Layout(self.job.model, tgt, self.job.train)
+        if ev.kind == "reshape" and new_layout.parallel == old_layout.parallel:
+            raise EventError(f"{ev.source}: reshape {tgt.short()}: the job already runs {tgt.short()}")
+        leaving: list[int] = []
+        join_slots: list[int] = []
+        if ev.kind == "scale-out":
+            free = [s for s in self.agent.free_slots() if s not in self.lost_slots]
+            if len(free) < ev.gpus - n_old:
+                raise EventError(f"{ev.source}: scale-out {ev.gpus}: only {len(free)} free slots")
+            join_slots = free[: ev.gpus - n_old]
+        elif ev.kind == "scale-in":
+            by_slot = sorted(old.procs, key=lambda p: self.slot_of[p], reverse=True)
+            leaving = [p for p in by_slot if self.slot_of[p] in ev.leaving]
+            leaving += [p for p in by_slot if p not in leaving][: n_old - ev.gpus - len(leaving)]
+        return {"target": tgt, "old_layout": old_layout, "new_layout": new_layout,
+                "leaving": leaving, "join_slots": join_slots}
+
+    def _start_generation(self, parallel: ParallelConfig, slots: list[int], load_from: str | None,
+                          kind: str) -> GenerationSpec:
+        """Fresh processes for a whole generation (first start, restart, recovery)."""
+        self.gen += 1
+        procs = self.agent.new_proc_ids(len(slots))
+        spec = GenerationSpec(generation=self.gen, parallel=parallel.to_dict(), procs=procs,
+                              load_from=load_from, kind=kind)
+        spec.publish(self.store)
+        put(self.store, "ctl", {"wanted": 0, "stop_at": 0, "force": 0})
+        for p, s in zip(procs, slots):
+            self.slot_of[p] = s
+            self.agent.start(p, s, "start", self.gen)
+        self.active = spec
+        self.phase_log("generation", generation=self.gen, parallel=parallel.short(), kind=kind,
+                       procs=procs, load_from=load_from)
+        return spec
+
+    def phase_log(self, what: str, **kw: Any) -> None:
+        self.log("[liver] " + json.dumps({"what": what, **kw}))
+
+    # ---- failures ------------------------------------------------------------------------
+    def _exited(self, w: Worker) -> None:
+        if w.returncode == 0 or w.leaving:
+            if self.active and w.proc in self.active.procs and w.returncode == 0 and not w.leaving:
+                step = self.progress["step"] if self.progress else 0
+                if step >= self.opts.steps and all(
+                        self.agent.workers[p].returncode == 0 for p in self.active.procs):
+                    self.finished = True
+            return
+        if self.active is not None and w.proc in self.active.procs:
+            self._fail_stop([w])
+        else:
+            self._joiner_died(w)
+
+    def _joiner_died(self, w: Worker) -> None:
+        self.log(f"[liver] process {w.proc} (slot {w.slot}, {w.role}) died: {self.agent.log_tail(w.proc, 300)!r}")
+
+    def _fail_stop(self, dead: list[Worker]) -> None:
+        """A rank vanished: stop everyone, restart from the latest checkpoint on the slots left."""
+        t0 = time.time()
+        old_generation = self.active.generation
+        failed_step = self.progress["step"] if self.progress else 0
+        dead_slots = {w.slot for w in dead}
+        self.lost_slots |= dead_slots
+        survivors = [self.slot_of[p] for p in self.active.procs if self.slot_of[p] not in dead_slots]
+        if self.current is not None:  # the event in flight goes back to the queue
+            self.current["status"] = "interrupted by a fail-stop; re-queued"
+            self.records.append(self.current)
+            self.queue.appendleft(self.current["_event"])
+            self.current = None
+        self.agent.shutdown()
+        if not survivors:
+            raise ControllerError("every process of the job died; nothing to recover on")
+        ck = latest(self.run_dir / "ckpt")
+        n = len(survivors)
+        old = ParallelConfig.from_dict(self.active.parallel)
+        parallel = old if old.world_size == n else target.choose(self.job, n, self.opts.hardware, current=old)
+        self.phase = "stable"
+        self._start_generation(parallel, sorted(survivors), ck["path"] if ck else None, "recover")
+        rec = {"event": {"kind": "fail-stop", "source": f"process {[w.proc for w in dead]} exited "
+                         f"{[w.returncode for w in dead]}"},
+               "status": "recovered", "generation": self.gen, "old_generation": old_generation,
+               "old": old.short(), "new": parallel.short(),
+               "failed_at_step": failed_step, "restored_step": ck["step"] if ck else 0,
+               "lost_steps": failed_step - (ck["step"] if ck else 0), "checkpoint": ck["path"] if ck else None,
+               "lost_slots": sorted(dead_slots), "t_event": t0}
+        self.records.append(rec)
+        self.phase_log("fail-stop", **{k: rec[k] for k in ("failed_at_step", "restored_step", "lost_steps", "new")})
+
+    # ---- event records -------------------------------------------------------------------
+    def _new_record(self, ev: Event, plan: dict[str, Any]) -> dict[str, Any]:
+        return {"_event": ev, "event": ev.to_dict(), "status": "started", "gpus": ev.gpus,
+                "old": ParallelConfig.from_dict(self.active.parallel).short(),
+                "new": plan["target"].short(), "old_generation": self.active.generation,
+                "t_event": time.time(), "step_at_event": self.progress["step"] if self.progress else 0}
+
+    def _close(self, status: str) -> None:
+        rec = self.current
+        rec["status"] = status
+        rec["t_done"] = time.time()
+        self.records.append(rec)
+        self.current = None
+        self.phase = "stable"
+
+    def _collect(self, g: int, procs: list[int], prefix: str = "switch") -> dict[int, dict[str, Any]] | None:
+        got = {}
+        for p in procs:
+            r = get(self.store, f"{prefix}/{g}/{p}")
+            if r is None:
+                return None
+            got[p] = r
+        return got
+
+
+class LiveController(Controller):
+    """Live handoffs: joiners warm up on a mock world, companions build the Shadow World, the switch
+    streams the state at the first iteration boundary after Ready."""
+
+    mode = "live"
+
+    def tick(self) -> None:
+        if self.phase == "stable":
+            with self.lock:
+                ev = self._head_triggered()
+                if ev is not None:
+                    self.queue.popleft()
+            if ev is not None:
+                self._begin(ev)
+        elif self.phase in ("prepare", "ready"):
+            self._watch_prepare()
+        elif self.phase == "cleanup":
+            self._watch_cleanup()
+
+    def _begin(self, ev: Event) -> None:
+        try:
+            plan = self._plan(ev)
+        except ValueError as e:
+            self.records.append({"event": ev.to_dict(), "status": f"refused: {e}"})
+            self.phase_log("refused", event=ev.describe(), error=str(e))
+            return
+        self.current = self._new_record(ev, plan)
+        self._launch(plan)
+
+    def _launch(self, plan: dict[str, Any]) -> None:
+        old = self.active
+        joiners = self.agent.new_proc_ids(len(plan["join_slots"]))
+        for p, s in zip(joiners, plan["join_slots"]):
+            self.slot_of[p] = s
+        new_procs = [p for p in old.procs if p not in plan["leaving"]] + joiners
+        t0 = time.perf_counter()
+        tp = plan_transfer(plan["old_layout"], plan["new_layout"], state_specs(self.job), old.procs, new_procs)
+        self.gen += 1
+        spec = GenerationSpec(generation=self.gen, parallel=plan["target"].to_dict(), procs=tp.placement,
+                              old_generation=old.generation, old_parallel=old.parallel,
+                              old_procs=old.procs, kind=self.current["event"]["kind"])
+        spec.publish(self.store)
+        rec = self.current
+        rec.update(generation=self.gen, plan_s=time.perf_counter() - t0, bytes_moved=tp.bytes_moved,
+                   bytes_moved_identity_placement=tp.bytes_moved_identity,
+                   max_rank_bytes_in=max(tp.rank_bytes_in.values(), default=0),
+                   max_rank_bytes_out=max(tp.rank_bytes_out.values(), default=0),
+                   joiners=joiners, leaving=plan["leaving"], procs=tp.placement)
+        rec.setdefault("attempts", []).append({"generation": self.gen, "t": time.time(), "joiners": joiners})
+        for p in joiners:
+            self.agent.start(p, self.slot_of[p], "joiner", self.gen)
+        for p in plan["leaving"]:
+            self.agent.workers[p].leaving = True
+        self.pending = spec
+        self.members = sorted(set(old.procs) | set(tp.placement))
+        put(self.store, "ctl", {"wanted": self.gen, "stop_at": 0, "force": 0})
+        self.phase = "prepare"
+        self.phase_log("prepare", generation=self.gen, event=self.current["event"]["kind"],
+                       old=rec["old"], new=rec["new"], joiners=joiners, leaving=plan["leaving"],
+                       bytes_moved=tp.bytes_moved)
+
+    def _watch_prepare(self) -> None:
+        rec, g, now = self.current, self.pending.generation, time.time()
+        if self.phase == "prepare":
+            if all(get(self.store, f"ready/{g}/{p}") is not None for p in self.members):
+                rec["t_ready"] = now
+                rec["prepare_s"] = now - rec["attempts"][-1]["t"]
+                self.phase = "ready"
+                self.phase_log("ready", generation=g, prepare_s=round(rec["prepare_s"], 4))
+            elif now - rec["attempts"][-1]["t"] > self.opts.prepare_timeout_s:
+                return self._cancel(f"not ready after {self.opts.prepare_timeout_s:g} s", replan=False)
+        ev: Event = rec["_event"]
+        if ev.deadline_s is not None:
+            left = rec["t_event"] + ev.deadline_s - now
+            if left < 0.25 * ev.deadline_s and not rec.get("forced"):
+                rec["forced"] = True  # the fastest safe path: finish preparing in the foreground
+                put(self.store, "ctl", {"wanted": g, "stop_at": 0, "force": g})
+                self.phase_log("deadline-near", generation=g, seconds_left=round(left, 3))
+            if left < 0:
+                rec["deadline_met"] = False
+                for p in rec["leaving"]:  # the provider takes the GPUs now
+                    if self.agent.workers[p].returncode is None:
+                        self.agent.workers[p].leaving = False
+                        self.agent.kill(p)
+                        self.phase_log("preempted", proc=p)
+                        return self._fail_stop([self.agent.workers[p]])
+        done = self._collect(g, self.pending.procs)
+        if done is not None:
+            self._switched(done)
+
+    def _switched(self, done: dict[int, dict[str, Any]]) -> None:
+        rec = self.current
+        old_procs = [p for p in self.members if p not in self.pending.procs]
+        leavers = {p: get(self.store, f"switch/{self.pending.generation}/{p}") for p in old_procs}
+        allrec = {**done, **{p: r for p, r in leavers.items() if r}}
+        rec["switch_s"] = max(r["transfer"]["switch_s"] for r in allrec.values())
+        rec["transfer_s"] = max(r["transfer"]["seconds"] for r in allrec.values())
+        rec["peak_staging_bytes"] = max(r["transfer"]["peak_staging_bytes"] for r in allrec.values())
+        if any("peak_extra_bytes" in r for r in allrec.values()):
+            rec["peak_extra_bytes"] = max(r.get("peak_extra_bytes", 0) for r in allrec.values())
+        rec["switch_start"] = min(r["switch_start"] for r in allrec.values())
+        rec["switch_end"] = max(r["switch_end"] for r in allrec.values())
+        rec["digest_after"] = next((r["digest_after"] for r in done.values() if "digest_after" in r), None)
+        rec["digest_after_s"] = max((r.get("digest_after_s", 0.0) for r in done.values()), default=0.0)
+        rec["mock_warmup_s"] = max((r["prepare"].get("mock_warmup_s", 0.0) for r in done.values()), default=0.0)
+        rec["groups_s"] = max((r["prepare"].get("groups_s", 0.0) for r in allrec.values()), default=0.0)
+        if rec["_event"].deadline_s is not None:
+            rec["deadline_met"] = rec["switch_end"] <= rec["t_event"] + rec["_event"].deadline_s
+        self.active = self.pending
+        self.phase = "cleanup"
+        self.phase_log("switch", generation=self.active.generation, switch_s=round(rec["switch_s"], 4),
+                       transfer_s=round(rec["transfer_s"], 4))
+
+    def _watch_cleanup(self) -> None:
+        rec = self.current
+        leaving = [self.agent.workers[p] for p in rec["leaving"]]
+        if all(w.returncode is not None for w in leaving) or time.time() - rec["switch_end"] > 30:
+            for w in leaving:
+                self.agent.kill(w.proc)
+            self._close("done")
+            self.phase_log("cleanup", generation=self.active.generation)
+
+    def _joiner_died(self, w: Worker) -> None:
+        super()._joiner_died(w)
+        rec = self.current
+        if rec is None or self.phase not in ("prepare", "ready") or w.proc not in self.pending.procs:
+            return
+        self.lost_slots.add(w.slot)
+        self._cancel(f"joiner {w.proc} (slot {w.slot}) died during Prepare", replan=True)
+
+    def _cancel(self, why: str, replan: bool) -> None:
+        """The pending generation went stale: drop it (the Active World never changed) and re-plan."""
+        rec = self.current
+        put(self.store, "ctl", {"wanted": 0, "stop_at": 0, "force": 0})
+        for p in rec["joiners"]:
+            self.agent.kill(p)
+        for p in rec["leaving"]:
+            self.agent.workers[p].leaving = False
+        rec["attempts"][-1]["cancelled"] = why
+        self.phase_log("cancelled", generation=self.pending.generation, why=why)
+        ev: Event = rec["_event"]
+        if replan and ev.kind == "scale-out":
+            usable = self.opts.slots - len(self.lost_slots)
+            ev.gpus = min(ev.gpus, usable)
+            if ev.parallel is not None and ev.parallel.world_size != ev.gpus:
+                ev.parallel = None  # the named configuration no longer fits: the controller chooses
+        try:
+            if not replan:
+                raise EventError(why)
+            plan = self._plan(ev)
+        except ValueError as e:
+            self._close(f"cancelled: {why}; {e}")
+            return
+        rec["new"] = plan["target"].short()
+        self._launch(plan)
+
+
+class RestartController(Controller):
+    """The baseline: each event by stop (DCP save at a boundary), new processes, DCP load."""
+
+    mode = "restart"
+
+    def tick(self) -> None:
+        if self.phase == "stable":
+            with self.lock:
+                head = self.queue[0] if self.queue else None
+                step = self.progress["step"] if self.progress else 0
+                if head is not None and head.at_step is not None and head.at_step > step \
+                        and not getattr(head, "_announced", False):
+                    # a step trigger is known ahead: stop exactly after that step
+                    put(self.store, "ctl", {"wanted": 0, "stop_at": head.at_step, "force": 0})
+                    head._announced = True
+                ev = self._head_triggered()
+                if ev is not None:
+                    self.queue.popleft()
+            if ev is not None:
+                self._begin(ev)
+        elif self.phase == "stop":
+            self._watch_stop()
+        elif self.phase == "start":
+            self._watch_start()
+
+    def _begin(self, ev: Event) -> None:
+        try:
+            plan = self._plan(ev)
+        except ValueError as e:
+            put(self.store, "ctl", {"wanted": 0, "stop_at": 0, "force": 0})
+            self.records.append({"event": ev.to_dict(), "status": f"refused: {e}"})
+            self.phase_log("refused", event=ev.describe(), error=str(e))
+            return
+        self.current = self._new_record(ev, plan)
+        self.current["plan"] = plan
+        if not getattr(ev, "_announced", False):
+            step = self.progress["step"] if self.progress else 0
+            put(self.store, "ctl", {"wanted": 0, "stop_at": step + 1, "force": 0})
+        for p in plan["leaving"]:
+            self.agent.workers[p].leaving = True
+        self.phase = "stop"
+        self.phase_log("stop", event=ev.kind, old=self.current["old"], new=self.current["new"])
+
+    def _watch_stop(self) -> None:
+        g = self.active.generation
+        saved = get(self.store, f"saved/{g}")
+        if saved is None or any(self.agent.workers[p].returncode is None for p in self.active.procs):
+            return
+        rec, plan = self.current, self.current["plan"]
+        stops = self._collect(g, self.active.procs, "stopped") or {}
+        rec["save_s"] = max((r["save_s"] for r in stops.values()), default=0.0)
+        rec["stopped_at"] = time.time()
+        rec["checkpoint"] = saved["path"]
+        slots = [self.slot_of[p] for p in self.active.procs if p not in plan["leaving"]] + plan["join_slots"]
+        self._start_generation(plan["target"], sorted(slots), saved["path"], "restart")
+        rec["generation"] = self.gen
+        self.phase = "start"
+
+    def _watch_start(self) -> None:
+        done = self._collect(self.gen, self.active.procs)
+        if done is None:
+            return
+        rec = self.current
+        rec["digest_after"] = next((r["digest_after"] for r in done.values() if "digest_after" in r), None)
+        rec["digest_after_s"] = max((r.get("digest_after_s", 0.0) for r in done.values()), default=0.0)
+        rec["process_start_s"] = max(r["imported"] for r in done.values()) - rec["stopped_at"]
+        rec["group_init_s"] = max(r["timings"]["group_init_s"] for r in done.values())
+        rec["load_s"] = max(r["timings"].get("load_s", 0.0) + r["timings"]["build_s"] for r in done.values())
+        if rec["_event"].deadline_s is not None:
+            rec["deadline_met"] = rec["stopped_at"] <= rec["t_event"] + rec["_event"].deadline_s
+        del rec["plan"]
+        self._close("done")
+        self.phase_log("start", generation=self.gen, load_s=round(rec["load_s"], 4))
+
+
+CONTROLLERS = {"live": LiveController, "restart": RestartController}

@@ -1,0 +1,179 @@
+"""Resource events and where they come from: a schedule file, a spot trace, or the control endpoint.
+
+Schedule file (``--events FILE``), one event per line, ``#`` starts a comment::
+
+    at step 4: scale-out 4                 # 4 GPUs in total; the controller picks tp,pp,dp
+    at step 12: reshape 1,2,2              # same GPUs, tp=1 pp=2 dp=2
+    at 20s: scale-in 2 deadline 30s        # preemption notice: 2 GPUs left, 30 s to leave
+    at step 30: scale-out 4 as 2,1,2:2/2   # naming the configuration (uneven PP as l0/l1/...)
+
+A trigger is ``step N`` (after step N finished) or ``Ts`` (seconds since the first step).
+Everything is checked before training starts; an error names the file, the line and the problem.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from liver.topology import ParallelConfig
+
+KINDS = ("scale-out", "scale-in", "reshape")
+
+
+@dataclass
+class Event:
+    kind: str                              # scale-out | scale-in | reshape
+    gpus: int | None = None                # total GPUs after the event
+    parallel: ParallelConfig | None = None  # the requested configuration, if named
+    at_step: int | None = None
+    at_time: float | None = None
+    deadline_s: float | None = None        # scale-in: seconds from the notice until the GPUs go
+    leaving: list[int] = field(default_factory=list)  # slots that go (trace); default: the last ones
+    source: str = ""                       # file:line, "http", ...
+
+    def describe(self) -> str:
+        what = self.kind + (f" {self.gpus}" if self.gpus is not None and self.kind != "reshape" else "")
+        if self.parallel is not None:
+            what += f" as {self.parallel.short()}"
+        if self.deadline_s is not None:
+            what += f" deadline {self.deadline_s:g}s"
+        return what
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"kind": self.kind, "gpus": self.gpus,
+                "parallel": self.parallel.short() if self.parallel else None,
+                "at_step": self.at_step, "at_time": self.at_time, "deadline_s": self.deadline_s,
+                "leaving_slots": self.leaving, "source": self.source}
+
+
+class EventError(ValueError):
+    pass
+
+
+_LINE = re.compile(r"^at\s+(?:step\s+(?P<step>\d+)|(?P<time>\d+(?:\.\d+)?)s)\s*:\s*(?P<action>.+)$")
+
+
+def parse_action(text: str, where: str) -> Event:
+    """``scale-out N [as P]``, ``scale-in N [deadline Ds] [as P]``, ``reshape P``."""
+    words = text.split()
+    if not words or words[0] not in KINDS:
+        raise EventError(f"{where}: action {words[0] if words else text!r}: allowed {', '.join(KINDS)}")
+    kind, rest = words[0], words[1:]
+    ev = Event(kind=kind, source=where)
+    try:
+        if kind == "reshape":
+            if len(rest) != 1:
+                raise EventError(f"{where}: 'reshape' takes one configuration tp,pp,dp, got {' '.join(rest)!r}")
+            ev.parallel = ParallelConfig.parse(rest[0])
+            ev.gpus = ev.parallel.world_size
+            return ev
+        if not rest or not rest[0].isdigit() or int(rest[0]) < 1:
+            raise EventError(f"{where}: {kind} needs the total GPU count after the event (an integer >= 1), "
+                             f"got {rest[0] if rest else 'nothing'!r}")
+        ev.gpus = int(rest[0])
+        i = 1
+        while i < len(rest):
+            key = rest[i]
+            if i + 1 >= len(rest):
+                raise EventError(f"{where}: {key!r} needs a value")
+            val = rest[i + 1]
+            if key == "as":
+                ev.parallel = ParallelConfig.parse(val)
+                if ev.parallel.world_size != ev.gpus:
+                    raise EventError(f"{where}: as {val}: tp*pp*dp={ev.parallel.world_size} but the event "
+                                     f"leaves {ev.gpus} GPUs")
+            elif key == "deadline" and kind == "scale-in":
+                m = re.fullmatch(r"(\d+(?:\.\d+)?)s", val)
+                if not m or float(m.group(1)) <= 0:
+                    raise EventError(f"{where}: deadline {val!r}: allowed a positive duration like 30s")
+                ev.deadline_s = float(m.group(1))
+            else:
+                allowed = "'as', 'deadline'" if kind == "scale-in" else "'as'"
+                raise EventError(f"{where}: option {key!r} of {kind}: allowed {allowed}")
+            i += 2
+    except ValueError as e:
+        if isinstance(e, EventError):
+            raise
+        raise EventError(f"{where}: {e}") from None
+    return ev
+
+
+def parse_schedule(path: str | Path) -> list[Event]:
+    p = Path(path)
+    if not p.is_file():
+        raise EventError(f"{path}: no such events file")
+    events: list[Event] = []
+    for n, raw in enumerate(p.read_text().splitlines(), 1):
+        line = raw.split("#", 1)[0].strip()
+        if not line:
+            continue
+        m = _LINE.match(line)
+        where = f"{path}:{n}"
+        if not m:
+            raise EventError(f"{where}: {line!r}: expected 'at step N: ACTION' or 'at Ts: ACTION'")
+        ev = parse_action(m.group("action"), where)
+        if m.group("step") is not None:
+            ev.at_step = int(m.group("step"))
+        else:
+            ev.at_time = float(m.group("time"))
+        events.append(ev)
+    return events
+
+
+def parse_trace(path: str | Path, *, slots: int, compress: float, notice_s: float = 120.0) -> list[Event]:
+    """A spot trace (``time_ms,add|remove,nodeNAME``) as scale events over ``slots`` local GPUs.
+
+    Time is divided by ``compress``. The node count is mapped proportionally onto the slots
+    (peak of the trace -> all slots, at least one); an event is made only when the local count
+    changes. A removal becomes a scale-in notice ``notice_s`` (compressed) before the node goes.
+    """
+    if compress <= 0:
+        raise EventError(f"--compress={compress}: allowed a positive factor")
+    p = Path(path)
+    if not p.is_file():
+        raise EventError(f"{path}: no such trace file")
+    up: set[str] = set()
+    counts: list[tuple[float, int]] = []
+    for n, raw in enumerate(p.read_text().splitlines(), 1):
+        line = raw.strip()
+        if not line:
+            continue
+        parts = line.split(",")
+        where = f"{path}:{n}"
+        if len(parts) != 3 or not parts[0].isdigit() or parts[1] not in ("add", "remove") or not parts[2]:
+            raise EventError(f"{where}: {line!r}: expected time_ms,add|remove,nodeNAME")
+        t_ms, op, node = int(parts[0]), parts[1], parts[2]
+        if counts and t_ms < counts[-1][0] * 1000:
+            raise EventError(f"{where}: time {t_ms} ms goes backwards")
+        if op == "add":
+            if node in up:
+                raise EventError(f"{where}: {node} added twice")
+            up.add(node)
+        else:
+            if node not in up:
+                raise EventError(f"{where}: {node} removed but not up")
+            up.remove(node)
+        if counts and counts[-1][0] == t_ms / 1000:
+            counts[-1] = (t_ms / 1000, len(up))
+        else:
+            counts.append((t_ms / 1000, len(up)))
+    if not counts:
+        raise EventError(f"{path}: empty trace")
+    peak = max(c for _, c in counts)
+    local = [(t / compress, max(1, min(slots, math.ceil(c * slots / peak)))) for t, c in counts]
+    events, current = [], local[0][1]
+    for t, c in local[1:]:
+        if c == current:
+            continue
+        if c > current:
+            events.append(Event(kind="scale-out", gpus=c, at_time=t, source=f"{path}@{t * compress:.0f}s"))
+        else:
+            notice = notice_s / compress
+            events.append(Event(kind="scale-in", gpus=c, at_time=max(0.0, t - notice), deadline_s=notice,
+                                source=f"{path}@{t * compress:.0f}s"))
+        current = c
+    return [Event(kind="start", gpus=local[0][1], at_time=0.0, source=f"{path}:start")] + events

@@ -1,0 +1,130 @@
+"""The run's report: per step (time, loss, configuration, generation, digest), per event (phases,
+downtime, bytes moved), a summary table and a PNG timeline. Definitions as in DESIGN.md:
+
+- downtime: from the end of the last step on the old generation to the end of the first step on the
+  new one, minus one normal step (median step time of the new generation, its first step left out;
+  the old generation's when the new one ran a single step); the state digests taken
+  for checking (``--digest``) inside that window are measured and left out.
+- steady-state overhead: median step time while a Shadow World is prepared / median without - 1.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from pathlib import Path
+from typing import Any
+
+
+def read_steps(run_dir: Path) -> list[dict[str, Any]]:
+    f = run_dir / "steps.jsonl"
+    return [json.loads(line) for line in f.read_text().splitlines() if line.strip()] if f.exists() else []
+
+
+def _median_step(steps: list[dict[str, Any]]) -> float | None:
+    body = [s["step_s"] for i, s in enumerate(steps) if i > 0] or [s["step_s"] for s in steps]
+    return statistics.median(body) if body else None
+
+
+def downtime(steps: list[dict[str, Any]], rec: dict[str, Any]) -> dict[str, Any]:
+    old_g, new_g = rec.get("old_generation"), rec.get("generation")
+    old = [s for s in steps if s["generation"] == old_g]
+    new = [s for s in steps if s["generation"] == new_g]
+    if not old or not new:
+        return {}
+    normal = _median_step(new) if len(new) > 1 else _median_step(old)
+    last_old, first_new = old[-1], new[0]
+    checks = last_old.get("digest_s", 0.0) + rec.get("digest_after_s", 0.0)
+    out = {"downtime_s": first_new["time"] - last_old["time"] - normal - checks,
+           "normal_step_s": normal, "last_old_step": last_old["step"], "first_new_step": first_new["step"],
+           "digest_before": last_old.get("digest"), "digest_after": rec.get("digest_after")}
+    if out["digest_before"] is not None and out["digest_after"] is not None:
+        out["digest_equal"] = out["digest_before"] == out["digest_after"]
+    return out
+
+
+def steady_overhead(steps: list[dict[str, Any]]) -> dict[str, Any]:
+    """Steps while preparing vs steps not preparing (first step of each generation left out)."""
+    firsts, seen = set(), set()
+    for i, s in enumerate(steps):
+        if s["generation"] not in seen:
+            seen.add(s["generation"])
+            firsts.add(i)
+    prep = [s["step_s"] for i, s in enumerate(steps) if s.get("preparing") and i not in firsts]
+    calm = [s["step_s"] for i, s in enumerate(steps) if not s.get("preparing") and i not in firsts]
+    if not prep or not calm:
+        return {"steady_overhead": None, "steps_preparing": len(prep), "steps_not_preparing": len(calm)}
+    return {"steady_overhead": statistics.median(prep) / statistics.median(calm) - 1,
+            "median_step_preparing_s": statistics.median(prep),
+            "median_step_not_preparing_s": statistics.median(calm),
+            "steps_preparing": len(prep), "steps_not_preparing": len(calm)}
+
+
+def build(run_dir: Path, result: dict[str, Any], meta: dict[str, Any]) -> dict[str, Any]:
+    steps = read_steps(run_dir)
+    events = []
+    for rec in result["records"]:
+        rec = {k: v for k, v in rec.items() if not k.startswith("_") and k != "plan"}
+        if rec.get("status") in ("done", "recovered"):
+            rec.update(downtime(steps, rec))
+        events.append(rec)
+    return {**meta, "mode": result["mode"], "wall_s": result["wall_s"], "steps": steps,
+            "events": events, **steady_overhead(steps)}
+
+
+def summary(report: dict[str, Any]) -> str:
+    rows = [f"{'#':>2}  {'event':<28} {'old -> new':<26} {'downtime':>9} {'prepare':>8} {'moved':>10}  status"]
+    for i, e in enumerate(report["events"], 1):
+        ev = e["event"]
+        what = ev["kind"] + (f" {ev['gpus']}" if ev.get("gpus") else "")
+        move = f"{e.get('old', '?')} -> {e.get('new', '?')}"
+        dt = f"{e['downtime_s']:.3f}s" if "downtime_s" in e else "-"
+        pr = f"{e['prepare_s']:.2f}s" if "prepare_s" in e else "-"
+        mv = f"{e['bytes_moved'] / 2**20:.1f}MiB" if "bytes_moved" in e else "-"
+        status = e["status"]
+        if e.get("lost_steps") is not None:
+            status += f" (rolled back {e['lost_steps']} steps to step {e['restored_step']})"
+        if e.get("digest_equal") is not None:
+            status += ", digest " + ("equal" if e["digest_equal"] else "DIFFERENT")
+        if e.get("deadline_met") is not None:
+            status += ", deadline " + ("met" if e["deadline_met"] else "MISSED")
+        rows.append(f"{i:>2}  {what:<28} {move:<26} {dt:>9} {pr:>8} {mv:>10}  {status}")
+    so = report.get("steady_overhead")
+    rows.append(f"steps: {len(report['steps'])}, wall {report['wall_s']:.1f} s, steady-state overhead "
+                + (f"{so:+.2%}" if so is not None else "n/a"))
+    return "\n".join(rows)
+
+
+def timeline(report: dict[str, Any], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    steps = report["steps"]
+    if not steps:
+        return
+    t0 = steps[0]["time"] - steps[0]["step_s"]
+    fig, ax = plt.subplots(figsize=(10, 4))
+    gens = sorted({s["generation"] for s in steps})
+    cmap = plt.get_cmap("tab10")
+    for g in gens:
+        pts = [s for s in steps if s["generation"] == g]
+        ax.plot([s["time"] - t0 for s in pts], [s["step"] for s in pts], ".", color=cmap(g % 10),
+                label=f"gen {g}: {pts[0]['parallel']}")
+    for e in report["events"]:
+        if "t_event" in e:
+            end = e.get("switch_start", e.get("stopped_at", e.get("t_event")))
+            ax.axvspan(e["t_event"] - t0, end - t0, color="gold", alpha=0.25, lw=0)
+        if "downtime_s" in e:
+            old = [s for s in steps if s["step"] == e["last_old_step"] and s["generation"] == e["old_generation"]]
+            if old:
+                a = old[-1]["time"] - t0
+                ax.axvspan(a, a + e["downtime_s"] + e["normal_step_s"], color="red", alpha=0.3, lw=0)
+    ax.set_xlabel("time (s)")
+    ax.set_ylabel("step")
+    ax.set_title(f"liver run --mode {report['mode']}: steps over time (gold: prepare, red: pause)")
+    ax.legend(loc="upper left", fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

@@ -1,0 +1,114 @@
+"""Companion: prepares this process's part of the Shadow World while training goes on.
+
+For generation g it plans the transfer (metadata only, the same plan on every process), builds and
+warms the new generation's groups (if this process holds a new rank) and the transfer group over
+every process of both generations, then reports ready. Old ranks run it in a background thread at
+low CPU priority; a joiner runs it in the foreground after its mock warm-up. A cancelled
+preparation is abandoned: its groups live under their own store prefix, so they cannot disturb
+anybody, and its thread ends at the rendezvous timeout.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from datetime import timedelta
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from liver.engine.trainer import state_specs
+from liver.planner.plan import Plan, plan_transfer
+from liver.runtime.protocol import GenerationSpec, put
+from liver.topology import JobConfig, Layout, ParallelConfig
+from liver.world.group import Group
+from liver.world.world import World
+
+
+def layouts(job: JobConfig, spec: GenerationSpec) -> tuple[Layout, Layout]:
+    old = Layout(job.model, ParallelConfig.from_dict(spec.old_parallel), job.train)
+    new = Layout(job.model, ParallelConfig.from_dict(spec.parallel), job.train)
+    return old, new
+
+
+class Preparation:
+    """Everything process ``proc`` needs, before the switch, to enter generation ``spec``."""
+
+    def __init__(self, *, job: JobConfig, spec: GenerationSpec, proc: int, store: dist.Store,
+                 backend: str, device: torch.device, timeout_s: float) -> None:
+        self.job, self.spec, self.proc, self.store = job, spec, proc, store
+        self.backend, self.device = backend, device
+        self.timeout = timedelta(seconds=timeout_s)
+        self.world: World | None = None
+        self.transfer: Group | None = None
+        self.plan: Plan | None = None
+        self.ready = False
+        self.abandoned = False
+        self.error: BaseException | None = None
+        self.timings: dict[str, float] = {}
+
+    @property
+    def generation(self) -> int:
+        return self.spec.generation
+
+    def run(self) -> None:
+        try:
+            self._run()
+        except BaseException as e:  # reported through ready=False; the controller decides
+            self.error = e
+
+    def _run(self) -> None:
+        t0 = time.perf_counter()
+        s = self.spec
+        old, new = layouts(self.job, s)
+        self.plan = plan_transfer(old, new, state_specs(self.job), s.old_procs, sorted(set(s.procs)),
+                                  placement=s.procs)
+        self.timings["plan_s"] = time.perf_counter() - t0
+        t1 = time.perf_counter()
+        if self.proc in s.procs:
+            self.world = World.build(self.store, s.generation, new, s.procs.index(self.proc),
+                                     self.backend, self.device, self.timeout, cpu_groups=True)
+            self.world.warm()
+        members = sorted(set(s.old_procs) | set(s.procs))
+        self.transfer = Group.create(self.store, f"liver/gen{s.generation}/transfer", members,
+                                     self.proc, self.backend, self.device, self.timeout)
+        self.transfer.warm()
+        if self.abandoned:
+            return
+        self.timings["groups_s"] = time.perf_counter() - t1
+        self.ready = True
+        put(self.store, f"ready/{s.generation}/{self.proc}", time.time())
+
+    def release(self) -> None:
+        """Drop the groups of an abandoned or finished preparation."""
+        for g in ([self.transfer] if self.transfer else []):
+            g.destroy()
+        if self.world is not None and self.abandoned:
+            self.world.destroy()
+
+
+class Companion(threading.Thread):
+    """Runs a Preparation beside the training loop."""
+
+    def __init__(self, prep: Preparation) -> None:
+        super().__init__(name=f"companion-gen{prep.generation}", daemon=True)
+        self.prep = prep
+
+    def run(self) -> None:
+        try:  # background work: yield the CPU to the training thread
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 10)
+        except (AttributeError, OSError):
+            pass
+        self.prep.run()
+
+    def ready_generation(self) -> int:
+        return self.prep.generation if self.prep.ready and not self.prep.abandoned else 0
+
+    def abandon(self) -> None:
+        self.prep.abandoned = True
+
+    def describe(self) -> dict[str, Any]:
+        return {"generation": self.prep.generation, "ready": self.prep.ready,
+                "error": repr(self.prep.error) if self.prep.error else None}

@@ -1,0 +1,236 @@
+"""A worker process of ``liver run``: ``python -m liver.runtime.member SPEC.json``.
+
+Started by the node agent, either with the first generation (or after a restart or a fail-stop
+recovery: ``load_from`` names the checkpoint) or as a cold joiner of a pending generation. It
+trains on its Active World, checks the consistent cut at every iteration boundary, prepares the
+next generation in a companion thread, switches when every rank is ready, and leaves when the
+new generation has no rank for it.
+"""
+
+from __future__ import annotations
+
+import time
+
+STARTED = time.time()
+
+import json  # noqa: E402
+import os  # noqa: E402
+import sys  # noqa: E402
+import threading  # noqa: E402
+from pathlib import Path  # noqa: E402
+from typing import Any  # noqa: E402
+
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+import torch  # noqa: E402
+
+from liver.checkpoint import dcp as ckpt  # noqa: E402
+from liver.checkpoint.periodic import PeriodicCheckpointer  # noqa: E402
+from liver.engine.state import state_digest  # noqa: E402
+from liver.engine.trainer import Engine  # noqa: E402
+from liver.runtime import protocol  # noqa: E402
+from liver.runtime.companion import Companion, Preparation  # noqa: E402
+from liver.runtime.mock import MockWorld  # noqa: E402
+from liver.runtime.protocol import GenerationSpec, agree, put  # noqa: E402
+from liver.runtime.switch import switch  # noqa: E402
+from liver.topology import JobConfig, Layout, ParallelConfig  # noqa: E402
+from liver.world.world import World, connect_store  # noqa: E402
+
+IMPORTED = time.time()
+
+
+class Member:
+    def __init__(self, spec: dict[str, Any]) -> None:
+        self.cfg = spec
+        self.proc: int = spec["proc"]
+        self.job = JobConfig.from_dict(spec["job"])
+        self.backend: str = spec["backend"]
+        self.run_dir = Path(spec["run_dir"])
+        self.total_steps: int = spec["total_steps"]
+        self.digest: bool = spec.get("digest", False)
+        self.timeout_s: float = spec.get("timeout_s", 120.0)
+        if self.backend == "nccl":
+            torch.cuda.set_device(spec["slot"])
+            self.device = torch.device("cuda", spec["slot"])
+        else:
+            torch.set_num_threads(1)
+            self.device = torch.device("cpu")
+        self.store = protocol.run_store(connect_store(spec["store_addr"]))
+        self.ckpt = PeriodicCheckpointer(self.run_dir / "ckpt", spec.get("ckpt_every", 0))
+        self.engine: Engine | None = None
+        self.companion: Companion | None = None
+        self.preparing_since: float | None = None
+
+    # ---- entering a generation -----------------------------------------------------------
+    def start(self) -> None:
+        """First generation, restart or recovery: build the World, create or load the state."""
+        g = self.cfg["generation"]
+        spec = GenerationSpec.fetch(self.store, g)
+        layout = Layout(self.job.model, ParallelConfig.from_dict(spec.parallel), self.job.train)
+        t0 = time.perf_counter()
+        world = World.build(self.store, g, layout, spec.procs.index(self.proc), self.backend,
+                            self.device, cpu_groups=True)
+        world.warm()
+        world.activate()
+        timings = {"group_init_s": time.perf_counter() - t0}
+        t0 = time.perf_counter()
+        self.engine = Engine(self.job, world, self.device, initialise=spec.load_from is None)
+        timings["build_s"] = time.perf_counter() - t0
+        if spec.load_from:
+            timings["load_s"] = ckpt.load(self.engine, spec.load_from)
+        rec = {"proc": self.proc, "generation": g, "kind": "start", "timings": timings,
+               "process_start": STARTED, "imported": IMPORTED, "ready": time.time(),
+               "step": self.engine.step}
+        if self.digest:
+            t0 = time.perf_counter()
+            rec["digest_after"] = state_digest(self.engine)
+            rec["digest_after_s"] = time.perf_counter() - t0
+        put(self.store, f"switch/{g}/{self.proc}", rec)
+
+    def join(self) -> None:
+        """Cold joiner: warm up on a mock world, prepare the Shadow World, receive the state."""
+        g = self.cfg["generation"]
+        spec = GenerationSpec.fetch(self.store, g)
+        layout = Layout(self.job.model, ParallelConfig.from_dict(spec.parallel), self.job.train)
+        t0 = time.perf_counter()
+        mock = MockWorld.build_mock(g, layout, spec.procs.index(self.proc), self.backend, self.device)
+        warm = Engine(self.job, mock, self.device)
+        for _ in range(self.cfg.get("warmup_steps", 2)):
+            warm.train_step()
+        if self.device.type == "cuda":
+            torch.cuda.synchronize()
+        del warm
+        warmup_s = time.perf_counter() - t0
+        prep = Preparation(job=self.job, spec=spec, proc=self.proc, store=self.store,
+                           backend=self.backend, device=self.device, timeout_s=self.timeout_s)
+        prep.run()
+        if not prep.ready:
+            raise RuntimeError(f"proc {self.proc}: preparing generation {g} failed: {prep.error!r}")
+        prep.timings["mock_warmup_s"] = warmup_s
+        self._switch(prep, {"process_start": STARTED, "imported": IMPORTED})
+
+    # ---- the training loop ---------------------------------------------------------------
+    def train(self) -> None:
+        while self.engine is not None and self.engine.step < self.total_steps:
+            e = self.engine
+            st = e.train_step()
+            end = time.time()
+            digest, digest_s = None, 0.0
+            if self.digest:  # a check, timed apart from the step
+                t0 = time.perf_counter()
+                digest = state_digest(e)
+                digest_s = time.perf_counter() - t0
+            if e.world.rank == 0:
+                rec = {"step": st.step, "generation": e.world.generation, "loss": st.loss,
+                       "step_s": st.step_s, "time": end, "parallel": e.layout.parallel.short(),
+                       "preparing": self.companion is not None, "tokens_per_s": st.tokens_per_s,
+                       "digest": digest, "digest_s": digest_s}
+                put(self.store, "progress", rec)
+                with open(self.run_dir / "steps.jsonl", "a") as f:
+                    f.write(json.dumps(rec) + "\n")
+                print(f"step {st.step:5d}  gen {e.world.generation}  {e.layout.parallel.short():<12} "
+                      f"loss {st.loss:.4f}  {st.step_s * 1e3:7.1f} ms", flush=True)
+            if self.ckpt.due(e):
+                self.ckpt.start(e)
+            self.boundary()
+        self.ckpt.wait()
+
+    def boundary(self) -> None:
+        e = self.engine
+        ready = self.companion.ready_generation() if self.companion else 0
+        cut = agree(e.world.all, self.store if e.world.rank == 0 else None, ready)
+        if cut.stop_at and e.step >= cut.stop_at:
+            return self._stop_for_restart()
+        if self.companion is not None and cut.wanted != self.companion.prep.generation:
+            self.companion.abandon()  # cancelled or superseded: the Active World was never touched
+            self.companion = None
+        if self.companion is None and cut.wanted > e.world.generation:
+            spec = GenerationSpec.fetch(self.store, cut.wanted)
+            self.companion = Companion(Preparation(job=self.job, spec=spec, proc=self.proc,
+                                                   store=self.store, backend=self.backend,
+                                                   device=self.device, timeout_s=self.timeout_s))
+            self.preparing_since = time.time()
+            self.companion.start()
+            return
+        if self.companion is not None and cut.force == self.companion.prep.generation \
+                and not cut.switch_to:
+            self.companion.join(self.timeout_s)  # deadline: finish preparing in the foreground
+            cut = agree(e.world.all, None, self.companion.ready_generation())
+            cut.wanted = self.companion.prep.generation
+        if self.companion is not None and cut.switch_to == self.companion.prep.generation:
+            prep = self.companion.prep
+            self.companion = None
+            self._switch(prep, {})
+
+    def _switch(self, prep: Preparation, extra: dict[str, Any]) -> None:
+        old = self.engine
+        g = prep.generation
+        rec: dict[str, Any] = {"proc": self.proc, "generation": g, "kind": "switch", **extra,
+                               "prepare": prep.timings, "preparing_since": self.preparing_since}
+        if old is not None and self.device.type == "cuda":
+            torch.cuda.synchronize()  # drain
+        if old is not None:
+            rec["old_step"] = old.step
+        base = torch.cuda.memory_allocated(self.device) if self.device.type == "cuda" else 0
+        if self.device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(self.device)
+        rec["switch_start"] = time.time()
+        new, info = switch(job=self.job, old=old, new_world=prep.world, transfer=prep.transfer,
+                           plan=prep.plan, proc=self.proc, budget_bytes=self.cfg.get("budget_bytes", 512 << 20),
+                           device=self.device)
+        rec["switch_end"] = time.time()
+        rec["transfer"] = info
+        if self.device.type == "cuda":
+            rec["peak_extra_bytes"] = torch.cuda.max_memory_allocated(self.device) - base
+        if old is not None:
+            old_world, ckpt_thread = old.world, self.ckpt
+            old_world.deactivate()
+            self.engine = None
+            # cleanup off the critical path: after any checkpoint still writing from the old World
+            threading.Thread(target=lambda: (ckpt_thread.wait(), old_world.destroy()), daemon=True).start()
+        transfer = prep.transfer
+        threading.Thread(target=transfer.destroy, daemon=True).start()
+        self.engine = new
+        self.preparing_since = None
+        if new is not None:
+            new.world.activate()
+            rec["new_rank"] = new.world.rank
+            rec["step"] = new.step
+            if self.digest:
+                t0 = time.perf_counter()
+                rec["digest_after"] = state_digest(new)
+                rec["digest_after_s"] = time.perf_counter() - t0
+        put(self.store, f"switch/{g}/{self.proc}", rec)
+
+    def _stop_for_restart(self) -> None:
+        """Restart mode: write a checkpoint at this boundary and stop (the baseline's save)."""
+        e = self.engine
+        self.ckpt.wait()
+        g = e.world.generation
+        path = self.run_dir / "restart" / f"gen{g}-step{e.step:08d}"
+        rec: dict[str, Any] = {"proc": self.proc, "generation": g, "kind": "stop", "step": e.step}
+        rec["save_s"] = ckpt.save(e, path)
+        rec["saved_at"] = time.time()
+        put(self.store, f"stopped/{g}/{self.proc}", rec)
+        if e.world.rank == 0:
+            put(self.store, f"saved/{g}", {"path": str(path), "step": e.step})
+        e.world.destroy()
+        self.engine = None
+
+
+def main() -> None:
+    spec = json.loads(Path(sys.argv[1]).read_text())
+    m = Member(spec)
+    if spec["role"] == "joiner":
+        m.join()
+    else:
+        m.start()
+    m.train()
+    if m.engine is not None:
+        m.engine.world.destroy()
+    sys.stdout.flush()
+    os._exit(0)  # abandoned preparations may still wait in a rendezvous
+
+
+if __name__ == "__main__":
+    main()
