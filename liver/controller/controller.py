@@ -188,7 +188,8 @@ class Controller:
         tgt = self._validate(ev, n_old)
         old_layout = Layout(self.job.model, ParallelConfig.from_dict(old.parallel), self.job.train)
         new_layout = Layout(self.job.model, tgt, self.job.train)
-        if ev.kind == "reshape" and new_layout.parallel == old_layout.parallel:
+        if ev.kind == "reshape" and (new_layout.tp, new_layout.pp, new_layout.dp, new_layout.layers_per_stage) \
+                == (old_layout.tp, old_layout.pp, old_layout.dp, old_layout.layers_per_stage):
             raise EventError(f"{ev.source}: reshape {tgt.short()}: the job already runs {tgt.short()}")
         leaving: list[int] = []
         join_slots: list[int] = []
@@ -451,7 +452,7 @@ class LiveController(Controller):
         except ValueError as e:
             self._close(f"cancelled: {why}; {e}")
             return
-        rec["new"] = plan["target"].short()
+        rec["new"], rec["gpus"] = plan["target"].short(), ev.gpus
         self._launch(plan)
 
 
