@@ -129,7 +129,8 @@ def parse_trace(path: str | Path, *, slots: int, compress: float, notice_s: floa
 
     Time is divided by ``compress``. The node count is mapped proportionally onto the slots
     (peak of the trace -> all slots, at least one); an event is made only when the local count
-    changes. A removal becomes a scale-in notice ``notice_s`` (compressed) before the node goes.
+    changes. A removal becomes a scale-in notice ``notice_s`` (compressed) before the node goes
+    (later if the previous event is later: events keep their order); its deadline is the removal.
     """
     if compress <= 0:
         raise EventError(f"--compress={compress}: allowed a positive factor")
@@ -171,9 +172,9 @@ def parse_trace(path: str | Path, *, slots: int, compress: float, notice_s: floa
             continue
         if c > current:
             events.append(Event(kind="scale-out", gpus=c, at_time=t, source=f"{path}@{t * compress:.0f}s"))
-        else:
-            notice = notice_s / compress
-            events.append(Event(kind="scale-in", gpus=c, at_time=max(0.0, t - notice), deadline_s=notice,
+        else:  # the notice comes notice_s before the node goes, but not before the previous event
+            at = max(t - notice_s / compress, events[-1].at_time if events else 0.0)
+            events.append(Event(kind="scale-in", gpus=c, at_time=at, deadline_s=t - at,
                                 source=f"{path}@{t * compress:.0f}s"))
         current = c
     return [Event(kind="start", gpus=local[0][1], at_time=0.0, source=f"{path}:start")] + events

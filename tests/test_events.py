@@ -1,0 +1,89 @@
+"""Schedules, traces and target choice: pure metadata, checked in-process."""
+
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from liver.controller.events import EventError, parse_schedule, parse_trace
+from liver.controller.target import Hardware, candidates, choose, state_bytes_per_rank
+from liver.topology import JobConfig, Layout, ModelConfig, ParallelConfig, TrainConfig
+
+TRACES = "/work/shared/traces/bamboo"
+
+
+def write(tmp_path, text):
+    p = tmp_path / "ev.txt"
+    p.write_text(text)
+    return p
+
+
+def test_schedule_grammar(tmp_path):
+    evs = parse_schedule(write(tmp_path, "# c\n\nat step 4: scale-out 4\nat 2.5s: scale-in 2 deadline 30s as 1,2,1\n"
+                                         "at step 9: reshape 1,2,2:3/1  # uneven\n"))
+    assert [(e.kind, e.gpus, e.at_step, e.at_time) for e in evs] == \
+        [("scale-out", 4, 4, None), ("scale-in", 2, None, 2.5), ("reshape", 4, 9, None)]
+    assert evs[1].deadline_s == 30 and evs[1].parallel == ParallelConfig(pp=2)
+    assert evs[2].parallel.layers_per_stage == (3, 1)
+
+
+@pytest.mark.parametrize("text,needle", [
+    ("at step x: scale-out 4", ":1: 'at step x: scale-out 4': expected"),
+    ("at step 3: grow 4", ":1: action 'grow': allowed scale-out, scale-in, reshape"),
+    ("\nat step 3: scale-out", ":2: scale-out needs the total GPU count"),
+    ("at step 3: scale-out 4 as 1,1,2", "tp*pp*dp=2 but the event leaves 4 GPUs"),
+    ("at step 3: scale-in 2 deadline soon", "deadline 'soon': allowed a positive duration"),
+    ("at step 3: scale-out 2 deadline 3s", "option 'deadline' of scale-out: allowed 'as'"),
+    ("at step 3: reshape 0,1,1", ":1: "),
+    ("at step 3: reshape", "'reshape' takes one configuration"),
+])
+def test_schedule_refusals_name_file_line_and_problem(tmp_path, text, needle):
+    p = write(tmp_path, text)
+    with pytest.raises(EventError) as e:
+        parse_schedule(p)
+    assert str(p) in str(e.value) and needle in str(e.value)
+
+
+def test_trace_mapping_and_refusals(tmp_path):
+    evs = parse_trace(f"{TRACES}/p3-trace.csv", slots=4, compress=600)
+    assert evs[0].kind == "start" and 1 <= evs[0].gpus <= 4
+    n = evs[0].gpus
+    for e in evs[1:]:
+        assert 1 <= e.gpus <= 4 and e.gpus != n
+        assert (e.kind == "scale-out") == (e.gpus > n)
+        if e.kind == "scale-in":
+            assert 0 <= e.deadline_s <= 120 / 600 + 1e-9
+        n = e.gpus
+    times = [e.at_time for e in evs]
+    assert times == sorted(times)
+    for text, needle in [("0,add,n1\n5,remove,n2\n", ":2: n2 removed but not up"),
+                         ("0,add,n1\n0,add,n1\n", ":2: n1 added twice"),
+                         ("0,add\n", ":1: '0,add': expected time_ms,add|remove,nodeNAME"),
+                         ("10,add,n1\n5,add,n2\n", ":2: time 5 ms goes backwards")]:
+        p = write(tmp_path, text)
+        with pytest.raises(EventError, match=needle):
+            parse_trace(p, slots=4, compress=1)
+
+
+JOB = JobConfig(model=ModelConfig(num_layers=4, hidden_size=64, num_heads=4, ffn_size=128, vocab_size=256,
+                                  seq_len=32), train=TrainConfig(global_batch=8, micro_batch=1))
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.integers(1, 16))
+def test_target_choice_is_valid_and_best_by_its_own_estimate(gpus):
+    cands = candidates(JOB, gpus)
+    if not cands:
+        with pytest.raises(ValueError, match=f"gpus={gpus}"):
+            choose(JOB, gpus)
+        return
+    c = choose(JOB, gpus)
+    assert c.world_size == gpus
+    Layout(JOB.model, c, JOB.train)
+
+
+def test_target_choice_respects_memory():
+    need = {c.parallel.short(): state_bytes_per_rank(JOB, c) for c in candidates(JOB, 4)}
+    limit = sorted(need.values())[0]
+    c = choose(JOB, 4, Hardware(memory_bytes=limit))
+    assert need[c.short()] <= limit
+    with pytest.raises(ValueError, match="no configuration fits memory_bytes"):
+        choose(JOB, 4, Hardware(memory_bytes=limit - 1))
