@@ -250,11 +250,6 @@ class Controller:
         dead_slots = {w.slot for w in dead}
         self.lost_slots |= dead_slots
         survivors = [self.slot_of[p] for p in self.active.procs if self.slot_of[p] not in dead_slots]
-        if self.current is not None:  # the event in flight goes back to the queue
-            self.current["status"] = "interrupted by a fail-stop; re-queued"
-            self.records.append(self.current)
-            self.queue.appendleft(self.current["_event"])
-            self.current = None
         self.agent.shutdown()
         if not survivors:
             raise ControllerError("every process of the job died; nothing to recover on")
@@ -262,6 +257,16 @@ class Controller:
         n = len(survivors)
         old = ParallelConfig.from_dict(self.active.parallel)
         parallel = old if old.world_size == n else target.choose(self.job, n, self.opts.hardware, current=old)
+        if self.current is not None:  # the event in flight: re-queued if it still applies
+            ev = self.current["_event"]
+            try:
+                self._validate(ev, n)
+                self.current["status"] = "interrupted by a fail-stop; re-queued"
+                self.queue.appendleft(ev)
+            except ValueError:
+                self.current["status"] = "superseded by the fail-stop recovery"
+            self.records.append(self.current)
+            self.current = None
         self.phase = "stable"
         self._start_generation(parallel, sorted(survivors), ck["path"] if ck else None, "recover")
         rec = {"event": {"kind": "fail-stop", "source": f"process {[w.proc for w in dead]} exited "
@@ -319,6 +324,8 @@ class LiveController(Controller):
             self._watch_cleanup()
 
     def _begin(self, ev: Event) -> None:
+        if ev.kind == "scale-out":
+            self.lost_slots.clear()  # the event reports capacity: slots lost earlier may be back
         try:
             plan = self._plan(ev)
         except ValueError as e:
@@ -373,7 +380,7 @@ class LiveController(Controller):
         ev: Event = rec["_event"]
         if ev.deadline_s is not None:
             left = rec["t_event"] + ev.deadline_s - now
-            if left < 0.25 * ev.deadline_s and not rec.get("forced"):
+            if left < max(0.25 * ev.deadline_s, self._expected_handoff_s(rec)) and not rec.get("forced"):
                 rec["forced"] = True  # the fastest safe path: finish preparing in the foreground
                 put(self.store, "ctl", {"wanted": g, "stop_at": 0, "force": g})
                 self.phase_log("deadline-near", generation=g, seconds_left=round(left, 3))
@@ -388,6 +395,12 @@ class LiveController(Controller):
         done = self._collect(g, self.pending.procs)
         if done is not None:
             self._switched(done)
+
+    def _expected_handoff_s(self, rec: dict[str, Any]) -> float:
+        """Time a handoff without cold processes took before (prepare + switch); 1 s if none yet."""
+        past = [r["prepare_s"] + r["switch_s"] for r in self.records
+                if r.get("status") == "done" and not r.get("joiners") and "switch_s" in r]
+        return max(past) if past else 1.0
 
     def _switched(self, done: dict[int, dict[str, Any]]) -> None:
         rec = self.current
