@@ -8,29 +8,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from liver.topology import JobConfig, ModelConfig, ParallelConfig, TrainConfig
-
-DEMO_JOB = JobConfig(model=ModelConfig(num_layers=4, hidden_size=64, num_heads=4, ffn_size=128,
-                                       vocab_size=256, seq_len=32),
-                     train=TrainConfig(global_batch=8, micro_batch=2, warmup_steps=5))
-
-
-def _demo(args: argparse.Namespace) -> int:
-    from liver.runtime.restart import stop_and_restart
-
-    configs = [ParallelConfig.parse(c) for c in args.configs]
-    workdir = Path(args.workdir or tempfile.mkdtemp(prefix="liver-demo-"))
-    print(f"LiveR demo: {DEMO_JOB.model.num_params():,} parameters, configurations "
-          f"{' -> '.join(c.short() for c in configs)}, {args.steps} steps each, work dir {workdir}")
-    out = stop_and_restart(job=DEMO_JOB, configs=configs, steps=args.steps, workdir=workdir)
-    for ev in out["events"]:
-        print(f"\nstop-and-restart {ev['old']} -> {ev['new']}: downtime {ev['downtime_s']:.2f} s "
-              f"(state digest {'equal' if ev['digest_equal'] else 'DIFFERENT'} across the restart)")
-        for k in ("save_s", "stop_s", "process_start_s", "group_init_s", "load_s", "warmup_s"):
-            print(f"  {k[:-2]:<14} {ev[k]:7.3f} s")
-    (workdir / "report.json").write_text(json.dumps(out, indent=1))
-    print(f"\nreport: {workdir / 'report.json'}")
-    return 0 if all(ev["digest_equal"] for ev in out["events"]) else 1
+from liver.topology import ParallelConfig
 
 
 def _bench_plan(args: argparse.Namespace) -> int:
@@ -58,8 +36,9 @@ at step 22: scale-in 2 deadline 20s    # preemption notice for two GPUs
 
 def _run(args: argparse.Namespace) -> int:
     from liver.controller import report as rep
-    from liver.controller.controller import CONTROLLERS, RunOptions
+    from liver.controller.controller import RunOptions
     from liver.controller.events import parse_schedule, parse_trace
+    from liver.controller.job import run_job
     from liver.controller.target import Hardware
     from liver.topology.presets import preset
 
@@ -95,21 +74,11 @@ def _run(args: argparse.Namespace) -> int:
                       ckpt_every=args.ckpt_every, digest=args.digest, budget_bytes=args.budget_mib << 20,
                       warmup_steps=args.warmup_steps, hardware=hw, token=args.token,
                       endpoint=not args.no_endpoint)
-    ctl = CONTROLLERS[args.mode](job, opts, events, run_dir)
-    # the whole schedule is checked before anything starts
-    n = gpus
-    for ev in events:
-        ctl._validate(ev, n)
-        n = ev.gpus
     print(f"liver run --mode {args.mode}: model {args.model} ({job.model.num_params():,} parameters), "
           f"{gpus} of {slots} slots, {args.steps} steps, {len(events)} events, backend {args.backend}, "
           f"run dir {run_dir}", flush=True)
-    result = ctl.run()
-    report = rep.build(run_dir, result, {"model": args.model, "params": job.model.num_params(),
-                                         "backend": args.backend, "slots": slots,
-                                         "events_source": str(args.trace or args.events or "embedded")})
-    (run_dir / "report.json").write_text(json.dumps(report, indent=1))
-    rep.timeline(report, run_dir / "timeline.png")
+    report = run_job(job, opts, events, run_dir, args.mode,
+                     {"model": args.model, "events_source": str(args.trace or args.events or "embedded")})
     print("\n" + rep.summary(report))
     print(f"report: {run_dir / 'report.json'}\ntimeline: {run_dir / 'timeline.png'}")
     bad = [e for e in report["events"] if e.get("digest_equal") is False]
@@ -130,15 +99,23 @@ def _scale(args: argparse.Namespace) -> int:
     return 0 if code == 202 else 1
 
 
+def _bench_reconfig(args: argparse.Namespace) -> int:
+    from liver.bench.reconfig import run
+
+    rows = run(repeats=args.repeats, steps=args.steps, run_dir=Path(args.run_dir) if args.run_dir else None)
+    if args.json:
+        print(json.dumps(rows, indent=1))
+    else:
+        for r in rows:
+            print(f"{r['scenario']:<40} live {r['downtime_live_s']:.3f} s  restart {r['downtime_restart_s']:.2f} s  "
+                  f"ratio {r['ratio']:.1f}x  prepare {r['prepare_s']:.2f} s  steady overhead "
+                  f"{r['steady_overhead']:+.2%}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="liver", description=__doc__)
     sub = p.add_subparsers(dest="cmd", required=True)
-    d = sub.add_parser("demo", help="train on 4 CPU processes, reshape, continue")
-    d.add_argument("--configs", nargs="+", default=["2,2,1", "1,2,2"],
-                   help="configurations as tp,pp,dp (each one a generation)")
-    d.add_argument("--steps", type=int, default=8)
-    d.add_argument("--workdir", default=None)
-    d.set_defaults(fn=_demo)
     r = sub.add_parser("run", help="train and reconfigure live (the main job)")
     src = r.add_mutually_exclusive_group()
     src.add_argument("--events", help="schedule file (default: the embedded schedule)")
@@ -173,6 +150,12 @@ def main(argv: list[str] | None = None) -> int:
     bp.add_argument("--json", action="store_true")
     bp.add_argument("--repeats", type=int, default=3, help="best of N timings per scenario")
     bp.set_defaults(fn=_bench_plan)
+    br = bsub.add_parser("reconfig", help="live vs stop-and-restart downtime, tiny model on CPU")
+    br.add_argument("--json", action="store_true")
+    br.add_argument("--repeats", type=int, default=1, help="runs per scenario and mode (median taken)")
+    br.add_argument("--steps", type=int, default=40)
+    br.add_argument("--run-dir", default=None)
+    br.set_defaults(fn=_bench_reconfig)
     args = p.parse_args(argv)
     try:
         return args.fn(args)

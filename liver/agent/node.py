@@ -31,8 +31,9 @@ class Worker:
 
 
 class NodeAgent:
-    def __init__(self, run_dir: Path, slots: int, base_spec: dict[str, Any]) -> None:
+    def __init__(self, run_dir: Path, slots: int, base_spec: dict[str, Any], quiet: bool = False) -> None:
         self.run_dir = run_dir
+        self.quiet = quiet  # worker output to its log file only
         self.slots = slots
         self.base_spec = base_spec
         self.workers: dict[int, Worker] = {}
@@ -59,8 +60,11 @@ class NodeAgent:
         path.write_text(json.dumps(spec))
         env = dict(os.environ, OMP_NUM_THREADS="1", LOCAL_RANK=str(slot))
         log = open(self.run_dir / "logs" / f"proc{proc}.log", "w")
+        # a cold joiner boots at background priority: it must not slow the training it joins
+        # (it restores its priority, where allowed, once it holds a rank)
+        nice = (lambda: os.nice(10)) if role == "joiner" else None
         p = subprocess.Popen([sys.executable, "-m", "liver.runtime.member", str(path)], env=env,
-                             stderr=log)
+                             stdout=log if self.quiet else None, stderr=log, preexec_fn=nice)
         w = Worker(proc, slot, role, generation, p, time.time())
         self.workers[proc] = w
         self._write_procs()

@@ -49,6 +49,7 @@ class RunOptions:
     hardware: target.Hardware = field(default_factory=target.Hardware)
     token: str | None = None
     endpoint: bool = True
+    quiet: bool = False  # worker step lines to the log files, not the terminal
 
 
 class ControllerError(RuntimeError):
@@ -69,7 +70,7 @@ class Controller:
             store_addr=self.store_addr, run_dir=str(run_dir), job=job.to_dict(), backend=opts.backend,
             total_steps=opts.steps, digest=opts.digest, ckpt_every=opts.ckpt_every,
             budget_bytes=opts.budget_bytes, warmup_steps=opts.warmup_steps,
-            timeout_s=opts.group_timeout_s))
+            timeout_s=opts.group_timeout_s), quiet=opts.quiet)
         self.queue: collections.deque[Event] = collections.deque(events)
         self.lock = threading.Lock()
         self.records: list[dict[str, Any]] = []

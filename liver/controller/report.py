@@ -46,21 +46,35 @@ def downtime(steps: list[dict[str, Any]], rec: dict[str, Any]) -> dict[str, Any]
     return out
 
 
-def steady_overhead(steps: list[dict[str, Any]]) -> dict[str, Any]:
-    """Steps while preparing vs steps not preparing (first step of each generation left out)."""
-    firsts, seen = set(), set()
-    for i, s in enumerate(steps):
-        if s["generation"] not in seen:
-            seen.add(s["generation"])
-            firsts.add(i)
-    prep = [s["step_s"] for i, s in enumerate(steps) if s.get("preparing") and i not in firsts]
-    calm = [s["step_s"] for i, s in enumerate(steps) if not s.get("preparing") and i not in firsts]
-    if not prep or not calm:
-        return {"steady_overhead": None, "steps_preparing": len(prep), "steps_not_preparing": len(calm)}
-    return {"steady_overhead": statistics.median(prep) / statistics.median(calm) - 1,
-            "median_step_preparing_s": statistics.median(prep),
-            "median_step_not_preparing_s": statistics.median(calm),
-            "steps_preparing": len(prep), "steps_not_preparing": len(calm)}
+def _prepare_windows(events: list[dict[str, Any]]) -> list[tuple[int, float, float]]:
+    """(old generation, from the event, to the switch) of every live handoff."""
+    return [(e["old_generation"], e["t_event"], e["switch_start"]) for e in events
+            if "switch_start" in e and "old_generation" in e]
+
+
+def steady_overhead(steps: list[dict[str, Any]], events: list[dict[str, Any]]) -> dict[str, Any]:
+    """Steps that ran while a Shadow World was prepared (from the event, joiners booting included,
+    to the switch) against steps of the same generation (same configuration) outside any such
+    window; the first step of each generation is left out. Each preparing step is divided by its
+    generation's median calm step; the overhead is the median of those ratios minus 1."""
+    windows = _prepare_windows(events)
+    by_gen: dict[int, list[dict[str, Any]]] = {}
+    for s in steps:
+        by_gen.setdefault(s["generation"], []).append(s)
+    rel, n_calm = [], 0
+    for g, gen_steps in by_gen.items():
+        body = gen_steps[1:]
+        inside = [any(g == wg and a < s["time"] <= b + 1e-9 for wg, a, b in windows) for s in body]
+        prep = [s["step_s"] for s, i in zip(body, inside) if i]
+        calm = [s["step_s"] for s, i in zip(body, inside) if not i]
+        n_calm += len(calm)
+        if prep and calm:
+            base = statistics.median(calm)
+            rel += [x / base for x in prep]
+    if not rel:
+        return {"steady_overhead": None, "steps_preparing": 0, "steps_not_preparing": n_calm}
+    return {"steady_overhead": statistics.median(rel) - 1, "steps_preparing": len(rel),
+            "steps_not_preparing": n_calm}
 
 
 def build(run_dir: Path, result: dict[str, Any], meta: dict[str, Any]) -> dict[str, Any]:
@@ -72,7 +86,7 @@ def build(run_dir: Path, result: dict[str, Any], meta: dict[str, Any]) -> dict[s
             rec.update(downtime(steps, rec))
         events.append(rec)
     return {**meta, "mode": result["mode"], "wall_s": result["wall_s"], "steps": steps,
-            "events": events, **steady_overhead(steps)}
+            "events": events, **steady_overhead(steps, events)}
 
 
 def summary(report: dict[str, Any]) -> str:

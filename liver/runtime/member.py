@@ -108,6 +108,10 @@ class Member:
             raise RuntimeError(f"proc {self.proc}: preparing generation {g} failed: {prep.error!r}")
         prep.timings["mock_warmup_s"] = warmup_s
         self._switch(prep, {"process_start": STARTED, "imported": IMPORTED})
+        try:  # a rank now: back to normal priority where the system allows it
+            os.setpriority(os.PRIO_PROCESS, 0, 0)
+        except OSError:
+            pass
 
     # ---- the training loop ---------------------------------------------------------------
     def train(self) -> None:

@@ -1,0 +1,64 @@
+"""``liver bench reconfig``: the same events applied live and by stop-and-restart, side by side in
+one run, on the tiny model over CPU processes (gloo). For each scenario: downtime of each mode,
+their ratio, the live prepare time, and the steady-state overhead of the live run (median step
+while a Shadow World was prepared / median step otherwise - 1)."""
+
+from __future__ import annotations
+
+import statistics
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from liver.controller.controller import RunOptions
+from liver.controller.events import parse_action
+from liver.controller.job import run_job
+from liver.topology import ParallelConfig
+from liver.topology.presets import preset
+
+SCENARIOS = [
+    # name, first configuration, event
+    ("scale-out 2->4 (cold joiners)", "1,2,1", "scale-out 4 as 2,1,2"),
+    ("scale-in 4->2 (deadline 60 s)", "2,2,1", "scale-in 2 deadline 60s as 1,2,1"),
+    ("in-place reshape tp2pp2dp1->tp1pp2dp2", "2,2,1", "reshape 1,2,2"),
+]
+
+
+def _once(name: str, first: str, action: str, mode: str, steps: int, run_dir: Path) -> dict[str, Any]:
+    job = preset("tiny")
+    initial = ParallelConfig.parse(first)
+    ev = parse_action(action, f"scenario {name!r}")
+    ev.at_step = steps // 4
+    opts = RunOptions(steps=steps, gpus=initial.world_size, slots=4, initial=initial, ckpt_every=0,
+                      endpoint=False, quiet=True)
+    rep = run_job(job, opts, [ev], run_dir, mode, {"scenario": name}, log=lambda s: None)
+    (e,) = rep["events"]
+    if e["status"] != "done" or "downtime_s" not in e:
+        raise RuntimeError(f"{name} ({mode}): event {e['status']}; see {run_dir}")
+    return {"downtime_s": e["downtime_s"], "prepare_s": e.get("prepare_s"),
+            "steady_overhead": rep.get("steady_overhead"), "bytes_moved": e.get("bytes_moved"),
+            "transfer_s": e.get("transfer_s"), "run_dir": str(run_dir)}
+
+
+def run(repeats: int = 1, steps: int = 40, run_dir: Path | None = None) -> list[dict[str, Any]]:
+    if repeats < 1:
+        raise ValueError(f"--repeats={repeats}: allowed a positive count")
+    if steps < 12:
+        raise ValueError(f"--steps={steps}: allowed 12 or more (the event comes at steps/4)")
+    base = run_dir or Path(tempfile.mkdtemp(prefix="liver-bench-reconfig-"))
+    rows = []
+    for i, (name, first, action) in enumerate(SCENARIOS):
+        live, restart = [], []
+        for r in range(repeats):  # interleaved, so both modes see the same machine state
+            live.append(_once(name, first, action, "live", steps, base / f"s{i}-live-{r}"))
+            restart.append(_once(name, first, action, "restart", steps, base / f"s{i}-restart-{r}"))
+        med = lambda xs, k: statistics.median(x[k] for x in xs)  # noqa: E731
+        dl, dr = med(live, "downtime_s"), med(restart, "downtime_s")
+        overheads = [x["steady_overhead"] for x in live if x["steady_overhead"] is not None]
+        rows.append({"scenario": name, "event": action, "first": first, "steps": steps, "repeats": repeats,
+                     "downtime_live_s": dl, "downtime_restart_s": dr, "ratio": dr / dl if dl > 0 else None,
+                     "prepare_s": med(live, "prepare_s"),
+                     "steady_overhead": statistics.median(overheads) if overheads else None,
+                     "bytes_moved": live[0]["bytes_moved"], "transfer_s": med(live, "transfer_s"),
+                     "run_dirs": [x["run_dir"] for x in live + restart]})
+    return rows
