@@ -27,8 +27,10 @@ def switch(*, job: JobConfig, old: Engine | None, new_world: World | None, trans
     specs = state_specs(job)
     scalars = transfer.broadcast_object(old.scalars() if old is not None and proc == plan.old_procs[0] else None,
                                         src=transfer.members.index(plan.old_procs[0]))
+    if old is not None:  # the old engine ends here: its compute copies go first, its shards
+        old.params = {}  # layer by layer as they are sent (bounded extra memory, invariant I2)
     shards, stats = StreamingExecutor(plan, specs, proc, transfer, budget_bytes, device).run(
-        old.state if old is not None else None)
+        old.state if old is not None else None, release=old is not None)
     engine = None
     if new_world is not None:
         engine = Engine(job, new_world, device, state=shards)

@@ -35,6 +35,7 @@ class TransferStats:
     seconds: float = 0.0
     peak_staging_bytes: int = 0
     num_chunks: int = 0
+    peak_state_bytes: int = 0  # old + new shards alive at once, at layer ends (release=True)
     timeline: list[tuple[int, float]] = field(default_factory=list)  # (layer, seconds at its end)
 
     def to_dict(self) -> dict[str, Any]:
@@ -73,15 +74,23 @@ class StreamingExecutor:
         self._peer = {p: i for i, p in enumerate(group.members)}  # process -> group rank
 
     @torch.no_grad()
-    def run(self, src_state: dict[str, torch.Tensor] | None) -> tuple[dict[str, torch.Tensor], TransferStats]:
+    def run(self, src_state: dict[str, torch.Tensor] | None,
+            release: bool = False) -> tuple[dict[str, torch.Tensor], TransferStats]:
         """Move the state. ``src_state`` is this process's old shards (None for a joiner).
-        Returns the new shards of this process (empty if it leaves) and statistics."""
+        Returns the new shards of this process (empty if it leaves) and statistics.
+
+        ``release``: the old shards are not needed afterwards; each layer's are dropped from
+        ``src_state`` as soon as its operations completed (one layer later), so old and new state
+        coexist only for about two layers: the extra memory stays bounded, whatever the model size.
+        """
         stats = TransferStats()
         t0 = time.perf_counter()
         dst: dict[str, torch.Tensor] = {}
-        self._pending: deque = deque()  # (works, staging bytes, buffers, finalizes)
+        self._pending: deque = deque()  # (layer, works, staging bytes, buffers, finalizes)
         self._staging = 0
+        self._layer = -2
         self._batch: list = []  # posted together: (is_send, buffer, peer, staging, finalize)
+        held: deque = deque()  # (layer, names of old shards it used)
 
         def dst_tensor(name: str) -> torch.Tensor:
             t = dst.get(name)
@@ -92,7 +101,9 @@ class StreamingExecutor:
                 dst[name] = t
             return t
 
-        for layer, tasks in self.plan.layer_tasks(self.proc):
+        for seq, (layer, tasks) in enumerate(self.plan.layer_tasks(self.proc)):
+            self._layer = seq  # position in this process's order of layers
+            used: set[str] = set()
             for task in tasks:
                 kind = task.kind
                 for name in task.tensors:
@@ -103,12 +114,30 @@ class StreamingExecutor:
                         d = dst_tensor(name)[_slices(task.dst_box)]
                         d.copy_(src_state[name][_slices(task.src_box)])
                         stats.bytes_local += d.numel() * d.element_size()
+                        used.add(name)
                     else:
                         self._stream(task, name, src_state, dst_tensor, stats)
+                        if task.src_proc == self.proc:
+                            used.add(name)
             self._flush()  # a layer's operations go out together; no barrier between layers
+            if release:
+                held.append((seq, used))
+                while len(held) > 1:  # the layer before this one: wait for it, then drop it
+                    done_layer, names = held.popleft()
+                    self._drain_layers_upto(done_layer)
+                    for n in names:
+                        if dst.get(n) is not src_state.get(n):
+                            src_state.pop(n, None)
+                live = {id(t): t.numel() * t.element_size() for t in [*src_state.values(), *dst.values()]}
+                stats.peak_state_bytes = max(stats.peak_state_bytes, sum(live.values()))
             stats.timeline.append((layer, time.perf_counter() - t0))
         self._flush()
         self._drain(0)
+        if release and src_state is not None:
+            for _, names in held:
+                for n in names:
+                    if dst.get(n) is not src_state.get(n):
+                        src_state.pop(n, None)
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         stats.seconds = time.perf_counter() - t0
@@ -121,19 +150,26 @@ class StreamingExecutor:
         sends = [(b, p) for is_send, b, p, _, _ in self._batch if is_send]
         recvs = [(b, p) for is_send, b, p, _, _ in self._batch if not is_send]
         works = self.group.post(sends, recvs)
-        self._pending.append((works, sum(x[3] for x in self._batch), [x[1] for x in self._batch],
+        self._pending.append((self._layer, works, sum(x[3] for x in self._batch), [x[1] for x in self._batch],
                               [x[4] for x in self._batch if x[4] is not None]))
         self._batch = []
 
     def _drain(self, need: int) -> None:
         """Wait for the oldest operations until ``need`` more staging bytes fit (0: wait for all)."""
         while self._pending and (need == 0 or self._staging + need > self.budget):
-            works, nbytes, _bufs, finalizes = self._pending.popleft()
-            for w in works:
-                w.wait()
-            for f in finalizes:
-                f()
-            self._staging -= nbytes
+            self._complete_oldest()
+
+    def _drain_layers_upto(self, layer: int) -> None:
+        while self._pending and self._pending[0][0] <= layer:
+            self._complete_oldest()
+
+    def _complete_oldest(self) -> None:
+        _layer, works, nbytes, _bufs, finalizes = self._pending.popleft()
+        for w in works:
+            w.wait()
+        for f in finalizes:
+            f()
+        self._staging -= nbytes
 
     def _stream(self, task: TransferTask, name: str, src_state, dst_tensor,
                 stats: TransferStats) -> None:
