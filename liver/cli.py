@@ -130,7 +130,9 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--steps", type=int, default=30)
     r.add_argument("--backend", choices=["gloo", "nccl"], default="gloo")
     r.add_argument("--ckpt-every", type=int, default=10, help="periodic async checkpoint (0: off)")
-    r.add_argument("--digest", action="store_true", help="state digest after every step and switch")
+    r.add_argument("--digest", nargs="?", const="step", choices=["step", "switch"], default=None,
+                   help="state digests: after every step (default when given), or only right before "
+                        "and after each handoff (large models)")
     r.add_argument("--budget-mib", type=int, default=512, help="staging budget B per rank")
     r.add_argument("--warmup-steps", type=int, default=2, help="mock-world warm-up steps of a joiner")
     r.add_argument("--memory-gib", type=float, default=None, help="per-GPU memory for target choice")

@@ -41,7 +41,7 @@ class RunOptions:
     backend: str = "gloo"
     initial: ParallelConfig | None = None
     ckpt_every: int = 0
-    digest: bool = False
+    digest: str | None = None  # "step" or "switch"
     budget_bytes: int = 512 << 20
     warmup_steps: int = 2
     prepare_timeout_s: float = 300.0
@@ -417,6 +417,8 @@ class LiveController(Controller):
         rec["switch_end"] = max(r["switch_end"] for r in allrec.values())
         rec["digest_after"] = next((r["digest_after"] for r in done.values() if "digest_after" in r), None)
         rec["digest_after_s"] = max((r.get("digest_after_s", 0.0) for r in done.values()), default=0.0)
+        rec["digest_before"] = next((r["digest_before"] for r in allrec.values() if "digest_before" in r), None)
+        rec["digest_before_s"] = max((r.get("digest_before_s", 0.0) for r in allrec.values()), default=0.0)
         rec["mock_warmup_s"] = max((r["prepare"].get("mock_warmup_s", 0.0) for r in done.values()), default=0.0)
         rec["groups_s"] = max((r["prepare"].get("groups_s", 0.0) for r in allrec.values()), default=0.0)
         if rec["_event"].deadline_s is not None:
@@ -521,6 +523,8 @@ class RestartController(Controller):
         rec, plan = self.current, self.current["plan"]
         stops = self._collect(g, self.active.procs, "stopped") or {}
         rec["save_s"] = max((r["save_s"] for r in stops.values()), default=0.0)
+        rec["digest_before"] = next((r["digest_before"] for r in stops.values() if "digest_before" in r), None)
+        rec["digest_before_s"] = max((r.get("digest_before_s", 0.0) for r in stops.values()), default=0.0)
         rec["stopped_at"] = time.time()
         rec["checkpoint"] = saved["path"]
         slots = [self.slot_of[p] for p in self.active.procs if p not in plan["leaving"]] + plan["join_slots"]

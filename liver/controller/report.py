@@ -34,13 +34,14 @@ def downtime(steps: list[dict[str, Any]], rec: dict[str, Any]) -> dict[str, Any]
         return {}
     normal = _median_step(new) if len(new) > 1 else _median_step(old)
     last_old, first_new = old[-1], new[0]
-    checks = last_old.get("digest_s", 0.0) + rec.get("digest_after_s", 0.0)
+    checks = last_old.get("digest_s", 0.0) + rec.get("digest_before_s", 0.0) + rec.get("digest_after_s", 0.0)
     before = last_old
     if rec.get("restored_step") is not None:  # a rollback: compare with the checkpointed step
         before = next((s for s in reversed(old) if s["step"] == rec["restored_step"]), {})
     out = {"downtime_s": first_new["time"] - last_old["time"] - normal - checks,
            "normal_step_s": normal, "last_old_step": last_old["step"], "first_new_step": first_new["step"],
-           "digest_before": before.get("digest"), "digest_after": rec.get("digest_after")}
+           "digest_before": rec.get("digest_before") or before.get("digest"),
+           "digest_after": rec.get("digest_after")}
     if out["digest_before"] is not None and out["digest_after"] is not None:
         out["digest_equal"] = out["digest_before"] == out["digest_after"]
     return out

@@ -47,7 +47,8 @@ class Member:
         self.backend: str = spec["backend"]
         self.run_dir = Path(spec["run_dir"])
         self.total_steps: int = spec["total_steps"]
-        self.digest: bool = spec.get("digest", False)
+        # "step": a state digest after every step; "switch": right before and after each handoff
+        self.digest: str | None = spec.get("digest") or None
         self.timeout_s: float = spec.get("timeout_s", 120.0)
         if self.backend == "nccl":
             torch.cuda.set_device(spec["slot"])
@@ -120,7 +121,7 @@ class Member:
             st = e.train_step()
             end = time.time()
             digest, digest_s = None, 0.0
-            if self.digest:  # a check, timed apart from the step
+            if self.digest == "step":  # a check, timed apart from the step
                 t0 = time.perf_counter()
                 digest = state_digest(e)
                 digest_s = time.perf_counter() - t0
@@ -175,6 +176,10 @@ class Member:
             torch.cuda.synchronize()  # drain
         if old is not None:
             rec["old_step"] = old.step
+            if self.digest == "switch":
+                t0 = time.perf_counter()
+                rec["digest_before"] = state_digest(old)
+                rec["digest_before_s"] = time.perf_counter() - t0
         base = torch.cuda.memory_allocated(self.device) if self.device.type == "cuda" else 0
         if self.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(self.device)
@@ -213,6 +218,10 @@ class Member:
         g = e.world.generation
         path = self.run_dir / "restart" / f"gen{g}-step{e.step:08d}"
         rec: dict[str, Any] = {"proc": self.proc, "generation": g, "kind": "stop", "step": e.step}
+        if self.digest == "switch":
+            t0 = time.perf_counter()
+            rec["digest_before"] = state_digest(e)
+            rec["digest_before_s"] = time.perf_counter() - t0
         rec["save_s"] = ckpt.save(e, path)
         rec["saved_at"] = time.time()
         put(self.store, f"stopped/{g}/{self.proc}", rec)
