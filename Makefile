@@ -18,7 +18,7 @@ $(BIN)/liver: pyproject.toml
 env: $(BIN)/liver
 
 demo: env
-	OMP_NUM_THREADS=1 $(BIN)/liver run
+	OMP_NUM_THREADS=1 $(BIN)/liver run --digest
 
 test: env
 	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q -x tests

@@ -27,10 +27,10 @@ def _bench_plan(args: argparse.Namespace) -> int:
 
 DEFAULT_EVENTS = """\
 # the embedded schedule of `liver run` (and `make demo`): one event per line, see
-# liver/controller/events.py for the grammar
+# liver/controller/events.py for the grammar; events are handled one at a time, in this order
 at step 6: scale-out 4                 # two cold processes join; the controller picks tp,pp,dp
-at step 14: reshape 2,2,1              # same four processes, new layout
-at step 22: scale-in 2 deadline 20s    # preemption notice for two GPUs
+at step 12: reshape 2,2,1              # same four processes, new layout
+at step 18: scale-in 2 deadline 20s    # preemption notice for two GPUs
 """
 
 
@@ -73,7 +73,8 @@ def _run(args: argparse.Namespace) -> int:
     opts = RunOptions(steps=args.steps, gpus=gpus, slots=slots, backend=args.backend, initial=initial,
                       ckpt_every=args.ckpt_every, digest=args.digest, budget_bytes=args.budget_mib << 20,
                       warmup_steps=args.warmup_steps, hardware=hw, token=args.token,
-                      endpoint=not args.no_endpoint)
+                      endpoint=not args.no_endpoint,
+                      end_after_events=None if args.end_after_events < 0 else args.end_after_events)
     print(f"liver run --mode {args.mode}: model {args.model} ({job.model.num_params():,} parameters), "
           f"{gpus} of {slots} slots, {args.steps} steps, {len(events)} events, backend {args.backend}, "
           f"run dir {run_dir}", flush=True)
@@ -127,7 +128,9 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--gpus", type=int, default=2, help="GPUs (processes) at the start")
     r.add_argument("--slots", type=int, default=None, help="GPUs this node can give (default: 4 on CPU)")
     r.add_argument("--parallel", default=None, help="first configuration tp,pp,dp (default: chosen)")
-    r.add_argument("--steps", type=int, default=30)
+    r.add_argument("--steps", type=int, default=5000, help="train at most this many steps")
+    r.add_argument("--end-after-events", type=int, default=20, metavar="N",
+                   help="end N steps after the last event was handled (-1: run all --steps)")
     r.add_argument("--backend", choices=["gloo", "nccl"], default="gloo")
     r.add_argument("--ckpt-every", type=int, default=10, help="periodic async checkpoint (0: off)")
     r.add_argument("--digest", nargs="?", const="step", choices=["step", "switch"], default=None,
@@ -155,7 +158,7 @@ def main(argv: list[str] | None = None) -> int:
     br = bsub.add_parser("reconfig", help="live vs stop-and-restart downtime, tiny model on CPU")
     br.add_argument("--json", action="store_true")
     br.add_argument("--repeats", type=int, default=1, help="runs per scenario and mode (median taken)")
-    br.add_argument("--steps", type=int, default=40)
+    br.add_argument("--steps", type=int, default=20, help="steps after the event, per run")
     br.add_argument("--run-dir", default=None)
     br.set_defaults(fn=_bench_reconfig)
     args = p.parse_args(argv)

@@ -68,8 +68,9 @@ def test_live_equals_restart_and_digests_hold(tmp_path):
     events.write_text("at step 3: scale-out 4 as 2,1,2          # TP, PP and DP all change, cold joiners\n"
                       "at step 8: reshape 1,2,2:3/1              # in place, uneven pipeline\n"
                       "at step 13: scale-in 2 deadline 60s as 2,1,1\n")
-    live = liver(tmp_path / "live", "--events", str(events), "--parallel", "1,2,1", "--steps", "18",
-                 "--ckpt-every", "0")
+    live = liver(tmp_path / "live", "--events", str(events), "--parallel", "1,2,1", "--steps", "5000",
+                 "--end-after-events", "4", "--ckpt-every", "0")
+    total = live["steps"][-1]["step"]
     assert live["rc"] == 0
     assert [e["status"] for e in live["events"]] == ["done"] * 3
     assert [e["new"] for e in live["events"]] == ["tp2pp1dp2", "tp1pp2dp2[3,1]", "tp2pp1dp1"]
@@ -77,13 +78,13 @@ def test_live_equals_restart_and_digests_hold(tmp_path):
         assert e["digest_equal"] is True, e
         assert e["bytes_moved"] > 0 and e["prepare_s"] > 0
     assert live["events"][2]["deadline_met"] is True
-    check_continuous(live, 18)
+    check_continuous(live, total)
     # the same events by stop-and-restart, cut where the live run switched
     cuts = [e["last_old_step"] for e in live["events"]]
     actions = ["scale-out 4 as 2,1,2", "reshape 1,2,2:3/1", "scale-in 2 deadline 60s as 2,1,1"]
     events2 = tmp_path / "events2.txt"
     events2.write_text("".join(f"at step {c}: {a}\n" for c, a in zip(cuts, actions)))
-    restart = liver(tmp_path / "restart", "--events", str(events2), "--parallel", "1,2,1", "--steps", "18",
+    restart = liver(tmp_path / "restart", "--events", str(events2), "--parallel", "1,2,1", "--steps", str(total),
                     "--ckpt-every", "0", "--mode", "restart")
     assert restart["rc"] == 0
     assert [e["last_old_step"] for e in restart["events"]] == cuts
@@ -97,8 +98,8 @@ def test_joiner_killed_during_prepare_then_next_event_and_control_endpoint(tmp_p
     events = tmp_path / "events.txt"
     events.write_text("at step 2: scale-out 4\n")
     run_dir = tmp_path / "run"
-    t, box = background(run_dir, "--events", str(events), "--parallel", "1,2,1", "--steps", "400",
-                        "--ckpt-every", "0")
+    t, box = background(run_dir, "--events", str(events), "--parallel", "1,2,1", "--steps", "20000",
+                        "--end-after-events", "300", "--ckpt-every", "0")
     joiner = wait_for(lambda: next((p for p in procs(run_dir) if p["role"] == "joiner" and p["alive"]), None),
                       what="a joiner")
     os.kill(joiner["pid"], signal.SIGKILL)
@@ -126,6 +127,9 @@ def test_joiner_killed_during_prepare_then_next_event_and_control_endpoint(tmp_p
     wait_for(lambda: any(s["parallel"] == "tp1pp3dp1[1,1,2]" for s in steps_of(run_dir)), what="the reshape")
     code, body = request(url, token, "POST", "/scale", {"action": "scale-in 1 deadline 60s"})
     assert code == 202, body
+    wait_for(lambda: any(s["parallel"] == "tp1pp1dp1" for s in steps_of(run_dir)), what="the scale-in")
+    code, body = request(url, token, "POST", "/scale", {"action": "scale-out 1"})  # the job has 1 already
+    assert code == 400 and "allowed a larger total" in body["error"], body
     t.join(timeout=500)
     rep = box["report"]
     assert rep["rc"] == 0
@@ -135,8 +139,9 @@ def test_joiner_killed_during_prepare_then_next_event_and_control_endpoint(tmp_p
     assert [e["status"][:8] for e in rep["events"]] == ["done", "refused:", "done", "done"]
     assert "already runs" in rep["events"][1]["status"]
     assert all(e["digest_equal"] for e in rep["events"] if e["status"] == "done")
-    check_continuous(rep, 400)  # nothing lost, nothing repeated
-    assert len(rep["steps"]) == 400
+    total = rep["steps"][-1]["step"]
+    check_continuous(rep, total)  # nothing lost, nothing repeated
+    assert len(rep["steps"]) == total
 
 
 @pytest.mark.timeout(600)
@@ -144,7 +149,7 @@ def test_kill9_of_a_rank_recovers_from_the_latest_checkpoint(tmp_path):
     run_dir = tmp_path / "run"
     empty = tmp_path / "none.txt"
     empty.write_text("# no events\n")
-    t, box = background(run_dir, "--events", str(empty), "--parallel", "1,1,2", "--steps", "24",
+    t, box = background(run_dir, "--events", str(empty), "--parallel", "1,1,2", "--steps", "24", "--end-after-events", "-1",
                         "--ckpt-every", "4")
     wait_for(lambda: (run_dir / "ckpt" / "latest.json").exists() and
              json.loads((run_dir / "ckpt" / "latest.json").read_text())["step"] >= 8, what="checkpoint 8")

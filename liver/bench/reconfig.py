@@ -28,9 +28,9 @@ def _once(name: str, first: str, action: str, mode: str, steps: int, run_dir: Pa
     job = preset("tiny")
     initial = ParallelConfig.parse(first)
     ev = parse_action(action, f"scenario {name!r}")
-    ev.at_step = steps // 4
-    opts = RunOptions(steps=steps, gpus=initial.world_size, slots=4, initial=initial, ckpt_every=0,
-                      endpoint=False, quiet=True)
+    ev.at_step = 10
+    opts = RunOptions(steps=5000, gpus=initial.world_size, slots=4, initial=initial, ckpt_every=0,
+                      endpoint=False, quiet=True, end_after_events=steps)
     rep = run_job(job, opts, [ev], run_dir, mode, {"scenario": name}, log=lambda s: None)
     (e,) = rep["events"]
     if e["status"] != "done" or "downtime_s" not in e:
@@ -40,11 +40,12 @@ def _once(name: str, first: str, action: str, mode: str, steps: int, run_dir: Pa
             "transfer_s": e.get("transfer_s"), "run_dir": str(run_dir)}
 
 
-def run(repeats: int = 1, steps: int = 40, run_dir: Path | None = None) -> list[dict[str, Any]]:
+def run(repeats: int = 1, steps: int = 20, run_dir: Path | None = None) -> list[dict[str, Any]]:
+    """The event comes after step 10; each run ends ``steps`` steps after the event was handled."""
     if repeats < 1:
         raise ValueError(f"--repeats={repeats}: allowed a positive count")
-    if steps < 12:
-        raise ValueError(f"--steps={steps}: allowed 12 or more (the event comes at steps/4)")
+    if steps < 3:
+        raise ValueError(f"--steps={steps}: allowed 3 or more (steps after the event)")
     base = run_dir or Path(tempfile.mkdtemp(prefix="liver-bench-reconfig-"))
     rows = []
     for i, (name, first, action) in enumerate(SCENARIOS):
@@ -55,7 +56,7 @@ def run(repeats: int = 1, steps: int = 40, run_dir: Path | None = None) -> list[
         med = lambda xs, k: statistics.median(x[k] for x in xs)  # noqa: E731
         dl, dr = med(live, "downtime_s"), med(restart, "downtime_s")
         overheads = [x["steady_overhead"] for x in live if x["steady_overhead"] is not None]
-        rows.append({"scenario": name, "event": action, "first": first, "steps": steps, "repeats": repeats,
+        rows.append({"scenario": name, "event": action, "first": first, "steps_after_event": steps, "repeats": repeats,
                      "downtime_live_s": dl, "downtime_restart_s": dr, "ratio": dr / dl if dl > 0 else None,
                      "prepare_s": med(live, "prepare_s"),
                      "steady_overhead": statistics.median(overheads) if overheads else None,

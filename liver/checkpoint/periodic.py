@@ -40,7 +40,6 @@ class PeriodicCheckpointer:
         self._thread: threading.Thread | None = None
         self.error: BaseException | None = None
         self.written: list[dict[str, Any]] = []
-        self.skipped = 0
         self.snapshot_s: list[float] = []
 
     def due(self, engine: Engine) -> bool:
@@ -50,10 +49,10 @@ class PeriodicCheckpointer:
         return self._thread is not None and self._thread.is_alive()
 
     def start(self, engine: Engine) -> bool:
-        """Snapshot now, write in the background. A write still running skips this one."""
+        """Snapshot now, write in the background. Every rank of the World must call it at the same
+        step (it is collective); the caller makes sure no rank is still writing the previous one."""
         if self.busy():
-            self.skipped += 1
-            return False
+            raise RuntimeError("a periodic checkpoint is still being written on this rank")
         w = engine.world
         if "all" not in w.cpu_groups:
             raise RuntimeError("periodic checkpoints need the World built with cpu_groups=True")

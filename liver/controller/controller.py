@@ -50,6 +50,7 @@ class RunOptions:
     token: str | None = None
     endpoint: bool = True
     quiet: bool = False  # worker step lines to the log files, not the terminal
+    end_after_events: int | None = None  # end the job this many steps after the last event
 
 
 class ControllerError(RuntimeError):
@@ -83,6 +84,7 @@ class Controller:
         self.progress: dict[str, Any] | None = None
         self.t_start: float | None = None
         self.finished = False
+        self.end_at = 0  # set when the job ends early (end_after_events)
         self.endpoint: ControlEndpoint | None = None
         self.started_at = time.time()
 
@@ -102,6 +104,8 @@ class Controller:
                     self._exited(w)
                 if not self.finished:
                     self.tick()
+                    if self.phase == "stable":
+                        self._maybe_end()
                 time.sleep(0.005)
         finally:
             self.agent.shutdown()
@@ -214,7 +218,7 @@ class Controller:
         spec = GenerationSpec(generation=self.gen, parallel=parallel.to_dict(), procs=procs,
                               load_from=load_from, kind=kind)
         spec.publish(self.store)
-        put(self.store, "ctl", {"wanted": 0, "stop_at": 0, "force": 0})
+        self._wish()
         for p, s in zip(procs, slots):
             self.slot_of[p] = s
             self.agent.start(p, s, "start", self.gen)
@@ -222,6 +226,19 @@ class Controller:
         self.phase_log("generation", generation=self.gen, parallel=parallel.short(), kind=kind,
                        procs=procs, load_from=load_from)
         return spec
+
+    def _wish(self, wanted: int = 0, stop_at: int = 0, force: int = 0) -> None:
+        put(self.store, "ctl", {"wanted": wanted, "stop_at": stop_at, "force": force,
+                                "end_at": self.end_at})
+
+    def _maybe_end(self) -> None:
+        """Nothing left to do: end the job ``end_after_events`` steps from now, if asked."""
+        n = self.opts.end_after_events
+        if n is None or self.queue or self.current is not None or self.end_at \
+                or not self.progress or self.progress["generation"] != self.active.generation:
+            return
+        self.end_at = self.progress["step"] + n
+        self._wish()
 
     def phase_log(self, what: str, **kw: Any) -> None:
         self.log("[liver] " + json.dumps({"what": what, **kw}))
@@ -231,7 +248,7 @@ class Controller:
         if w.returncode == 0 or w.leaving:
             if self.active and w.proc in self.active.procs and w.returncode == 0 and not w.leaving:
                 step = self.progress["step"] if self.progress else 0
-                if step >= self.opts.steps and all(
+                if step >= min(self.opts.steps, self.end_at or self.opts.steps) and all(
                         self.agent.workers[p].returncode == 0 for p in self.active.procs):
                     self.finished = True
             return
@@ -362,7 +379,7 @@ class LiveController(Controller):
             self.agent.workers[p].leaving = True
         self.pending = spec
         self.members = sorted(set(old.procs) | set(tp.placement))
-        put(self.store, "ctl", {"wanted": self.gen, "stop_at": 0, "force": 0})
+        self._wish(wanted=self.gen)
         self.phase = "prepare"
         self.phase_log("prepare", generation=self.gen, event=self.current["event"]["kind"],
                        old=rec["old"], new=rec["new"], joiners=joiners, leaving=plan["leaving"],
@@ -383,7 +400,7 @@ class LiveController(Controller):
             left = rec["t_event"] + ev.deadline_s - now
             if left < max(0.25 * ev.deadline_s, self._expected_handoff_s(rec)) and not rec.get("forced"):
                 rec["forced"] = True  # the fastest safe path: finish preparing in the foreground
-                put(self.store, "ctl", {"wanted": g, "stop_at": 0, "force": g})
+                self._wish(wanted=g, force=g)
                 self.phase_log("deadline-near", generation=g, seconds_left=round(left, 3))
             if left < 0:
                 rec["deadline_met"] = False
@@ -448,7 +465,7 @@ class LiveController(Controller):
     def _cancel(self, why: str, replan: bool) -> None:
         """The pending generation went stale: drop it (the Active World never changed) and re-plan."""
         rec = self.current
-        put(self.store, "ctl", {"wanted": 0, "stop_at": 0, "force": 0})
+        self._wish()
         for p in rec["joiners"]:
             self.agent.kill(p)
         for p in rec["leaving"]:
@@ -485,7 +502,7 @@ class RestartController(Controller):
                 if head is not None and head.at_step is not None and head.at_step > step \
                         and not getattr(head, "_announced", False):
                     # a step trigger is known ahead: stop exactly after that step
-                    put(self.store, "ctl", {"wanted": 0, "stop_at": head.at_step, "force": 0})
+                    self._wish(stop_at=head.at_step)
                     head._announced = True
                 ev = self._head_triggered()
                 if ev is not None:
@@ -501,7 +518,7 @@ class RestartController(Controller):
         try:
             plan = self._plan(ev)
         except ValueError as e:
-            put(self.store, "ctl", {"wanted": 0, "stop_at": 0, "force": 0})
+            self._wish()
             self.records.append({"event": ev.to_dict(), "status": f"refused: {e}"})
             self.phase_log("refused", event=ev.describe(), error=str(e))
             return
@@ -509,7 +526,7 @@ class RestartController(Controller):
         self.current["plan"] = plan
         if not getattr(ev, "_announced", False):
             step = self.progress["step"] if self.progress else 0
-            put(self.store, "ctl", {"wanted": 0, "stop_at": step + 1, "force": 0})
+            self._wish(stop_at=step + 1)
         for p in plan["leaving"]:
             self.agent.workers[p].leaving = True
         self.phase = "stop"

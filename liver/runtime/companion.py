@@ -2,15 +2,14 @@
 
 For generation g it plans the transfer (metadata only, the same plan on every process), builds and
 warms the new generation's groups (if this process holds a new rank) and the transfer group over
-every process of both generations, then reports ready. Old ranks run it in a background thread at
-low CPU priority; a joiner runs it in the foreground after its mock warm-up. A cancelled
+every process of both generations, then reports ready. Old ranks run it in a background thread
+(with its own store connection); a joiner runs it in the foreground after its mock warm-up. A cancelled
 preparation is abandoned: its groups live under their own store prefix, so they cannot disturb
 anybody, and its thread ends at the rendezvous timeout.
 """
 
 from __future__ import annotations
 
-import os
 import threading
 import time
 from datetime import timedelta
@@ -97,10 +96,8 @@ class Companion(threading.Thread):
         self.prep = prep
 
     def run(self) -> None:
-        try:  # background work: yield the CPU to the training thread
-            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 10)
-        except (AttributeError, OSError):
-            pass
+        # (not at a lower OS priority: a low-priority thread that holds the GIL would stall the
+        # training thread behind it)
         self.prep.run()
 
     def ready_generation(self) -> int:

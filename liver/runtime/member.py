@@ -135,34 +135,42 @@ class Member:
                     f.write(json.dumps(rec) + "\n")
                 print(f"step {st.step:5d}  gen {e.world.generation}  {e.layout.parallel.short():<12} "
                       f"loss {st.loss:.4f}  {st.step_s * 1e3:7.1f} ms", flush=True)
-            if self.ckpt.due(e):
-                self.ckpt.start(e)
             self.boundary()
         self.ckpt.wait()
 
     def boundary(self) -> None:
+        """The consistent cut: every rank takes the same decisions here, from one all-reduce."""
         e = self.engine
         ready = self.companion.ready_generation() if self.companion else 0
-        cut = agree(e.world.all, self.store if e.world.rank == 0 else None, ready)
+        cut = agree(e.world.all, self.store if e.world.rank == 0 else None, ready, self.ckpt.busy())
         if cut.stop_at and e.step >= cut.stop_at:
             return self._stop_for_restart()
+        if cut.end_at:
+            self.total_steps = min(self.total_steps, max(cut.end_at, e.step))
         if self.companion is not None and cut.wanted != self.companion.prep.generation:
             self.companion.abandon()  # cancelled or superseded: the Active World was never touched
             self.companion = None
         if self.companion is None and cut.wanted > e.world.generation:
             spec = GenerationSpec.fetch(self.store, cut.wanted)
+            # its own store connection: a rendezvous blocked on a late joiner must not queue the
+            # training thread's store reads behind it on one socket
+            store = protocol.run_store(connect_store(self.cfg["store_addr"]))
             self.companion = Companion(Preparation(job=self.job, spec=spec, proc=self.proc,
-                                                   store=self.store, backend=self.backend,
+                                                   store=store, backend=self.backend,
                                                    device=self.device, timeout_s=self.timeout_s))
             self.preparing_since = time.time()
             self.companion.start()
-            return
-        if self.companion is not None and cut.force == self.companion.prep.generation \
+        elif self.companion is not None and cut.force == self.companion.prep.generation \
                 and not cut.switch_to:
             self.companion.join(self.timeout_s)  # deadline: finish preparing in the foreground
             cut = agree(e.world.all, None, self.companion.ready_generation())
             cut.wanted = self.companion.prep.generation
-        if self.companion is not None and cut.switch_to == self.companion.prep.generation:
+        switching = self.companion is not None and cut.switch_to == self.companion.prep.generation
+        # periodic checkpoint: not when the state is handed over right now, and never while any
+        # rank still writes the previous one (the decision must be the same on every rank)
+        if not switching and not cut.ckpt_busy and self.ckpt.due(e):
+            self.ckpt.start(e)
+        if switching:
             prep = self.companion.prep
             self.companion = None
             self._switch(prep, {})

@@ -3,7 +3,8 @@
 Everything lives under the prefix ``run/`` of the store the controller owns:
 
 - ``gen/{g}``          the generation spec: layout, the process of each new rank, the old generation
-- ``ctl``              the controller's current wish: {"wanted": g, "stop_at": step, "force": g}
+- ``ctl``              the controller's current wish: {"wanted": g, "stop_at": step, "force": g,
+                       "end_at": step}
 - ``progress``         the latest finished step (rank 0 of the Active World)
 - ``ready/{g}/{proc}`` a process has built and warmed its part of generation g (time)
 - ``switch/{g}/{proc}`` a process's record of the switch into generation g
@@ -72,6 +73,8 @@ class Cut:
     ready_max: int
     stop_at: int    # restart mode: save and stop after this step (0: never)
     force: int      # deadline: finish preparing generation ``force`` in the foreground
+    end_at: int     # the job ends after this step (0: at its configured step count)
+    ckpt_busy: int  # some rank is still writing the previous periodic checkpoint
 
     @property
     def switch_to(self) -> int:
@@ -79,15 +82,17 @@ class Cut:
         return self.ready_min if self.ready_min == self.ready_max and self.ready_min == self.wanted else 0
 
 
-def agree(group, store: dist.Store | None, ready_gen: int) -> Cut:
+def agree(group, store: dist.Store | None, ready_gen: int, ckpt_busy: bool = False) -> Cut:
     """Collective over the Active World: rank 0 contributes the controller's wish, everybody its
-    readiness. ``store`` is given on rank 0 only."""
+    readiness and whether its checkpoint writer is busy. ``store`` is given on rank 0 only."""
     wish = get(store, "ctl", {}) if store is not None else {}
     v = torch.tensor([wish.get("wanted", 0), -ready_gen, ready_gen, wish.get("stop_at", 0),
-                      wish.get("force", 0)], dtype=torch.int64, device=group.device)
+                      wish.get("force", 0), wish.get("end_at", 0), int(ckpt_busy)], dtype=torch.int64,
+                     device=group.device)
     group.allreduce(v, "max")
-    w, neg_min, mx, stop_at, force = (int(x) for x in v.tolist())
-    return Cut(wanted=w, ready_min=-neg_min, ready_max=mx, stop_at=stop_at, force=force)
+    w, neg_min, mx, stop_at, force, end_at, busy = (int(x) for x in v.tolist())
+    return Cut(wanted=w, ready_min=-neg_min, ready_max=mx, stop_at=stop_at, force=force, end_at=end_at,
+               ckpt_busy=busy)
 
 
 def now() -> float:
