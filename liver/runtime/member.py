@@ -60,6 +60,7 @@ class Member:
         self.ckpt = PeriodicCheckpointer(self.run_dir / "ckpt", spec.get("ckpt_every", 0))
         self.engine: Engine | None = None
         self.companion: Companion | None = None
+        self.into: dict[str, torch.Tensor] | None = None  # a joiner's storage for the new state
         self.preparing_since: float | None = None
 
     # ---- entering a generation -----------------------------------------------------------
@@ -100,6 +101,7 @@ class Member:
             warm.train_step()
         if self.device.type == "cuda":
             torch.cuda.synchronize()
+        self.into = warm.state  # already in the new layout: the transfer writes into it
         del warm
         warmup_s = time.perf_counter() - t0
         prep = Preparation(job=self.job, spec=spec, proc=self.proc, store=self.store,
@@ -192,13 +194,16 @@ class Member:
         if self.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(self.device)
         rec["switch_start"] = time.time()
+        into, self.into = self.into, None
         new, info = switch(job=self.job, old=old, new_world=prep.world, transfer=prep.transfer,
                            plan=prep.plan, proc=self.proc, budget_bytes=self.cfg.get("budget_bytes", 512 << 20),
-                           device=self.device)
+                           device=self.device, into=into)
+        del into
         rec["switch_end"] = time.time()
         rec["transfer"] = info
         if self.device.type == "cuda":
-            rec["peak_extra_bytes"] = torch.cuda.max_memory_allocated(self.device) - base
+            rec["mem_before_bytes"] = base
+            rec["mem_peak_bytes"] = torch.cuda.max_memory_allocated(self.device)
         if old is not None:
             old_world, ckpt_thread = old.world, self.ckpt
             old_world.deactivate()
@@ -209,6 +214,11 @@ class Member:
         threading.Thread(target=transfer.destroy, daemon=True).start()
         self.engine = new
         self.preparing_since = None
+        if self.device.type == "cuda":
+            del old
+            rec["mem_after_bytes"] = torch.cuda.memory_allocated(self.device)
+            # beyond the larger of the two steady states (old alone before, new alone after)
+            rec["peak_extra_bytes"] = rec["mem_peak_bytes"] - max(base, rec["mem_after_bytes"])
         if new is not None:
             new.world.activate()
             rec["new_rank"] = new.world.rank

@@ -21,8 +21,10 @@ from liver.world.world import World
 
 
 def switch(*, job: JobConfig, old: Engine | None, new_world: World | None, transfer: Group,
-           plan: Plan, proc: int, budget_bytes: int, device: torch.device) -> tuple[Engine | None, dict[str, Any]]:
-    """Returns the engine on the new generation (None if this process leaves) and timings."""
+           plan: Plan, proc: int, budget_bytes: int, device: torch.device,
+           into: dict[str, torch.Tensor] | None = None) -> tuple[Engine | None, dict[str, Any]]:
+    """Returns the engine on the new generation (None if this process leaves) and timings.
+    ``into``: new-layout storage allocated before the switch (a joiner's warm-up state)."""
     t0 = time.perf_counter()
     specs = state_specs(job)
     scalars = transfer.broadcast_object(old.scalars() if old is not None and proc == plan.old_procs[0] else None,
@@ -30,7 +32,7 @@ def switch(*, job: JobConfig, old: Engine | None, new_world: World | None, trans
     if old is not None:  # the old engine ends here: its compute copies go first, its shards
         old.params = {}  # layer by layer as they are sent (bounded extra memory, invariant I2)
     shards, stats = StreamingExecutor(plan, specs, proc, transfer, budget_bytes, device).run(
-        old.state if old is not None else None, release=old is not None)
+        old.state if old is not None else None, release=old is not None, into=into)
     engine = None
     if new_world is not None:
         engine = Engine(job, new_world, device, state=shards)

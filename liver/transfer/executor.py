@@ -74,14 +74,16 @@ class StreamingExecutor:
         self._peer = {p: i for i, p in enumerate(group.members)}  # process -> group rank
 
     @torch.no_grad()
-    def run(self, src_state: dict[str, torch.Tensor] | None,
-            release: bool = False) -> tuple[dict[str, torch.Tensor], TransferStats]:
+    def run(self, src_state: dict[str, torch.Tensor] | None, release: bool = False,
+            into: dict[str, torch.Tensor] | None = None) -> tuple[dict[str, torch.Tensor], TransferStats]:
         """Move the state. ``src_state`` is this process's old shards (None for a joiner).
         Returns the new shards of this process (empty if it leaves) and statistics.
 
         ``release``: the old shards are not needed afterwards; each layer's are dropped from
         ``src_state`` as soon as its operations completed (one layer later), so old and new state
         coexist only for about two layers: the extra memory stays bounded, whatever the model size.
+        ``into``: storage already allocated in the new layout (a joiner's warm-up state) to write
+        into, instead of allocating it during the switch.
         """
         stats = TransferStats()
         t0 = time.perf_counter()
@@ -97,7 +99,10 @@ class StreamingExecutor:
             if t is None:
                 spec = self.specs[name]
                 shape = local_shape(view(spec, self.plan.new, self.new_rank))
-                t = torch.empty(shape, dtype=_TORCH_DTYPES[spec.dtype], device=self.device)
+                dtype = _TORCH_DTYPES[spec.dtype]
+                t = (into or {}).get(name)
+                if t is None or tuple(t.shape) != shape or t.dtype != dtype or t.device != self.device:
+                    t = torch.empty(shape, dtype=dtype, device=self.device)
                 dst[name] = t
             return t
 
