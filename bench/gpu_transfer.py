@@ -17,6 +17,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from liver.bench.p2p import p2p_bandwidth
 from liver.engine.trainer import state_specs
 from liver.planner import plan_transfer
 from liver.resource_view import view
@@ -34,29 +35,13 @@ MODELS = {
 }
 
 
-def p2p_bandwidth(group, rank, dev, nbytes=1 << 30, reps=10):
-    buf = torch.empty(nbytes // 4, dtype=torch.float32, device=dev).fill_(1.0)
-    for _ in range(3):
-        (group.send if rank == 0 else group.recv)(buf, 1 - rank)
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(reps):
-        group.barrier()
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        (group.send if rank == 0 else group.recv)(buf, 1 - rank)
-        torch.cuda.synchronize()
-        times.append(time.perf_counter() - t0)
-    return nbytes / statistics.median(times) / 1e9
-
-
 def worker(rank, addr, out_path):
     dev = torch.device("cuda", rank)
     torch.cuda.set_device(dev)
     store = connect_store(addr)
     group = Group.create(store, "transfer", [0, 1], rank, "nccl", dev, timedelta(seconds=120))
     group.warm()
-    result = {"p2p_GBps": p2p_bandwidth(group, rank, dev)}
+    result = {"p2p_GBps": p2p_bandwidth(group, 1 - rank, rank == 0, dev)}
     for label, model in MODELS.items():
         job = JobConfig(model=model, train=TRAIN)
         specs = state_specs(job)

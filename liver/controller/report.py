@@ -85,6 +85,9 @@ def build(run_dir: Path, result: dict[str, Any], meta: dict[str, Any]) -> dict[s
         rec = {k: v for k, v in rec.items() if not k.startswith("_") and k != "plan"}
         if rec.get("status") in ("done", "recovered"):
             rec.update(downtime(steps, rec))
+        if "switch_start" in rec:
+            so = steady_overhead(steps, [rec])
+            rec["steady_overhead"], rec["steps_preparing"] = so["steady_overhead"], so["steps_preparing"]
         events.append(rec)
     return {**meta, "mode": result["mode"], "wall_s": result["wall_s"], "steps": steps,
             "events": events, **steady_overhead(steps, events)}

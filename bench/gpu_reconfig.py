@@ -1,0 +1,134 @@
+"""GPU run of the live runtime against stop-and-restart (issue 4, item 9), one call on nvidia-h200-x2.
+
+`liver run` with NCCL, one process per GPU, a 1B-parameter model (preset "1b", bf16 compute, fp32
+master + AdamW moments): scale-out 1 -> 2 GPUs with a cold process (tp=2), in-place reshape
+tp=2 -> dp=2, scale-in 2 -> 1 with a deadline. First live, then `--mode restart` with the same events
+cut at the steps where the live run switched, so both train the same steps in the same layouts.
+The point-to-point NCCL bandwidth is measured first in the same call (transfer floor).
+
+    MODEL=1b python3 bench/gpu_reconfig.py      # writes $OUT/gpu_reconfig.json and timelines
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+import time
+from datetime import timedelta
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from liver.bench.p2p import p2p_bandwidth
+from liver.controller import report as rep
+from liver.controller.controller import RunOptions
+from liver.controller.events import parse_schedule
+from liver.controller.job import run_job
+from liver.topology import ParallelConfig
+from liver.topology.presets import preset
+from liver.world.group import Group
+from liver.world.world import connect_store
+
+OUT = Path(os.environ.get("OUT", "/tmp/out"))
+MODEL = os.environ.get("MODEL", "1b")
+BACKEND = os.environ.get("BACKEND", "nccl")
+EVENTS = [("at step {a}: scale-out 2 as 2,1,1", 8), ("at step {a}: reshape 1,1,2", 45),
+          ("at step {a}: scale-in 1 deadline 60s as 1,1,1", 60)]
+
+
+def _p2p(rank: int, addr: str, out: str) -> None:
+    dev = torch.device("cuda", rank)
+    torch.cuda.set_device(dev)
+    g = Group.create(connect_store(addr), "p2p", [0, 1], rank, "nccl", dev, timedelta(seconds=120))
+    g.warm()
+    bw = p2p_bandwidth(g, 1 - rank, rank == 0, dev)
+    if rank == 0:
+        Path(out).write_text(json.dumps({"p2p_GBps": bw}))
+    g.destroy()
+
+
+def measure_p2p() -> float:
+    store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+    path = str(OUT / "p2p.json")
+    mp.start_processes(_p2p, args=(f"127.0.0.1:{store.port}", path), nprocs=2, start_method="spawn")
+    return json.loads(Path(path).read_text())["p2p_GBps"]
+
+
+def run(mode: str, events_text: str, steps: int, end_after: int | None) -> dict:
+    d = OUT / f"run-{mode}"
+    shutil.rmtree(d, ignore_errors=True)
+    d.mkdir(parents=True)
+    (d / "events.txt").write_text(events_text)
+    events = parse_schedule(d / "events.txt")
+    job = preset(MODEL)
+    opts = RunOptions(steps=steps, gpus=1, slots=2, backend=BACKEND, initial=ParallelConfig(), ckpt_every=0,
+                      digest="switch", budget_bytes=512 << 20, warmup_steps=2, endpoint=False,
+                      end_after_events=end_after, group_timeout_s=300)
+    t0 = time.time()
+    report = run_job(job, opts, events, d, mode, {"model": MODEL})
+    print(rep.summary(report), flush=True)
+    print(f"{mode}: {time.time() - t0:.1f} s", flush=True)
+    for f in ("timeline.png",):
+        shutil.copy(d / f, OUT / f"timeline-{mode}.png")
+    # large run directories stay on the machine; the report comes back
+    shutil.copy(d / "report.json", OUT / f"report-{mode}.json")
+    for sub in ("restart", "ckpt", "specs"):
+        shutil.rmtree(d / sub, ignore_errors=True)
+    return report
+
+
+def main() -> int:
+    OUT.mkdir(parents=True, exist_ok=True)
+    cuda = torch.cuda.is_available()
+    info = {"torch": torch.__version__, "model": MODEL, "params": preset(MODEL).model.num_params(),
+            "gpus": [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())],
+            "nccl": ".".join(map(str, torch.cuda.nccl.version())) if cuda else None,
+            "nccl_nvls_enable": os.environ.get("NCCL_NVLS_ENABLE")}
+    print(info, flush=True)
+    # (a CPU dry run of this script, BACKEND=gloo, has no floor)
+    info["p2p_GBps"] = bw = measure_p2p() if BACKEND == "nccl" else None
+    print(f"p2p {bw} GB/s", flush=True)
+    live_text = "".join(e.format(a=a) + "\n" for e, a in EVENTS)
+    live = run("live", live_text, 5000, 8)
+    cuts = [e.get("last_old_step") for e in live["events"]]
+    if any(c is None for c in cuts):
+        print("live run did not complete every event", [e["status"] for e in live["events"]])
+        (OUT / "gpu_reconfig.json").write_text(json.dumps({**info, "live": live["events"]}, indent=1, default=str))
+        return 1
+    restart_text = "".join(e.format(a=c) + "\n" for (e, _), c in zip(EVENTS, cuts))
+    restart = run("restart", restart_text, live["steps"][-1]["step"], None)
+    rows = []
+    for el, er in zip(live["events"], restart["events"]):
+        floor = max(el["max_rank_bytes_in"], el["max_rank_bytes_out"]) / (bw * 1e9) if bw else None
+        rows.append({
+            "event": el["event"]["kind"], "old": el["old"], "new": el["new"],
+            "downtime_live_s": el.get("downtime_s"), "downtime_restart_s": er.get("downtime_s"),
+            "ratio": er["downtime_s"] / el["downtime_s"] if el.get("downtime_s") else None,
+            "transfer_s": el.get("transfer_s"), "switch_s": el.get("switch_s"), "transfer_floor_s": floor,
+            "target_downtime_s(2*floor+0.5)": 2 * floor + 0.5 if floor else None,
+            "bytes_moved": el.get("bytes_moved"), "max_rank_bytes": max(el["max_rank_bytes_in"], el["max_rank_bytes_out"]),
+            "prepare_s": el.get("prepare_s"), "mock_warmup_s": el.get("mock_warmup_s"), "groups_s": el.get("groups_s"),
+            "steady_overhead": el.get("steady_overhead"), "steps_preparing": el.get("steps_preparing"),
+            "peak_extra_gpu_bytes": el.get("peak_extra_bytes"), "peak_staging_bytes": el.get("peak_staging_bytes"),
+            "digest_equal_live": el.get("digest_equal"), "digest_equal_restart": er.get("digest_equal"),
+            "restart_save_s": er.get("save_s"), "restart_load_s": er.get("load_s"),
+            "restart_process_start_s": er.get("process_start_s"), "restart_group_init_s": er.get("group_init_s"),
+            "deadline_met_live": el.get("deadline_met"), "last_old_step": el.get("last_old_step"),
+        })
+    same = [(s["step"], s["parallel"], s["loss"]) for s in live["steps"]] == \
+        [(s["step"], s["parallel"], s["loss"]) for s in restart["steps"]]
+    result = {**info, "events": rows, "losses_live_equal_restart": same,
+              "steady_overhead_run": live.get("steady_overhead"), "wall_live_s": live["wall_s"],
+              "wall_restart_s": restart["wall_s"]}
+    (OUT / "gpu_reconfig.json").write_text(json.dumps(result, indent=1))
+    print(json.dumps(rows, indent=1))
+    print("losses live == restart:", same)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
