@@ -74,6 +74,15 @@ class Preparation:
         self.transfer = Group.create(self.store, f"liver/gen{s.generation}/transfer", members,
                                      self.proc, self.backend, self.device, self.timeout)
         self.transfer.warm()
+        peer = {p: i for i, p in enumerate(members)}
+        send_to, recv_from = set(), set()
+        for _, tasks in self.plan.layer_tasks(self.proc):
+            for t in tasks:
+                if t.kind == "send" and t.src_proc == self.proc:
+                    send_to.add(peer[t.dst_proc])
+                elif t.kind == "send":
+                    recv_from.add(peer[t.src_proc])
+        self.transfer.warm_p2p(sorted(send_to), sorted(recv_from))
         if self.abandoned:
             return
         self.timings["groups_s"] = time.perf_counter() - t1

@@ -143,6 +143,13 @@ class Group:
         """First collective: connection set-up happens here, not at the first training step."""
         self.barrier()
 
+    def warm_p2p(self, send_to: list[int], recv_from: list[int]) -> None:
+        """Point-to-point connections are set up lazily per pair (NCCL): make them now, for the
+        pairs that will be used, with one small message each way (group ranks)."""
+        sends = [(torch.ones(1, device=self.device), p) for p in sorted(set(send_to)) if p != self.rank]
+        recvs = [(torch.empty(1, device=self.device), p) for p in sorted(set(recv_from)) if p != self.rank]
+        self.exchange(sends, recvs)
+
     def destroy(self) -> None:
         if self.pg is not None and self.backend == "nccl":
             try:
@@ -191,6 +198,9 @@ class LocalGroup(Group):
             raise RuntimeError(f"{self}: point-to-point traffic on a local group")
 
     def barrier(self) -> None:
+        return None
+
+    def warm_p2p(self, send_to: list[int], recv_from: list[int]) -> None:
         return None
 
     def all_gather_object(self, obj: Any) -> list[Any]:

@@ -98,6 +98,9 @@ class World:
         t0 = time.perf_counter()
         for g in [*self.groups.values(), *self.cpu_groups.values()]:
             g.warm()
+        pp = self.pp  # the pipeline's neighbours, both ways
+        neighbours = [r for r in (pp.rank - 1, pp.rank + 1) if 0 <= r < pp.size]
+        pp.warm_p2p(neighbours, neighbours)
         self.warm_s = time.perf_counter() - t0
         return self.warm_s
 
