@@ -425,7 +425,9 @@ class LiveController(Controller):
         old_procs = [p for p in self.members if p not in self.pending.procs]
         leavers = {p: get(self.store, f"switch/{self.pending.generation}/{p}") for p in old_procs}
         allrec = {**done, **{p: r for p, r in leavers.items() if r}}
-        rec["switch_s"] = max(r["transfer"]["switch_s"] for r in allrec.values())
+        # the pause is the old ranks' (a joiner's switch also counts its wait for them to arrive)
+        olds = [r for r in allrec.values() if "old_step" in r] or list(allrec.values())
+        rec["switch_s"] = max(r["transfer"]["switch_s"] for r in olds)
         rec["transfer_s"] = max(r["transfer"]["seconds"] for r in allrec.values())
         rec["peak_staging_bytes"] = max(r["transfer"]["peak_staging_bytes"] for r in allrec.values())
         if any("peak_extra_bytes" in r for r in allrec.values()):
