@@ -1,12 +1,14 @@
 """Streaming executor: runs a transfer plan over point-to-point send/recv, layer by layer, through
 a staging budget of B bytes per process.
 
-Every process walks the same global order of chunks (layer, task, tensor, chunk) and posts only
-its own, so each pair of peers sees its messages in one order and the smallest unfinished chunk
-can always complete: there is no barrier between layers. A chunk needs staging only when its
-box is not contiguous in memory (a slice across the TP-sharded inner dimension); contiguous
-boxes are sent from, and received into, the shard storage itself. When the staging in flight
-would exceed B, the process waits for its oldest operations first.
+Every process walks the same global order of slices (layer, task, tensor) and posts only its own,
+so each pair of peers sees its messages in one order and the oldest unfinished message can always
+complete: there is no barrier between layers. Within a layer, the slices for one peer are packed
+back to back into staging buffers of at most B bytes (a few large messages instead of one per
+tensor: the host's per-message cost, not the link, bounds many small messages); a pack of a single
+contiguous slice goes from, or into, the shard storage itself, and a slice larger than B is sent in
+row chunks. When the staging in flight would exceed B, the process waits for its oldest
+operations first.
 """
 
 from __future__ import annotations
@@ -44,6 +46,11 @@ class TransferStats:
 
 def _slices(box) -> tuple[slice, ...]:
     return tuple(slice(lo, hi) for lo, hi in box)
+
+
+def _aligned(nbytes: int) -> int:
+    """Pack offsets stay 16-byte aligned, so every slice can be viewed in its own dtype."""
+    return (nbytes + 15) // 16 * 16
 
 
 def _row_chunks(box, row_bytes: int, budget: int) -> list:
@@ -109,6 +116,8 @@ class StreamingExecutor:
         for seq, (layer, tasks) in enumerate(self.plan.layer_tasks(self.proc)):
             self._layer = seq  # position in this process's order of layers
             used: set[str] = set()
+            items: list = []  # messages of this layer, by the position of their first slice
+            open_packs: dict = {}  # (sending, peer) -> [slices, bytes] of the pack being filled
             for task in tasks:
                 kind = task.kind
                 for name in task.tensors:
@@ -121,9 +130,34 @@ class StreamingExecutor:
                         stats.bytes_local += d.numel() * d.element_size()
                         used.add(name)
                     else:
-                        self._stream(task, name, src_state, dst_tensor, stats)
-                        if task.src_proc == self.proc:
+                        sending = task.src_proc == self.proc
+                        if sending:
                             used.add(name)
+                        v = (src_state[name][_slices(task.src_box)] if sending
+                             else dst_tensor(name)[_slices(task.dst_box)])
+                        nbytes = v.numel() * v.element_size()
+                        if sending:
+                            stats.bytes_sent += nbytes
+                        else:
+                            stats.bytes_received += nbytes
+                        if nbytes > self.budget:  # larger than a whole pack: rows in chunks
+                            items.append((len(items), "rows", (task, name)))
+                            continue
+                        key = (sending, task.dst_proc if sending else task.src_proc)
+                        pack = open_packs.get(key)
+                        if pack is None or pack[1] + _aligned(nbytes) > self.budget:
+                            pack = open_packs[key] = [[], 0]
+                            items.append((len(items), "pack", (key, pack[0])))
+                        pack[0].append(v)
+                        pack[1] += _aligned(nbytes)
+            # in the order of each message's first slice: the same order on both peers of a pair
+            for _, what, args in items:
+                if what == "pack":
+                    (sending, proc), views = args
+                    self._pack(views, proc, sending, stats)
+                else:
+                    task, name = args
+                    self._stream(task, name, src_state, dst_tensor, stats)
             self._flush()  # a layer's operations go out together; no barrier between layers
             if release:
                 held.append((seq, used))
@@ -147,6 +181,33 @@ class StreamingExecutor:
             torch.cuda.synchronize(self.device)
         stats.seconds = time.perf_counter() - t0
         return dst, stats
+
+    def _pack(self, pack: list[torch.Tensor], proc: int, sending: bool, stats: TransferStats) -> None:
+        """Slices for (or from) one peer travel as one message: packed back to back into a staging
+        buffer (one copy launch on each side), or from the storage itself when the pack is one
+        contiguous slice. Both peers walk the same slices in the same order: same packs."""
+        peer = self._peer[proc]
+        stats.num_chunks += 1
+        if len(pack) == 1 and pack[0].is_contiguous():
+            self._batch.append((sending, pack[0], peer, 0, None))
+            return
+        n = sum(_aligned(v.numel() * v.element_size()) for v in pack)
+        if self._staging + n > self.budget:
+            self._flush()
+            self._drain(n)
+        flat = torch.empty(n, dtype=torch.uint8, device=self.device)
+        pieces, o = [], 0
+        for v in pack:
+            nb = v.numel() * v.element_size()
+            pieces.append(flat[o:o + nb].view(v.dtype).view(v.shape))
+            o += _aligned(nb)
+        if sending:
+            torch._foreach_copy_(pieces, pack)
+            self._batch.append((True, flat, peer, n, None))
+        else:
+            self._batch.append((False, flat, peer, n, lambda d=pack, p=pieces: torch._foreach_copy_(d, p)))
+        self._staging += n
+        stats.peak_staging_bytes = max(stats.peak_staging_bytes, self._staging)
 
     def _flush(self) -> None:
         """Post the collected operations (one coalesced call on NCCL)."""
@@ -178,6 +239,7 @@ class StreamingExecutor:
 
     def _stream(self, task: TransferTask, name: str, src_state, dst_tensor,
                 stats: TransferStats) -> None:
+        """A slice larger than B, in row chunks (bytes are counted by the caller)."""
         spec = self.specs[name]
         sending = task.src_proc == self.proc
         base = src_state[name] if sending else dst_tensor(name)
@@ -195,12 +257,10 @@ class StreamingExecutor:
             if sending:
                 buf = v if not extra else v.contiguous()
                 self._batch.append((True, buf, self._peer[task.dst_proc], extra, None))
-                stats.bytes_sent += nbytes
             else:
                 buf = v if not extra else torch.empty(v.shape, dtype=v.dtype, device=v.device)
                 finalize = None if not extra else (lambda d=v, b=buf: d.copy_(b))
                 self._batch.append((False, buf, self._peer[task.src_proc], extra, finalize))
-                stats.bytes_received += nbytes
             self._staging += extra
             stats.peak_staging_bytes = max(stats.peak_staging_bytes, self._staging)
             stats.num_chunks += 1
