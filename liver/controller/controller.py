@@ -432,7 +432,7 @@ class LiveController(Controller):
         rec["peak_staging_bytes"] = max(r["transfer"]["peak_staging_bytes"] for r in allrec.values())
         if any("peak_extra_bytes" in r for r in allrec.values()):
             rec["peak_extra_bytes"] = max(r.get("peak_extra_bytes", 0) for r in allrec.values())
-        rec["switch_start"] = min(r["switch_start"] for r in allrec.values())
+        rec["switch_start"] = min(r["switch_start"] for r in olds)
         rec["switch_end"] = max(r["switch_end"] for r in allrec.values())
         rec["digest_after"] = next((r["digest_after"] for r in done.values() if "digest_after" in r), None)
         rec["digest_after_s"] = max((r.get("digest_after_s", 0.0) for r in done.values()), default=0.0)

@@ -134,17 +134,22 @@ def timeline(report: dict[str, Any], path: Path) -> None:
         ax.plot([s["time"] - t0 for s in pts], [s["step"] for s in pts], ".", color=cmap(g % 10),
                 label=f"gen {g}: {pts[0]['parallel']}")
     for e in report["events"]:
-        if "t_event" in e:
-            end = e.get("switch_start", e.get("stopped_at", e.get("t_event")))
-            ax.axvspan(e["t_event"] - t0, end - t0, color="gold", alpha=0.25, lw=0)
-        if "downtime_s" in e:
+        if "t_event" in e:  # prepare: from the event until every process was ready
+            end = e.get("t_ready", e.get("switch_start", e.get("stopped_at", e["t_event"])))
+            ax.axvspan(e["t_event"] - t0, end - t0, color="gold", alpha=0.3, lw=0)
+        if "downtime_s" in e:  # the gap without training steps, and the checks inside it
             old = [s for s in steps if s["step"] == e["last_old_step"] and s["generation"] == e["old_generation"]]
-            if old:
-                a = old[-1]["time"] - t0
-                ax.axvspan(a, a + e["downtime_s"] + e["normal_step_s"], color="red", alpha=0.3, lw=0)
+            new = [s for s in steps if s["generation"] == e["generation"]]
+            if old and new:
+                ax.axvspan(old[-1]["time"] - t0, new[0]["time"] - t0, color="red", alpha=0.25, lw=0)
+            if "switch_start" in e:
+                for a, b in ((e["switch_start"] - e.get("digest_before_s", 0.0), e["switch_start"]),
+                             (e["switch_end"], e["switch_end"] + e.get("digest_after_s", 0.0))):
+                    ax.axvspan(a - t0, b - t0, color="grey", alpha=0.4, lw=0)
     ax.set_xlabel("time (s)")
     ax.set_ylabel("step")
-    ax.set_title(f"liver run --mode {report['mode']}: steps over time (gold: prepare, red: pause)")
+    ax.set_title(f"liver run --mode {report['mode']}: steps over time\n(gold: prepare; red: no step "
+                 "runs; grey: state digest checks, left out of downtime)", fontsize=10)
     ax.legend(loc="upper left", fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=110)

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import torch
@@ -24,20 +26,29 @@ def _owns(engine: Engine, spec: TensorSpec) -> bool:
     return spec.name in engine.boxes and c.dp == 0 and (spec.shard_dim is not None or c.tp == 0)
 
 
+def _sha(b) -> str:
+    return hashlib.sha256(b).hexdigest()
+
+
 def _local_hashes(engine: Engine) -> list[tuple[int, int, str]]:
-    out = []
+    keys, blobs = [], []
     for i, spec in enumerate(engine.specs):
         if not _owns(engine, spec):
             continue
         t = engine.state[spec.name].detach().cpu()
         if spec.shard_dim is None:
-            out.append((i, 0, hashlib.sha256(t.contiguous().numpy().tobytes()).hexdigest()))
+            keys.append((i, 0))
+            blobs.append(t.contiguous().numpy().data)
             continue
         lo = engine.boxes[spec.name][spec.shard_dim][0]
         rows = t.movedim(spec.shard_dim, 0).contiguous().numpy()
         for j in range(rows.shape[0]):
-            out.append((i, lo + j, hashlib.sha256(rows[j].tobytes()).hexdigest()))
-    return out
+            keys.append((i, lo + j))
+            blobs.append(rows[j].data)
+    # hashlib releases the GIL on large buffers: hash on every core (a check on big models)
+    with ThreadPoolExecutor(max_workers=min(16, os.cpu_count() or 1)) as pool:
+        digests = list(pool.map(_sha, blobs, chunksize=64))
+    return [(i, j, d) for (i, j), d in zip(keys, digests)]
 
 
 def state_digest(engine: Engine) -> str:
