@@ -2,6 +2,8 @@
 fp32 master parameters and AdamW moments) from 1 GPU to 2 (tp=1 -> tp=2) over NCCL with the
 streaming executor, at two model sizes; compare achieved bandwidth with the point-to-point
 bandwidth measured in the same call, and report peak extra GPU memory against B + 1 GiB.
+Destination allocated during the transfer (an old rank) and beforehand (a joiner), side by side;
+the first repetition warms up and is left out.
 Writes $OUT/gpu_transfer.json.
 """
 
@@ -21,6 +23,7 @@ from liver.bench.p2p import p2p_bandwidth
 from liver.engine.trainer import state_specs
 from liver.planner import plan_transfer
 from liver.resource_view import view
+from liver.resource_view.view import local_shape
 from liver.topology import JobConfig, Layout, ModelConfig, ParallelConfig, TrainConfig
 from liver.transfer import StreamingExecutor
 from liver.transfer.check import reference_shard
@@ -33,6 +36,10 @@ MODELS = {
     "0.6B": ModelConfig(num_layers=8, hidden_size=2048, num_heads=16, ffn_size=5632, vocab_size=50257, vocab_multiple=128),
     "1.1B": ModelConfig(num_layers=16, hidden_size=2048, num_heads=16, ffn_size=5632, vocab_size=50257, vocab_multiple=128),
 }
+
+
+def view_shape(spec, layout, rank):
+    return local_shape(view(spec, layout, rank))
 
 
 def worker(rank, addr, out_path):
@@ -54,29 +61,38 @@ def worker(rank, addr, out_path):
             src = {s.name: reference_shard(s, view(s, old, 0), model, dev) for s in specs}
         state_bytes = sum(s.nbytes for s in specs)
         runs = []
-        for rep in range(3):
+        # rep 0 warms the allocator and NCCL's buffers and is left out of the median; reps 1-3
+        # allocate the destination during the transfer (an old rank's case); reps 4-6 write into
+        # storage allocated beforehand (a joiner's case: its warm-up state)
+        for rep in range(7):
+            preallocated = rep >= 4
+            into = None
+            if preallocated and rank in plan.placement:
+                r = plan.placement.index(rank)
+                into = {s.name: torch.empty(view_shape(s, new, r), device=dev) for s in specs}
             torch.cuda.synchronize()
             group.barrier()
             base = torch.cuda.memory_allocated(dev)
             torch.cuda.reset_peak_memory_stats(dev)
-            free_before = torch.cuda.mem_get_info(dev)[0]
-            dst, st = StreamingExecutor(plan, specs, rank, group, BUDGET, dev).run(src)
+            dst, st = StreamingExecutor(plan, specs, rank, group, BUDGET, dev).run(src, into=into)
             new_bytes = sum(t.numel() * t.element_size() for n, t in dst.items()
-                            if src is None or t.data_ptr() != src[n].data_ptr())
+                            if (src is None or t.data_ptr() != src[n].data_ptr()) and into is None)
             peak_extra = torch.cuda.max_memory_allocated(dev) - base - new_bytes
-            device_delta = free_before - torch.cuda.mem_get_info(dev)[0] - new_bytes
-            runs.append({"seconds": st.seconds, "bytes_received": st.bytes_received, "bytes_sent": st.bytes_sent,
-                         "bytes_local": st.bytes_local, "peak_staging_bytes": st.peak_staging_bytes,
-                         "peak_extra_allocated_bytes": peak_extra, "device_used_delta_bytes": device_delta})
+            runs.append({"seconds": st.seconds, "preallocated": preallocated, "bytes_received": st.bytes_received,
+                         "bytes_sent": st.bytes_sent, "bytes_local": st.bytes_local,
+                         "messages": st.num_chunks, "peak_staging_bytes": st.peak_staging_bytes,
+                         "peak_extra_allocated_bytes": peak_extra})
             if rep == 0:
                 r = plan.placement.index(rank)
                 bad = [s.name for s in specs if not torch.equal(dst[s.name], reference_shard(s, view(s, new, r), model, dev))]
-            del dst
+            del dst, into
             torch.cuda.empty_cache()
         moved = plan.bytes_moved
-        med = statistics.median(r["seconds"] for r in runs)
+        med = statistics.median(r["seconds"] for r in runs[1:4])
+        med_pre = statistics.median(r["seconds"] for r in runs[4:])
         result[label] = {"params": model.num_params(), "state_bytes": state_bytes, "bytes_moved": moved,
                          "plan_s": plan_s, "runs": runs, "median_transfer_s": med,
+                         "median_transfer_preallocated_s": med_pre,
                          "achieved_GBps": moved / med / 1e9, "bit_exact": not bad, "mismatched": bad[:5]}
         del src
         torch.cuda.empty_cache()
@@ -93,7 +109,11 @@ if __name__ == "__main__":
     report = {"budget_bytes": BUDGET, "torch": torch.__version__, "p2p_GBps": ranks[0]["p2p_GBps"], "models": {}}
     for label in MODELS:
         r0, r1 = ranks[0][label], ranks[1][label]
+        t_pre = max(r0["median_transfer_preallocated_s"], r1["median_transfer_preallocated_s"])
         report["models"][label] = {
+            "median_transfer_preallocated_s": t_pre,
+            "achieved_preallocated_GBps": r0["bytes_moved"] / t_pre / 1e9,
+            "fraction_of_p2p_preallocated": r0["bytes_moved"] / t_pre / 1e9 / ranks[0]["p2p_GBps"],
             "params": r0["params"], "state_GiB": r0["state_bytes"] / 2**30, "moved_GiB": r0["bytes_moved"] / 2**30,
             "median_transfer_s": max(r0["median_transfer_s"], r1["median_transfer_s"]),
             "achieved_GBps": r0["bytes_moved"] / max(r0["median_transfer_s"], r1["median_transfer_s"]) / 1e9,
