@@ -95,11 +95,6 @@ class StreamingExecutor:
         stats = TransferStats()
         t0 = time.perf_counter()
         dst: dict[str, torch.Tensor] = {}
-        # on a GPU, local copies run on their own stream: packing and sending never wait for them
-        side = None
-        if self.device.type == "cuda":
-            side = torch.cuda.Stream(self.device)
-            side.wait_stream(torch.cuda.current_stream(self.device))
         self._pending: deque = deque()  # (layer, works, staging bytes, buffers, finalizes)
         self._staging = 0
         self._layer = -2
@@ -131,12 +126,7 @@ class StreamingExecutor:
                         stats.bytes_kept += src_state[name].numel() * src_state[name].element_size()
                     elif kind == "copy":
                         d = dst_tensor(name)[_slices(task.dst_box)]
-                        if side is None:
-                            d.copy_(src_state[name][_slices(task.src_box)])
-                        else:
-                            with torch.cuda.stream(side):
-                                d.copy_(src_state[name][_slices(task.src_box)])
-                            src_state[name].record_stream(side)  # freed early (release): not reused too soon
+                        d.copy_(src_state[name][_slices(task.src_box)])
                         stats.bytes_local += d.numel() * d.element_size()
                         used.add(name)
                     else:
@@ -182,8 +172,6 @@ class StreamingExecutor:
             stats.timeline.append((layer, time.perf_counter() - t0))
         self._flush()
         self._drain(0)
-        if side is not None:
-            torch.cuda.current_stream(self.device).wait_stream(side)
         if release and src_state is not None:
             for _, names in held:
                 for n in names:
