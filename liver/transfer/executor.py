@@ -48,19 +48,6 @@ def _slices(box) -> tuple[slice, ...]:
     return tuple(slice(lo, hi) for lo, hi in box)
 
 
-DIRECT_BYTES = 1 << 20  # a slice this large and contiguous on both sides is its own message
-
-
-def _box_contiguous(box, shape) -> bool:
-    """Whether ``box`` is one contiguous range of a C-contiguous tensor of ``shape``: after the
-    leading dimensions of extent 1, one partial dimension at most, then full dimensions."""
-    dims = [(lo, hi, n) for (lo, hi), n in zip(box, shape)]
-    i = 0
-    while i < len(dims) and dims[i][1] - dims[i][0] == 1:
-        i += 1
-    return all(lo == 0 and hi == n for lo, hi, n in dims[i + 1:])
-
-
 def _aligned(nbytes: int) -> int:
     """Pack offsets stay 16-byte aligned, so every slice can be viewed in its own dtype."""
     return (nbytes + 15) // 16 * 16
@@ -92,7 +79,6 @@ class StreamingExecutor:
         self.device = device
         self.new_rank = plan.placement.index(proc) if proc in plan.placement else None
         self._peer = {p: i for i, p in enumerate(group.members)}  # process -> group rank
-        self._contig: dict = {}
 
     @torch.no_grad()
     def run(self, src_state: dict[str, torch.Tensor] | None, release: bool = False,
@@ -157,11 +143,6 @@ class StreamingExecutor:
                         if nbytes > self.budget:  # larger than a whole pack: rows in chunks
                             items.append((len(items), "rows", (task, name)))
                             continue
-                        if nbytes >= DIRECT_BYTES and self._contiguous_both(task, name):
-                            # straight from the old storage into the new: no copy on either side
-                            items.append((len(items), "pack", ((sending, task.dst_proc if sending
-                                                                else task.src_proc), [v])))
-                            continue
                         key = (sending, task.dst_proc if sending else task.src_proc)
                         pack = open_packs.get(key)
                         if pack is None or pack[1] + _aligned(nbytes) > self.budget:
@@ -200,19 +181,6 @@ class StreamingExecutor:
             torch.cuda.synchronize(self.device)
         stats.seconds = time.perf_counter() - t0
         return dst, stats
-
-    def _contiguous_both(self, task: TransferTask, name: str) -> bool:
-        """Whether the slice is contiguous in the source shard and in the destination shard (both
-        peers decide alike: the answer depends on the task only)."""
-        spec = self.specs[name]
-        key = (name, task.src, task.dst, task.src_box, task.dst_box)
-        hit = self._contig.get(key)
-        if hit is None:
-            src_shape = local_shape(view(spec, self.plan.old, task.src))
-            dst_shape = local_shape(view(spec, self.plan.new, task.dst))
-            hit = self._contig[key] = _box_contiguous(task.src_box, src_shape) and \
-                _box_contiguous(task.dst_box, dst_shape)
-        return hit
 
     def _pack(self, pack: list[torch.Tensor], proc: int, sending: bool, stats: TransferStats) -> None:
         """Slices for (or from) one peer travel as one message: packed back to back into a staging
