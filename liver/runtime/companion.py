@@ -1,8 +1,10 @@
 """Companion: prepares this process's part of the Shadow World while training goes on.
 
-For generation g it plans the transfer (metadata only, the same plan on every process), builds and
-warms the new generation's groups (if this process holds a new rank) and the transfer group over
-every process of both generations, then reports ready. Old ranks run it in a background thread
+For generation g it plans the transfer (metadata only, the same plan on every process), builds the
+new generation's groups (if this process holds a new rank) and the transfer group over every process
+of both generations, warms them (first collectives, point-to-point connections), then reports ready.
+On gloo all of it runs in the background; on NCCL the warm-up (which creates the communicators)
+runs at one iteration boundary on every member at once, a single slower step. Old ranks run it in a background thread
 (with its own store connection); a joiner runs it in the foreground after its mock warm-up. A cancelled
 preparation is abandoned: its groups live under their own store prefix, so they cannot disturb
 anybody, and its thread ends at the rendezvous timeout.
@@ -43,6 +45,7 @@ class Preparation:
         self.world: World | None = None
         self.transfer: Group | None = None
         self.plan: Plan | None = None
+        self.built = False
         self.ready = False
         self.abandoned = False
         self.error: BaseException | None = None
@@ -59,6 +62,8 @@ class Preparation:
             self.error = e
 
     def _run(self) -> None:
+        """Phase A: plan, and build the groups (store rendezvous). Phase B follows at once on gloo;
+        on NCCL it waits for ``warm()`` at an iteration boundary (see the class doc)."""
         t0 = time.perf_counter()
         s = self.spec
         old, new = layouts(self.job, s)
@@ -69,25 +74,47 @@ class Preparation:
         if self.proc in s.procs:
             self.world = World.build(self.store, s.generation, new, s.procs.index(self.proc),
                                      self.backend, self.device, self.timeout, cpu_groups=True)
-            self.world.warm()
         members = sorted(set(s.old_procs) | set(s.procs))
         self.transfer = Group.create(self.store, f"liver/gen{s.generation}/transfer", members,
                                      self.proc, self.backend, self.device, self.timeout)
-        self.transfer.warm()
-        peer = {p: i for i, p in enumerate(members)}
-        send_to, recv_from = set(), set()
-        for _, tasks in self.plan.layer_tasks(self.proc):
-            for t in tasks:
-                if t.kind == "send" and t.src_proc == self.proc:
-                    send_to.add(peer[t.dst_proc])
-                elif t.kind == "send":
-                    recv_from.add(peer[t.src_proc])
-        self.transfer.warm_p2p(sorted(send_to), sorted(recv_from))
-        if self.abandoned:
-            return
-        self.timings["groups_s"] = time.perf_counter() - t1
-        self.ready = True
-        put(self.store, f"ready/{s.generation}/{self.proc}", time.time())
+        self.timings["build_s"] = time.perf_counter() - t1
+        self.built = True
+        if not self.defer_warm:
+            self.warm()
+
+    @property
+    def defer_warm(self) -> bool:
+        # NCCL communicators are created by their first collective; creating one while this
+        # process has collectives in flight on another communicator can deadlock the two GPUs
+        # (seen on 2 x H200). So on NCCL every member warms at the same iteration boundary.
+        return self.backend == "nccl"
+
+    def warm(self) -> None:
+        """Phase B: first collectives on every new group, point-to-point connections for the pairs
+        the plan uses; then report ready."""
+        try:
+            t0 = time.perf_counter()
+            if self.world is not None:
+                self.world.warm()
+            self.transfer.warm()
+            members = self.transfer.members
+            peer = {p: i for i, p in enumerate(members)}
+            send_to, recv_from = set(), set()
+            for _, tasks in self.plan.layer_tasks(self.proc):
+                for t in tasks:
+                    if t.kind == "send" and t.src_proc == self.proc:
+                        send_to.add(peer[t.dst_proc])
+                    elif t.kind == "send":
+                        recv_from.add(peer[t.src_proc])
+            self.transfer.warm_p2p(sorted(send_to), sorted(recv_from))
+            self.timings["warm_s"] = time.perf_counter() - t0
+            self.timings["groups_s"] = self.timings["build_s"] + self.timings["warm_s"]
+            if self.abandoned:
+                return
+            self.ready = True
+            put(self.store, f"ready/{self.spec.generation}/{self.proc}", time.time())
+        except BaseException as e:  # reported through ready=False; the controller decides
+            self.error = e
 
     def release(self) -> None:
         """Drop the groups of an abandoned or finished preparation."""
@@ -111,6 +138,9 @@ class Companion(threading.Thread):
 
     def ready_generation(self) -> int:
         return self.prep.generation if self.prep.ready and not self.prep.abandoned else 0
+
+    def built_generation(self) -> int:
+        return self.prep.generation if self.prep.built and not self.prep.abandoned else 0
 
     def abandon(self) -> None:
         self.prep.abandoned = True

@@ -107,6 +107,8 @@ class Member:
         prep = Preparation(job=self.job, spec=spec, proc=self.proc, store=self.store,
                            backend=self.backend, device=self.device, timeout_s=self.timeout_s)
         prep.run()
+        if prep.built and not prep.ready:
+            prep.warm()  # NCCL: with the old ranks, when they reach their boundary
         if not prep.ready:
             raise RuntimeError(f"proc {self.proc}: preparing generation {g} failed: {prep.error!r}")
         prep.timings["mock_warmup_s"] = warmup_s
@@ -144,7 +146,8 @@ class Member:
         """The consistent cut: every rank takes the same decisions here, from one all-reduce."""
         e = self.engine
         ready = self.companion.ready_generation() if self.companion else 0
-        cut = agree(e.world.all, self.store if e.world.rank == 0 else None, ready, self.ckpt.busy())
+        built = self.companion.built_generation() if self.companion else 0
+        cut = agree(e.world.all, self.store if e.world.rank == 0 else None, ready, self.ckpt.busy(), built)
         if cut.stop_at and e.step >= cut.stop_at:
             return self._stop_for_restart()
         if cut.end_at:
@@ -165,8 +168,13 @@ class Member:
         elif self.companion is not None and cut.force == self.companion.prep.generation \
                 and not cut.switch_to:
             self.companion.join(self.timeout_s)  # deadline: finish preparing in the foreground
+            if self.companion.prep.built and not self.companion.prep.ready:
+                self.companion.prep.warm()
             cut = agree(e.world.all, None, self.companion.ready_generation())
             cut.wanted = self.companion.prep.generation
+        elif self.companion is not None and not self.companion.prep.ready and \
+                cut.warm_now == self.companion.prep.generation:
+            self.companion.prep.warm()  # NCCL: every member creates the communicators now, together
         switching = self.companion is not None and cut.switch_to == self.companion.prep.generation
         # periodic checkpoint: not when the state is handed over right now, and never while any
         # rank still writes the previous one (the decision must be the same on every rank)

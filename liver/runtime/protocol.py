@@ -75,6 +75,13 @@ class Cut:
     force: int      # deadline: finish preparing generation ``force`` in the foreground
     end_at: int     # the job ends after this step (0: at its configured step count)
     ckpt_busy: int  # some rank is still writing the previous periodic checkpoint
+    built_min: int = 0  # lowest generation whose groups every rank has built (not yet warmed)
+    built_max: int = 0
+
+    @property
+    def warm_now(self) -> int:
+        """The generation every rank has built: warm its groups now, all together (0: none)."""
+        return self.built_min if self.built_min == self.built_max == self.wanted else 0
 
     @property
     def switch_to(self) -> int:
@@ -82,17 +89,18 @@ class Cut:
         return self.ready_min if self.ready_min == self.ready_max and self.ready_min == self.wanted else 0
 
 
-def agree(group, store: dist.Store | None, ready_gen: int, ckpt_busy: bool = False) -> Cut:
+def agree(group, store: dist.Store | None, ready_gen: int, ckpt_busy: bool = False,
+          built_gen: int = 0) -> Cut:
     """Collective over the Active World: rank 0 contributes the controller's wish, everybody its
     readiness and whether its checkpoint writer is busy. ``store`` is given on rank 0 only."""
     wish = get(store, "ctl", {}) if store is not None else {}
     v = torch.tensor([wish.get("wanted", 0), -ready_gen, ready_gen, wish.get("stop_at", 0),
-                      wish.get("force", 0), wish.get("end_at", 0), int(ckpt_busy)], dtype=torch.int64,
-                     device=group.device)
+                      wish.get("force", 0), wish.get("end_at", 0), int(ckpt_busy), -built_gen, built_gen],
+                     dtype=torch.int64, device=group.device)
     group.allreduce(v, "max")
-    w, neg_min, mx, stop_at, force, end_at, busy = (int(x) for x in v.tolist())
+    w, neg_min, mx, stop_at, force, end_at, busy, neg_bmin, bmax = (int(x) for x in v.tolist())
     return Cut(wanted=w, ready_min=-neg_min, ready_max=mx, stop_at=stop_at, force=force, end_at=end_at,
-               ckpt_busy=busy)
+               ckpt_busy=busy, built_min=-neg_bmin, built_max=bmax)
 
 
 def now() -> float:
