@@ -26,6 +26,9 @@ def _owns(engine: Engine, spec: TensorSpec) -> bool:
     return spec.name in engine.boxes and c.dp == 0 and (spec.shard_dim is not None or c.tp == 0)
 
 
+PARALLEL_HASH_BYTES = 256 << 20
+
+
 def _sha(b) -> str:
     return hashlib.sha256(b).hexdigest()
 
@@ -45,9 +48,12 @@ def _local_hashes(engine: Engine) -> list[tuple[int, int, str]]:
         for j in range(rows.shape[0]):
             keys.append((i, lo + j))
             blobs.append(rows[j].data)
-    # hashlib releases the GIL on large buffers: hash on every core (a check on big models)
-    with ThreadPoolExecutor(max_workers=min(16, os.cpu_count() or 1)) as pool:
-        digests = list(pool.map(_sha, blobs, chunksize=64))
+    total = sum(b.nbytes for b in blobs)
+    if total < PARALLEL_HASH_BYTES:
+        digests = [_sha(b) for b in blobs]
+    else:  # hashlib releases the GIL on large buffers: hash on every core (big models)
+        with ThreadPoolExecutor(max_workers=min(16, os.cpu_count() or 1)) as pool:
+            digests = list(pool.map(_sha, blobs, chunksize=256))
     return [(i, j, d) for (i, j), d in zip(keys, digests)]
 
 

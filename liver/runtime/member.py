@@ -107,7 +107,7 @@ class Member:
         prep = Preparation(job=self.job, spec=spec, proc=self.proc, store=self.store,
                            backend=self.backend, device=self.device, timeout_s=self.timeout_s)
         prep.run()
-        if prep.built and not prep.ready:
+        if prep.defer_warm and prep.built and not prep.ready:
             prep.warm()  # NCCL: with the old ranks, when they reach their boundary
         if not prep.ready:
             raise RuntimeError(f"proc {self.proc}: preparing generation {g} failed: {prep.error!r}")
@@ -168,12 +168,12 @@ class Member:
         elif self.companion is not None and cut.force == self.companion.prep.generation \
                 and not cut.switch_to:
             self.companion.join(self.timeout_s)  # deadline: finish preparing in the foreground
-            if self.companion.prep.built and not self.companion.prep.ready:
+            if self.companion.prep.defer_warm and self.companion.prep.built and not self.companion.prep.ready:
                 self.companion.prep.warm()
             cut = agree(e.world.all, None, self.companion.ready_generation())
             cut.wanted = self.companion.prep.generation
-        elif self.companion is not None and not self.companion.prep.ready and \
-                cut.warm_now == self.companion.prep.generation:
+        elif self.companion is not None and self.companion.prep.defer_warm and \
+                not self.companion.prep.ready and cut.warm_now == self.companion.prep.generation:
             self.companion.prep.warm()  # NCCL: every member creates the communicators now, together
         switching = self.companion is not None and cut.switch_to == self.companion.prep.generation
         # periodic checkpoint: not when the state is handed over right now, and never while any
