@@ -18,6 +18,14 @@ from pathlib import Path
 from typing import Any
 
 
+def _background() -> None:
+    """A cold joiner boots with idle-only CPU priority (SCHED_IDLE where there is one)."""
+    try:
+        os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
+    except (AttributeError, OSError):
+        os.nice(19)
+
+
 @dataclass
 class Worker:
     proc: int
@@ -62,7 +70,7 @@ class NodeAgent:
         log = open(self.run_dir / "logs" / f"proc{proc}.log", "w")
         # a cold joiner boots at background priority: it must not slow the training it joins
         # (it restores its priority, where allowed, once it holds a rank)
-        nice = (lambda: os.nice(10)) if role == "joiner" else None
+        nice = _background if role == "joiner" else None
         p = subprocess.Popen([sys.executable, "-m", "liver.runtime.member", str(path)], env=env,
                              stdout=log if self.quiet else None, stderr=log, preexec_fn=nice)
         w = Worker(proc, slot, role, generation, p, time.time())

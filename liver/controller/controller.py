@@ -106,7 +106,7 @@ class Controller:
                     self.tick()
                     if self.phase == "stable":
                         self._maybe_end()
-                time.sleep(0.005)
+                time.sleep(0.01)
         finally:
             self.agent.shutdown()
             if self.endpoint is not None:
@@ -313,13 +313,10 @@ class Controller:
         self.phase = "stable"
 
     def _collect(self, g: int, procs: list[int], prefix: str = "switch") -> dict[int, dict[str, Any]] | None:
-        got = {}
-        for p in procs:
-            r = get(self.store, f"{prefix}/{g}/{p}")
-            if r is None:
-                return None
-            got[p] = r
-        return got
+        keys = [f"{prefix}/{g}/{p}" for p in procs]
+        if not self.store.check(keys):  # one round trip while they are not all there
+            return None
+        return {p: get(self.store, k) for p, k in zip(procs, keys)}
 
 
 class LiveController(Controller):
@@ -388,7 +385,7 @@ class LiveController(Controller):
     def _watch_prepare(self) -> None:
         rec, g, now = self.current, self.pending.generation, time.time()
         if self.phase == "prepare":
-            if all(get(self.store, f"ready/{g}/{p}") is not None for p in self.members):
+            if self.store.check([f"ready/{g}/{p}" for p in self.members]):  # one round trip
                 rec["t_ready"] = now
                 rec["prepare_s"] = now - rec["attempts"][-1]["t"]
                 self.phase = "ready"

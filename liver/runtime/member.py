@@ -114,9 +114,10 @@ class Member:
         prep.timings["mock_warmup_s"] = warmup_s
         self._switch(prep, {"process_start": STARTED, "imported": IMPORTED})
         try:  # a rank now: back to normal priority where the system allows it
+            os.sched_setscheduler(0, os.SCHED_OTHER, os.sched_param(0))
             os.setpriority(os.PRIO_PROCESS, 0, 0)
-        except OSError:
-            pass
+        except (AttributeError, OSError) as e:
+            print(f"proc {self.proc}: could not restore normal CPU priority ({e})", file=sys.stderr)
 
     # ---- the training loop ---------------------------------------------------------------
     def train(self) -> None:
