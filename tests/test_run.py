@@ -166,3 +166,34 @@ def test_kill9_of_a_rank_recovers_from_the_latest_checkpoint(tmp_path):
     at_ckpt = [s for s in rep["steps"] if s["step"] == rec["restored_step"] and s["generation"] == 0]
     assert at_ckpt[-1]["digest"] == rec["digest_after"]
     assert rep["steps"][-1]["step"] == 24 and rep["steps"][-1]["generation"] == 1
+
+
+@pytest.mark.timeout(600)
+def test_trace_drives_the_job_and_liver_scale_cli_talks_to_it(tmp_path, capsys):
+    """A small spot trace (nodes 2 -> 4 -> 3, time-compressed) drives scale events; `liver scale`
+    reaches the running job; a malformed trace is refused before anything starts."""
+    trace = tmp_path / "trace.csv"
+    trace.write_text("0,add,n1\r\n0,add,n2\r\n2000,add,n3\r\n2000,add,n4\r\n60000,remove,n4\r\n")
+    run_dir = tmp_path / "run"
+    t, box = background(run_dir, "--trace", str(trace), "--slots", "4", "--compress", "10", "--notice", "100",
+                        "--steps", "20000", "--end-after-events", "200", "--ckpt-every", "0")
+    wait_for(lambda: (run_dir / "control.json").exists() and steps_of(run_dir), what="the first steps")
+    assert main(["scale", "--run-dir", str(run_dir), "reshape", "9,9,9"]) == 1  # refused by the job
+    assert "tp" in capsys.readouterr().out
+    t.join(timeout=500)
+    rep = box["report"]
+    assert rep["rc"] == 0
+    # the trace maps 2 -> 4 -> 3 nodes onto the 4 slots; the scale-in notice (100 s / 10 before the
+    # removal at 6 s, not before the previous event at 0.2 s) comes while the scale-out prepares:
+    # either merged into it (scale-out to 3) or, if the scale-out switched first, its own handoff
+    kinds = [(e["event"]["kind"], e["status"].split(" (")[0]) for e in rep["events"]]
+    assert kinds in ([("scale-out", "done"), ("scale-in", "done")],
+                     [("scale-in", "merged into the pending scale-out"), ("scale-out", "done")]), kinds
+    assert rep["steps"][-1]["parallel"].startswith("tp1pp3dp1")
+    assert all(e.get("deadline_met") is not False for e in rep["events"])
+    bad = tmp_path / "bad.csv"
+    bad.write_text("0,add,n1\n5,remove,n9\n")
+    capsys.readouterr()
+    assert main(["run", "--run-dir", str(tmp_path / "r2"), "--trace", str(bad)]) == 2
+    assert "bad.csv:2: n9 removed but not up" in capsys.readouterr().err
+    assert not (tmp_path / "r2" / "steps.jsonl").exists()  # refused before anything started

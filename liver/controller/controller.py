@@ -133,6 +133,7 @@ class Controller:
     def submit(self, action: str) -> dict[str, Any]:
         """From the control endpoint: validate against the GPUs the job will have, then queue."""
         ev = parse_action(action.strip(), "http")
+        ev.arrived = time.time()
         with self.lock:
             n = self._projected_gpus()
             self._validate(ev, n)
@@ -298,8 +299,20 @@ class Controller:
         self.phase_log("fail-stop", **{k: rec[k] for k in ("failed_at_step", "restored_step", "lost_steps", "new")})
 
     # ---- event records -------------------------------------------------------------------
+    def _arrival(self, ev: Event) -> float:
+        """When the event reached the job: a notice's deadline counts from here, even if the event
+        waited behind another one (the provider does not wait)."""
+        if ev.arrived is not None:
+            return ev.arrived
+        if ev.at_time is not None and self.t_start is not None:
+            return self.t_start + ev.at_time
+        return time.time()
+
     def _new_record(self, ev: Event, plan: dict[str, Any]) -> dict[str, Any]:
+        arrived = self._arrival(ev)
         return {"_event": ev, "event": ev.to_dict(), "status": "started", "gpus": ev.gpus,
+                "arrived": arrived,
+                "deadline_at": arrived + ev.deadline_s if ev.deadline_s is not None else None,
                 "old": ParallelConfig.from_dict(self.active.parallel).short(),
                 "new": plan["target"].short(), "old_generation": self.active.generation,
                 "t_event": time.time(), "step_at_event": self.progress["step"] if self.progress else 0}
@@ -334,9 +347,36 @@ class LiveController(Controller):
             if ev is not None:
                 self._begin(ev)
         elif self.phase in ("prepare", "ready"):
-            self._watch_prepare()
+            self._notice_during_prepare()
+            if self.phase in ("prepare", "ready"):
+                self._watch_prepare()
         elif self.phase == "cleanup":
             self._watch_cleanup()
+
+    def _notice_during_prepare(self) -> None:
+        """A preemption notice must not wait behind a scale-out that has not switched yet: the
+        pending scale-out is re-planned to the smaller total (or dropped, and the scale-in goes
+        first). Nothing was committed, so nothing is lost."""
+        with self.lock:
+            head = self._head_triggered()
+            if head is None or head.kind != "scale-in" or self.current is None \
+                    or self.current["_event"].kind != "scale-out":
+                return
+            self.queue.popleft()
+        rec, n_active = self.current, len(self.active.procs)
+        notice = {"event": head.to_dict(), "arrived": self._arrival(head), "t_event": time.time()}
+        if head.gpus > n_active:  # still a scale-out, to fewer GPUs
+            ev: Event = rec["_event"]
+            ev.gpus, ev.parallel = head.gpus, head.parallel
+            self.records.append({**notice, "status": f"merged into the pending scale-out (now to {head.gpus})"})
+            self._cancel(f"scale-in notice to {head.gpus} GPUs", replan=True)
+            return
+        self._cancel(f"scale-in notice to {head.gpus} GPUs", replan=False)
+        if head.gpus < n_active:
+            self._begin(head)
+        else:
+            self.records.append({**notice, "status": "done: the job already has that many GPUs once the pending "
+                                 "scale-out is dropped"})
 
     def _begin(self, ev: Event) -> None:
         if ev.kind == "scale-out":
@@ -394,7 +434,7 @@ class LiveController(Controller):
                 return self._cancel(f"not ready after {self.opts.prepare_timeout_s:g} s", replan=False)
         ev: Event = rec["_event"]
         if ev.deadline_s is not None:
-            left = rec["t_event"] + ev.deadline_s - now
+            left = rec["deadline_at"] - now
             if left < max(0.25 * ev.deadline_s, self._expected_handoff_s(rec)) and not rec.get("forced"):
                 rec["forced"] = True  # the fastest safe path: finish preparing in the foreground
                 self._wish(wanted=g, force=g)
@@ -438,7 +478,7 @@ class LiveController(Controller):
         rec["mock_warmup_s"] = max((r["prepare"].get("mock_warmup_s", 0.0) for r in done.values()), default=0.0)
         rec["groups_s"] = max((r["prepare"].get("groups_s", 0.0) for r in allrec.values()), default=0.0)
         if rec["_event"].deadline_s is not None:
-            rec["deadline_met"] = rec["switch_end"] <= rec["t_event"] + rec["_event"].deadline_s
+            rec["deadline_met"] = rec["switch_end"] <= rec["deadline_at"]
         self.active = self.pending
         self.phase = "cleanup"
         self.phase_log("switch", generation=self.active.generation, switch_s=round(rec["switch_s"], 4),
@@ -559,7 +599,7 @@ class RestartController(Controller):
         rec["group_init_s"] = max(r["timings"]["group_init_s"] for r in done.values())
         rec["load_s"] = max(r["timings"].get("load_s", 0.0) + r["timings"]["build_s"] for r in done.values())
         if rec["_event"].deadline_s is not None:
-            rec["deadline_met"] = rec["stopped_at"] <= rec["t_event"] + rec["_event"].deadline_s
+            rec["deadline_met"] = rec["stopped_at"] <= rec["deadline_at"]
         del rec["plan"]
         self._close("done")
         self.phase_log("start", generation=self.gen, load_s=round(rec["load_s"], 4))

@@ -34,6 +34,7 @@ class Event:
     deadline_s: float | None = None        # scale-in: seconds from the notice until the GPUs go
     leaving: list[int] = field(default_factory=list)  # slots that go (trace); default: the last ones
     source: str = ""                       # file:line, "http", ...
+    arrived: float | None = None           # wall time it reached the job (control endpoint)
 
     def describe(self) -> str:
         what = self.kind + (f" {self.gpus}" if self.gpus is not None and self.kind != "reshape" else "")
