@@ -4,7 +4,9 @@ downtime, bytes moved), a summary table and a PNG timeline. Definitions as in DE
 - downtime: from the end of the last step on the old generation to the end of the first step on the
   new one, minus one normal step (median step time of the new generation, its first step left out;
   the old generation's when the new one ran a single step); the state digests taken
-  for checking (``--digest``) inside that window are measured and left out.
+  for checking (``--digest``) inside that window are measured and left out. Computed as the pause
+  between the two steps plus the first new step's excess over a normal step when positive (step
+  time noise alone does not make it negative).
 - steady-state overhead: median step time while a Shadow World is prepared / median without - 1.
 """
 
@@ -38,7 +40,12 @@ def downtime(steps: list[dict[str, Any]], rec: dict[str, Any]) -> dict[str, Any]
     before = last_old
     if rec.get("restored_step") is not None:  # a rollback: compare with the checkpointed step
         before = next((s for s in reversed(old) if s["step"] == rec["restored_step"]), {})
-    out = {"downtime_s": first_new["time"] - last_old["time"] - normal - checks,
+    # = (end of first new step - end of last old step) - normal step, computed as the pause
+    # between the two steps plus what the first new step took beyond a normal one; a first step
+    # faster than the median (noise) does not make the pause negative
+    pause = first_new["time"] - first_new["step_s"] - last_old["time"] - checks
+    out = {"downtime_s": pause + max(0.0, first_new["step_s"] - normal), "pause_s": pause,
+           "first_step_extra_s": first_new["step_s"] - normal,
            "normal_step_s": normal, "last_old_step": last_old["step"], "first_new_step": first_new["step"],
            "digest_before": rec.get("digest_before") or before.get("digest"),
            "digest_after": rec.get("digest_after")}
