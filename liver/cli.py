@@ -167,6 +167,9 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as e:
         print(f"liver: error: {e}", file=sys.stderr)
         return 2
+    except RuntimeError as e:  # the job could not go on (ControllerError, a failed segment)
+        print(f"liver: job failed: {e}", file=sys.stderr)
+        return 3
 
 
 if __name__ == "__main__":

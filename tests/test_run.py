@@ -197,3 +197,29 @@ def test_trace_drives_the_job_and_liver_scale_cli_talks_to_it(tmp_path, capsys):
     assert main(["run", "--run-dir", str(tmp_path / "r2"), "--trace", str(bad)]) == 2
     assert "bad.csv:2: n9 removed but not up" in capsys.readouterr().err
     assert not (tmp_path / "r2" / "steps.jsonl").exists()  # refused before anything started
+
+
+@pytest.mark.timeout(600)
+def test_source_killed_at_the_handoff_recovers_from_the_checkpoint(tmp_path):
+    """Rank 0 (a source that also stays) is killed as soon as the scale-in's Shadow World is ready,
+    i.e. at the switch: whatever the exact moment, the job recovers from its latest checkpoint on
+    the slots left and finishes every step."""
+    run_dir = tmp_path / "run"
+    (tmp_path / "none.txt").write_text("# events come over HTTP\n")
+    t, box = background(run_dir, "--parallel", "2,2,1", "--gpus", "4", "--events", str(tmp_path / "none.txt"),
+                        "--steps", "60", "--end-after-events", "-1", "--ckpt-every", "4")
+    wait_for(lambda: (run_dir / "control.json").exists() and len(steps_of(run_dir)) >= 9, what="step 9")
+    info = json.loads((run_dir / "control.json").read_text())
+    assert request(info["url"], info["token"], "POST", "/scale", {"action": "scale-in 2 deadline 60s"})[0] == 202
+    wait_for(lambda: request(info["url"], info["token"], "GET", "/status")[1]["phase"] == "ready",
+             what="Ready")
+    victim = next(p for p in procs(run_dir) if p["proc"] == 0)
+    os.kill(victim["pid"], signal.SIGKILL)
+    t.join(timeout=500)
+    rep = box["report"]
+    assert rep["rc"] == 0
+    (rec,) = [e for e in rep["events"] if e["event"]["kind"] == "fail-stop"]
+    assert rec["status"] == "recovered" and rec["restored_step"] % 4 == 0 and rec["restored_step"] >= 8
+    assert rec["lost_steps"] == rec["failed_at_step"] - rec["restored_step"]
+    assert rec["digest_after"] == [s for s in rep["steps"] if s["step"] == rec["restored_step"]][0]["digest"]
+    assert rep["steps"][-1]["step"] == 60

@@ -271,7 +271,9 @@ class Controller:
         survivors = [self.slot_of[p] for p in self.active.procs if self.slot_of[p] not in dead_slots]
         self.agent.shutdown()
         if not survivors:
-            raise ControllerError("every process of the job died; nothing to recover on")
+            tails = "\n".join(f"--- process {w.proc} (slot {w.slot}), exit {w.returncode}:\n"
+                              f"{self.agent.log_tail(w.proc, 1500)}" for w in dead)
+            raise ControllerError("every process of the job died; nothing to recover on. Last words:\n" + tails)
         ck = latest(self.run_dir / "ckpt")
         n = len(survivors)
         old = ParallelConfig.from_dict(self.active.parallel)

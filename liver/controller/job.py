@@ -9,13 +9,15 @@ from typing import Any, Callable
 from liver.controller import report as rep
 from liver.controller.controller import CONTROLLERS, RunOptions
 from liver.controller.events import Event
-from liver.topology import JobConfig
+from liver.topology import JobConfig, Layout
 
 
 def run_job(job: JobConfig, opts: RunOptions, events: list[Event], run_dir: Path, mode: str,
             meta: dict[str, Any] | None = None, log: Callable[[str], None] = print) -> dict[str, Any]:
     if mode not in CONTROLLERS:
         raise ValueError(f"mode={mode!r}: allowed {', '.join(CONTROLLERS)}")
+    if opts.initial is not None:  # refused before anything starts, with the field that is wrong
+        Layout(job.model, opts.initial, job.train)
     run_dir.mkdir(parents=True, exist_ok=True)
     ctl = CONTROLLERS[mode](job, opts, events, run_dir, log=log)
     n = opts.gpus  # the whole schedule is checked before anything starts
