@@ -136,7 +136,7 @@ class Controller:
         ev.arrived = time.time()
         with self.lock:
             n = self._projected_gpus()
-            self._validate(ev, n)
+            self.validate(ev, n)
             self.queue.append(ev)
             return {"accepted": ev.describe(), "position": len(self.queue)}
 
@@ -153,7 +153,7 @@ class Controller:
             n = ev.gpus
         return n
 
-    def _validate(self, ev: Event, n_before: int) -> ParallelConfig:
+    def validate(self, ev: Event, n_before: int) -> ParallelConfig:
         """Refuse (ValueError naming the field) what cannot be done; returns the target."""
         usable = self.opts.slots - len(self.lost_slots)
         if ev.kind == "scale-out" and ev.gpus <= n_before:
@@ -191,7 +191,7 @@ class Controller:
         """Target, processes and placement of the event's generation (refused: ValueError)."""
         old = self.active
         n_old = len(old.procs)
-        tgt = self._validate(ev, n_old)
+        tgt = self.validate(ev, n_old)
         old_layout = Layout(self.job.model, ParallelConfig.from_dict(old.parallel), self.job.train)
         new_layout = Layout(self.job.model, tgt, self.job.train)
         if ev.kind == "reshape" and (new_layout.tp, new_layout.pp, new_layout.dp, new_layout.layers_per_stage) \
@@ -281,7 +281,7 @@ class Controller:
         if self.current is not None:  # the event in flight: re-queued if it still applies
             ev = self.current["_event"]
             try:
-                self._validate(ev, n)
+                self.validate(ev, n)
                 self.current["status"] = "interrupted by a fail-stop; re-queued"
                 self.queue.appendleft(ev)
             except ValueError:
@@ -541,10 +541,10 @@ class RestartController(Controller):
                 head = self.queue[0] if self.queue else None
                 step = self.progress["step"] if self.progress else 0
                 if head is not None and head.at_step is not None and head.at_step > step \
-                        and not getattr(head, "_announced", False):
+                        and not head.announced:
                     # a step trigger is known ahead: stop exactly after that step
                     self._wish(stop_at=head.at_step)
-                    head._announced = True
+                    head.announced = True
                 ev = self._head_triggered()
                 if ev is not None:
                     self.queue.popleft()
@@ -565,7 +565,7 @@ class RestartController(Controller):
             return
         self.current = self._new_record(ev, plan)
         self.current["plan"] = plan
-        if not getattr(ev, "_announced", False):
+        if not ev.announced:
             step = self.progress["step"] if self.progress else 0
             self._wish(stop_at=step + 1)
         for p in plan["leaving"]:

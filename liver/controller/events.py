@@ -35,6 +35,7 @@ class Event:
     leaving: list[int] = field(default_factory=list)  # slots that go (trace); default: the last ones
     source: str = ""                       # file:line, "http", ...
     arrived: float | None = None           # wall time it reached the job (control endpoint)
+    announced: bool = False                # restart mode: its stop step was published ahead
 
     def describe(self) -> str:
         what = self.kind + (f" {self.gpus}" if self.gpus is not None and self.kind != "reshape" else "")

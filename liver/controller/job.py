@@ -22,7 +22,7 @@ def run_job(job: JobConfig, opts: RunOptions, events: list[Event], run_dir: Path
     ctl = CONTROLLERS[mode](job, opts, events, run_dir, log=log)
     n = opts.gpus  # the whole schedule is checked before anything starts
     for ev in events:
-        ctl._validate(ev, n)
+        ctl.validate(ev, n)
         n = ev.gpus
     result = ctl.run()
     report = rep.build(run_dir, result, {"params": job.model.num_params(), "backend": opts.backend,
