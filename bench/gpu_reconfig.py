@@ -1,4 +1,5 @@
-"""GPU run of the live runtime against stop-and-restart (issue 4, item 9), one call on nvidia-h200-x2.
+"""GPU run of the live runtime against stop-and-restart, one call: SCENARIO=x2 (issue 4, item 9, on
+nvidia-h200-x2) or SCENARIO=x8 (issue 5, on nvidia-h200-x8, MODEL=7b).
 
 `liver run` with NCCL, one process per GPU, a 1B-parameter model (preset "1b", bf16 compute, fp32
 master + AdamW moments): scale-out 1 -> 2 GPUs with a cold process (tp=2), in-place reshape
@@ -6,7 +7,9 @@ tp=2 -> dp=2, scale-in 2 -> 1 with a deadline. First live, then `--mode restart`
 cut at the steps where the live run switched, so both train the same steps in the same layouts.
 The point-to-point NCCL bandwidth is measured first in the same call (transfer floor).
 
-    MODEL=1b python3 bench/gpu_reconfig.py      # writes $OUT/gpu_reconfig.json and timelines
+    MODEL=1b python3 bench/gpu_reconfig.py                 # writes $OUT/gpu_reconfig.json and timelines
+    SCENARIO=x8 MODEL=7b python3 bench/gpu_reconfig.py
+    BACKEND=gloo MODEL=tiny8 SCENARIO=x8 python3 bench/gpu_reconfig.py   # CPU dry run
 """
 
 from __future__ import annotations
@@ -36,8 +39,18 @@ from liver.world.world import connect_store
 OUT = Path(os.environ.get("OUT", "/tmp/out"))
 MODEL = os.environ.get("MODEL", "1b")
 BACKEND = os.environ.get("BACKEND", "nccl")
-EVENTS = [("at step {a}: scale-out 2 as 2,1,1", 8), ("at step {a}: reshape 1,1,2", 45),
-          ("at step {a}: scale-in 1 deadline 60s as 1,1,1", 60)]
+SCENARIO = os.environ.get("SCENARIO", "x2")
+# (first configuration, GPUs at the start, slots, [(event line, step it comes at)])
+SCENARIOS = {
+    # issue 4: 2 GPUs
+    "x2": ("1,1,1", 1, 2, [("at step {a}: scale-out 2 as 2,1,1", 8), ("at step {a}: reshape 1,1,2", 45),
+                           ("at step {a}: scale-in 1 deadline 60s as 1,1,1", 60)]),
+    # issue 5: 8 GPUs (the reshape to tp2pp2dp2 only connects the four measured events)
+    "x8": ("4,2,1", 8, 8, [("at step {a}: reshape 8,1,1", 8), ("at step {a}: reshape 2,2,2", 20),
+                           ("at step {a}: scale-in 4 deadline 120s as 2,2,1", 32),
+                           ("at step {a}: scale-out 8 as 2,2,2", 44), ("at step {a}: reshape 4,1,2", 80)]),
+}
+FIRST, GPUS, SLOTS, EVENTS = SCENARIOS[SCENARIO]
 
 
 def _p2p(rank: int, addr: str, out: str) -> None:
@@ -65,7 +78,8 @@ def run(mode: str, events_text: str, steps: int, end_after: int | None) -> dict:
     (d / "events.txt").write_text(events_text)
     events = parse_schedule(d / "events.txt")
     job = preset(MODEL)
-    opts = RunOptions(steps=steps, gpus=1, slots=2, backend=BACKEND, initial=ParallelConfig(), ckpt_every=0,
+    opts = RunOptions(steps=steps, gpus=GPUS, slots=SLOTS, backend=BACKEND, initial=ParallelConfig.parse(FIRST),
+                      ckpt_every=0,
                       digest="switch", budget_bytes=512 << 20, warmup_steps=2, endpoint=False,
                       end_after_events=end_after, group_timeout_s=300)
     t0 = time.time()
@@ -84,7 +98,7 @@ def run(mode: str, events_text: str, steps: int, end_after: int | None) -> dict:
 def main() -> int:
     OUT.mkdir(parents=True, exist_ok=True)
     cuda = torch.cuda.is_available()
-    info = {"torch": torch.__version__, "model": MODEL, "params": preset(MODEL).model.num_params(),
+    info = {"torch": torch.__version__, "model": MODEL, "scenario": SCENARIO, "params": preset(MODEL).model.num_params(),
             "gpus": [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())],
             "nccl": ".".join(map(str, torch.cuda.nccl.version())) if cuda else None,
             "nccl_nvls_enable": os.environ.get("NCCL_NVLS_ENABLE")}

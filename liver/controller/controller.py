@@ -57,6 +57,12 @@ class ControllerError(RuntimeError):
     pass
 
 
+def _least(records, key: str) -> float:
+    """A check's cost on the critical path: every rank runs it together (a collective), so the
+    shortest time is the check itself; longer ones include waiting for the others to arrive."""
+    return min((r[key] for r in records if key in r), default=0.0)
+
+
 class Controller:
     mode = "base"
 
@@ -115,7 +121,7 @@ class Controller:
             if rec.get("status") == "recovered":
                 starts = self._collect(rec["generation"], self.agent_procs_of(rec["generation"])) or {}
                 rec["digest_after"] = next((r.get("digest_after") for r in starts.values()), None)
-                rec["digest_after_s"] = max((r.get("digest_after_s", 0.0) for r in starts.values()), default=0.0)
+                rec["digest_after_s"] = _least(starts.values(), "digest_after_s")
         if self.current is not None:
             self.current["status"] = f"not completed: training ended in phase {self.phase}"
             self.records.append(self.current)
@@ -474,9 +480,9 @@ class LiveController(Controller):
         rec["switch_start"] = min(r["switch_start"] for r in olds)
         rec["switch_end"] = max(r["switch_end"] for r in allrec.values())
         rec["digest_after"] = next((r["digest_after"] for r in done.values() if "digest_after" in r), None)
-        rec["digest_after_s"] = max((r.get("digest_after_s", 0.0) for r in done.values()), default=0.0)
+        rec["digest_after_s"] = _least(done.values(), "digest_after_s")
         rec["digest_before"] = next((r["digest_before"] for r in allrec.values() if "digest_before" in r), None)
-        rec["digest_before_s"] = max((r.get("digest_before_s", 0.0) for r in allrec.values()), default=0.0)
+        rec["digest_before_s"] = _least(allrec.values(), "digest_before_s")
         rec["mock_warmup_s"] = max((r["prepare"].get("mock_warmup_s", 0.0) for r in done.values()), default=0.0)
         rec["groups_s"] = max((r["prepare"].get("groups_s", 0.0) for r in allrec.values()), default=0.0)
         if rec["_event"].deadline_s is not None:
@@ -582,7 +588,7 @@ class RestartController(Controller):
         stops = self._collect(g, self.active.procs, "stopped") or {}
         rec["save_s"] = max((r["save_s"] for r in stops.values()), default=0.0)
         rec["digest_before"] = next((r["digest_before"] for r in stops.values() if "digest_before" in r), None)
-        rec["digest_before_s"] = max((r.get("digest_before_s", 0.0) for r in stops.values()), default=0.0)
+        rec["digest_before_s"] = _least(stops.values(), "digest_before_s")
         rec["stopped_at"] = time.time()
         rec["checkpoint"] = saved["path"]
         slots = [self.slot_of[p] for p in self.active.procs if p not in plan["leaving"]] + plan["join_slots"]
@@ -596,7 +602,7 @@ class RestartController(Controller):
             return
         rec = self.current
         rec["digest_after"] = next((r["digest_after"] for r in done.values() if "digest_after" in r), None)
-        rec["digest_after_s"] = max((r.get("digest_after_s", 0.0) for r in done.values()), default=0.0)
+        rec["digest_after_s"] = _least(done.values(), "digest_after_s")
         rec["process_start_s"] = max(r["imported"] for r in done.values()) - rec["stopped_at"]
         rec["group_init_s"] = max(r["timings"]["group_init_s"] for r in done.values())
         rec["load_s"] = max(r["timings"].get("load_s", 0.0) + r["timings"]["build_s"] for r in done.values())
