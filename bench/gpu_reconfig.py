@@ -23,7 +23,6 @@ from datetime import timedelta
 from pathlib import Path
 
 import torch
-import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from liver.bench.p2p import p2p_bandwidth
@@ -34,7 +33,7 @@ from liver.controller.job import run_job
 from liver.topology import ParallelConfig
 from liver.topology.presets import preset
 from liver.world.group import Group
-from liver.world.world import connect_store
+from liver.world.world import connect_store, make_store
 
 OUT = Path(os.environ.get("OUT", "/tmp/out"))
 MODEL = os.environ.get("MODEL", "1b")
@@ -65,9 +64,9 @@ def _p2p(rank: int, addr: str, out: str) -> None:
 
 
 def measure_p2p() -> float:
-    store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+    store, addr = make_store()
     path = str(OUT / "p2p.json")
-    mp.start_processes(_p2p, args=(f"127.0.0.1:{store.port}", path), nprocs=2, start_method="spawn")
+    mp.start_processes(_p2p, args=(addr, path), nprocs=2, start_method="spawn")
     return json.loads(Path(path).read_text())["p2p_GBps"]
 
 

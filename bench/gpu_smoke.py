@@ -15,7 +15,8 @@ from pathlib import Path
 import torch
 
 from liver.engine.segment import run_segment
-from liver.runtime.restart import make_store, stop_and_restart
+from liver.runtime.restart import stop_and_restart
+from liver.world.world import make_store
 from liver.topology import JobConfig, ModelConfig, ParallelConfig, TrainConfig
 
 OUT = Path(os.environ.get("OUT", "/tmp/out"))

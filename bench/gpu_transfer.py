@@ -16,7 +16,6 @@ from datetime import timedelta
 from pathlib import Path
 
 import torch
-import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from liver.bench.p2p import p2p_bandwidth
@@ -28,7 +27,7 @@ from liver.topology import JobConfig, Layout, ModelConfig, ParallelConfig, Train
 from liver.transfer import StreamingExecutor
 from liver.transfer.check import reference_shard
 from liver.world.group import Group
-from liver.world.world import connect_store
+from liver.world.world import connect_store, make_store
 
 BUDGET = int(os.environ.get("BUDGET_MIB", "512")) << 20
 TRAIN = TrainConfig(global_batch=8, micro_batch=1)
@@ -102,8 +101,7 @@ def worker(rank, addr, out_path):
 if __name__ == "__main__":
     out = Path(os.environ.get("OUT", "/tmp/out"))
     out.mkdir(parents=True, exist_ok=True)
-    store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
-    addr = f"127.0.0.1:{store.port}"
+    store, addr = make_store()
     mp.start_processes(worker, args=(addr, str(out / "transfer")), nprocs=2, start_method="spawn")
     ranks = [json.loads((out / f"transfer.rank{r}").read_text()) for r in range(2)]
     report = {"budget_bytes": BUDGET, "torch": torch.__version__, "p2p_GBps": ranks[0]["p2p_GBps"], "models": {}}

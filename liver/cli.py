@@ -14,14 +14,14 @@ from liver.topology import ParallelConfig
 def _bench_plan(args: argparse.Namespace) -> int:
     from liver.bench.plan import run
 
-    rows = run(repeats=args.repeats)
-    if args.json:
-        print(json.dumps(rows, indent=1))
-    else:
-        for r in rows:
-            print(f"{r['scenario']:<60} tasks {r['num_tasks']:>8,}  moved {r['bytes_moved'] / 1e12:7.2f} TB "
-                  f"(identity placement {r['bytes_moved_identity_placement'] / 1e12:7.2f} TB)  "
-                  f"plan {r['plan_s']:.3f} s")
+    return _print_rows(run(repeats=args.repeats), args.json, lambda r: (
+        f"{r['scenario']:<60} tasks {r['num_tasks']:>8,}  moved {r['bytes_moved'] / 1e12:7.2f} TB "
+        f"(identity placement {r['bytes_moved_identity_placement'] / 1e12:7.2f} TB)  plan {r['plan_s']:.3f} s"))
+
+
+def _print_rows(rows: list[dict], as_json: bool, line) -> int:
+    """A benchmark's rows: the JSON list, or one line each."""
+    print(json.dumps(rows, indent=1) if as_json else "\n".join(line(r) for r in rows))
     return 0
 
 
@@ -104,14 +104,9 @@ def _bench_reconfig(args: argparse.Namespace) -> int:
     from liver.bench.reconfig import run
 
     rows = run(repeats=args.repeats, steps=args.steps, run_dir=Path(args.run_dir) if args.run_dir else None)
-    if args.json:
-        print(json.dumps(rows, indent=1))
-    else:
-        for r in rows:
-            print(f"{r['scenario']:<40} live {r['downtime_live_s']:.3f} s  restart {r['downtime_restart_s']:.2f} s  "
-                  f"ratio {r['ratio']:.1f}x  prepare {r['prepare_s']:.2f} s  steady overhead "
-                  f"{r['steady_overhead']:+.2%}")
-    return 0
+    return _print_rows(rows, args.json, lambda r: (
+        f"{r['scenario']:<40} live {r['downtime_live_s']:.3f} s  restart {r['downtime_restart_s']:.2f} s  "
+        f"ratio {r['ratio']:.1f}x  prepare {r['prepare_s']:.2f} s  steady overhead {r['steady_overhead']:+.2%}"))
 
 
 def main(argv: list[str] | None = None) -> int:

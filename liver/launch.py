@@ -12,10 +12,10 @@ import multiprocessing as mp
 import os
 import queue
 import traceback
-from datetime import timedelta
 from typing import Any, Callable
 
-import torch.distributed as dist
+from liver.world.world import make_store
+
 
 
 def _worker_main(index: int, inbox: mp.Queue, outbox: mp.Queue) -> None:
@@ -42,9 +42,7 @@ class WorkerPool:
 
     def __init__(self, size: int) -> None:
         ctx = mp.get_context("spawn")
-        self.store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False,
-                                   timeout=timedelta(seconds=300))
-        self.store_addr = f"127.0.0.1:{self.store.port}"
+        self.store, self.store_addr = make_store(timeout_s=300)
         self.outbox: mp.Queue = ctx.Queue()
         self.inboxes = [ctx.Queue() for _ in range(size)]
         self.procs = [ctx.Process(target=_worker_main, args=(i, self.inboxes[i], self.outbox),

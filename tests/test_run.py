@@ -55,6 +55,17 @@ def procs(run_dir: Path) -> list[dict]:
         return []
 
 
+def kill_and_recover(run_dir: Path, t: threading.Thread, box: dict, proc: int) -> tuple[dict, dict]:
+    """SIGKILL process ``proc`` of the running job; returns the report and its one fail-stop record."""
+    victim = next(p for p in procs(run_dir) if p["proc"] == proc)
+    os.kill(victim["pid"], signal.SIGKILL)
+    t.join(timeout=500)
+    rep = box["report"]
+    assert rep["rc"] == 0
+    (rec,) = [e for e in rep["events"] if e["event"]["kind"] == "fail-stop"]
+    return rep, rec
+
+
 def check_continuous(report: dict, total: int) -> None:
     """Every step from 1 to total ran in order once, apart from rolled-back ones that re-ran."""
     steps = [s["step"] for s in report["steps"]]
@@ -153,12 +164,7 @@ def test_kill9_of_a_rank_recovers_from_the_latest_checkpoint(tmp_path):
                         "--ckpt-every", "4")
     wait_for(lambda: (run_dir / "ckpt" / "latest.json").exists() and
              json.loads((run_dir / "ckpt" / "latest.json").read_text())["step"] >= 8, what="checkpoint 8")
-    victim = next(p for p in procs(run_dir) if p["proc"] == 1)
-    os.kill(victim["pid"], signal.SIGKILL)
-    t.join(timeout=500)
-    rep = box["report"]
-    assert rep["rc"] == 0
-    (rec,) = [e for e in rep["events"] if e["event"]["kind"] == "fail-stop"]
+    rep, rec = kill_and_recover(run_dir, t, box, proc=1)
     assert rec["status"] == "recovered" and rec["new"] == "tp1pp1dp1"
     assert rec["restored_step"] % 4 == 0 and rec["restored_step"] >= 8
     assert rec["lost_steps"] == rec["failed_at_step"] - rec["restored_step"] >= 0
@@ -213,12 +219,7 @@ def test_source_killed_at_the_handoff_recovers_from_the_checkpoint(tmp_path):
     assert request(info["url"], info["token"], "POST", "/scale", {"action": "scale-in 2 deadline 60s"})[0] == 202
     wait_for(lambda: request(info["url"], info["token"], "GET", "/status")[1]["phase"] == "ready",
              what="Ready")
-    victim = next(p for p in procs(run_dir) if p["proc"] == 0)
-    os.kill(victim["pid"], signal.SIGKILL)
-    t.join(timeout=500)
-    rep = box["report"]
-    assert rep["rc"] == 0
-    (rec,) = [e for e in rep["events"] if e["event"]["kind"] == "fail-stop"]
+    rep, rec = kill_and_recover(run_dir, t, box, proc=0)
     assert rec["status"] == "recovered" and rec["restored_step"] % 4 == 0 and rec["restored_step"] >= 8
     assert rec["lost_steps"] == rec["failed_at_step"] - rec["restored_step"]
     assert rec["digest_after"] == [s for s in rep["steps"] if s["step"] == rec["restored_step"]][0]["digest"]

@@ -11,11 +11,10 @@ from datetime import timedelta
 
 import pytest
 import torch
-import torch.distributed as dist
 
 from liver.engine.trainer import Engine
 from liver.topology import JobConfig, Layout, ModelConfig, ParallelConfig, TrainConfig
-from liver.world.world import World, connect_store
+from liver.world.world import World, connect_store, make_store
 
 JOB = JobConfig(model=ModelConfig(num_layers=2, hidden_size=32, num_heads=4, ffn_size=64, seq_len=16),
                 train=TrainConfig(global_batch=6, micro_batch=1, corpus_bytes=1 << 20))
@@ -71,9 +70,7 @@ def _member(rank: int, addr: str, results) -> None:
 @pytest.mark.timeout(120)
 def test_shadow_generation_builds_while_old_one_trains():
     ctx = mp.get_context("spawn")
-    store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False,
-                          timeout=timedelta(seconds=60))
-    addr = f"127.0.0.1:{store.port}"
+    store, addr = make_store(timeout_s=60)
     results = ctx.Queue()
     procs = [ctx.Process(target=_member, args=(r, addr, results)) for r in range(2)]
     for p in procs:

@@ -16,7 +16,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-import torch
 import torch.distributed.checkpoint as dcp
 
 from liver.checkpoint.dcp import _state_dict

@@ -29,8 +29,8 @@ from liver.engine.trainer import state_specs
 from liver.planner.plan import plan_transfer
 from liver.runtime import protocol
 from liver.runtime.protocol import GenerationSpec, get, put
-from liver.runtime.restart import make_store
 from liver.topology import JobConfig, Layout, ParallelConfig
+from liver.world.world import make_store
 
 
 @dataclass
@@ -212,8 +212,7 @@ class Controller:
             join_slots = free[: ev.gpus - n_old]
         elif ev.kind == "scale-in":
             by_slot = sorted(old.procs, key=lambda p: self.slot_of[p], reverse=True)
-            leaving = [p for p in by_slot if self.slot_of[p] in ev.leaving]
-            leaving += [p for p in by_slot if p not in leaving][: n_old - ev.gpus - len(leaving)]
+            leaving = by_slot[: n_old - ev.gpus]  # the most recently added slots go
         return {"target": tgt, "old_layout": old_layout, "new_layout": new_layout,
                 "leaving": leaving, "join_slots": join_slots}
 

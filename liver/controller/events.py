@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +32,6 @@ class Event:
     at_step: int | None = None
     at_time: float | None = None
     deadline_s: float | None = None        # scale-in: seconds from the notice until the GPUs go
-    leaving: list[int] = field(default_factory=list)  # slots that go (trace); default: the last ones
     source: str = ""                       # file:line, "http", ...
     arrived: float | None = None           # wall time it reached the job (control endpoint)
     announced: bool = False                # restart mode: its stop step was published ahead
@@ -49,7 +48,7 @@ class Event:
         return {"kind": self.kind, "gpus": self.gpus,
                 "parallel": self.parallel.short() if self.parallel else None,
                 "at_step": self.at_step, "at_time": self.at_time, "deadline_s": self.deadline_s,
-                "leaving_slots": self.leaving, "source": self.source}
+                "source": self.source}
 
 
 class EventError(ValueError):

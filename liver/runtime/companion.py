@@ -116,12 +116,6 @@ class Preparation:
         except BaseException as e:  # reported through ready=False; the controller decides
             self.error = e
 
-    def release(self) -> None:
-        """Drop the groups of an abandoned or finished preparation."""
-        for g in ([self.transfer] if self.transfer else []):
-            g.destroy()
-        if self.world is not None and self.abandoned:
-            self.world.destroy()
 
 
 class Companion(threading.Thread):

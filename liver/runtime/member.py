@@ -60,7 +60,8 @@ class Member:
         self.ckpt = PeriodicCheckpointer(self.run_dir / "ckpt", spec.get("ckpt_every", 0))
         self.engine: Engine | None = None
         self.companion: Companion | None = None
-        self.into: dict[str, torch.Tensor] | None = None  # a joiner's storage for the new state
+        self.into: dict[str, torch.Tensor] | None = None
+        self._steps = None  # a joiner's storage for the new state
         self.preparing_since: float | None = None
 
     # ---- entering a generation -----------------------------------------------------------
@@ -136,12 +137,17 @@ class Member:
                        "preparing": self.companion is not None, "tokens_per_s": st.tokens_per_s,
                        "digest": digest, "digest_s": digest_s}
                 put(self.store, "progress", rec)
-                with open(self.run_dir / "steps.jsonl", "a") as f:
-                    f.write(json.dumps(rec) + "\n")
+                self._steps_file().write(json.dumps(rec) + "\n")
                 print(f"step {st.step:5d}  gen {e.world.generation}  {e.layout.parallel.short():<12} "
                       f"loss {st.loss:.4f}  {st.step_s * 1e3:7.1f} ms", flush=True)
             self.boundary()
         self.ckpt.wait()
+
+    def _steps_file(self):
+        """steps.jsonl, opened once (appends of whole lines: ranks 0 of later generations share it)."""
+        if self._steps is None:
+            self._steps = open(self.run_dir / "steps.jsonl", "a", buffering=1)
+        return self._steps
 
     def boundary(self) -> None:
         """The consistent cut: every rank takes the same decisions here, from one all-reduce."""

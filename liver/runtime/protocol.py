@@ -18,7 +18,6 @@ decision at the same boundary.
 from __future__ import annotations
 
 import json
-import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -93,7 +92,8 @@ def agree(group, store: dist.Store | None, ready_gen: int, ckpt_busy: bool = Fal
           built_gen: int = 0) -> Cut:
     """Collective over the Active World: rank 0 contributes the controller's wish, everybody its
     readiness and whether its checkpoint writer is busy. ``store`` is given on rank 0 only."""
-    wish = get(store, "ctl", {}) if store is not None else {}
+    # "ctl" exists before any worker starts: one round trip, no existence check
+    wish = json.loads(store.get("ctl")) if store is not None else {}
     v = torch.tensor([wish.get("wanted", 0), -ready_gen, ready_gen, wish.get("stop_at", 0),
                       wish.get("force", 0), wish.get("end_at", 0), int(ckpt_busy), -built_gen, built_gen],
                      dtype=torch.int64, device=group.device)
@@ -101,7 +101,3 @@ def agree(group, store: dist.Store | None, ready_gen: int, ckpt_busy: bool = Fal
     w, neg_min, mx, stop_at, force, end_at, busy, neg_bmin, bmax = (int(x) for x in v.tolist())
     return Cut(wanted=w, ready_min=-neg_min, ready_max=mx, stop_at=stop_at, force=force, end_at=end_at,
                ckpt_busy=busy, built_min=-neg_bmin, built_max=bmax)
-
-
-def now() -> float:
-    return time.time()

@@ -13,13 +13,12 @@ import statistics
 import subprocess
 import sys
 import time
-from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-import torch.distributed as dist
 
 from liver.topology import JobConfig, ParallelConfig
+from liver.world.world import make_store
 
 
 class SegmentFailed(RuntimeError):
@@ -82,12 +81,6 @@ def restart_breakdown(old: list[dict], old_parent: dict, new: list[dict], new_pa
     phases["downtime_s"] = first_new_step - last_old_step - normal_step - digest_s
     phases["normal_step_s"] = normal_step
     return phases
-
-
-def make_store() -> tuple[dist.TCPStore, str]:
-    store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False,
-                          timeout=timedelta(seconds=600))
-    return store, f"127.0.0.1:{store.port}"
 
 
 def stop_and_restart(*, job: JobConfig, configs: list[ParallelConfig], steps: int, workdir: Path,

@@ -48,6 +48,10 @@ def _slices(box) -> tuple[slice, ...]:
     return tuple(slice(lo, hi) for lo, hi in box)
 
 
+def _nbytes(t: torch.Tensor) -> int:
+    return t.numel() * t.element_size()
+
+
 def _aligned(nbytes: int) -> int:
     """Pack offsets stay 16-byte aligned, so every slice can be viewed in its own dtype."""
     return (nbytes + 15) // 16 * 16
@@ -100,8 +104,10 @@ class StreamingExecutor:
         self._layer = -2
         self._batch: list = []  # posted together: (is_send, buffer, peer, staging, finalize)
         held: deque = deque()  # (layer, names of old shards it used)
+        live = sum(_nbytes(t) for t in src_state.values()) if release else 0  # old + new state bytes
 
         def dst_tensor(name: str) -> torch.Tensor:
+            nonlocal live
             t = dst.get(name)
             if t is None:
                 spec = self.specs[name]
@@ -111,7 +117,17 @@ class StreamingExecutor:
                 if t is None or tuple(t.shape) != shape or t.dtype != dtype or t.device != self.device:
                     t = torch.empty(shape, dtype=dtype, device=self.device)
                 dst[name] = t
+                live += _nbytes(t)
             return t
+
+        def drop(names: set[str]) -> None:
+            """Release old shards that are not also the new ones (kept in place)."""
+            nonlocal live
+            for n in names:
+                t = src_state.get(n)
+                if t is not None and dst.get(n) is not t:
+                    del src_state[n]
+                    live -= _nbytes(t)
 
         for seq, (layer, tasks) in enumerate(self.plan.layer_tasks(self.proc)):
             self._layer = seq  # position in this process's order of layers
@@ -123,11 +139,11 @@ class StreamingExecutor:
                 for name in task.tensors:
                     if kind == "keep":
                         dst[name] = src_state[name]  # the very same storage: nothing moves
-                        stats.bytes_kept += src_state[name].numel() * src_state[name].element_size()
+                        stats.bytes_kept += _nbytes(src_state[name])
                     elif kind == "copy":
                         d = dst_tensor(name)[_slices(task.dst_box)]
                         d.copy_(src_state[name][_slices(task.src_box)])
-                        stats.bytes_local += d.numel() * d.element_size()
+                        stats.bytes_local += _nbytes(d)
                         used.add(name)
                     else:
                         sending = task.src_proc == self.proc
@@ -135,7 +151,7 @@ class StreamingExecutor:
                             used.add(name)
                         v = (src_state[name][_slices(task.src_box)] if sending
                              else dst_tensor(name)[_slices(task.dst_box)])
-                        nbytes = v.numel() * v.element_size()
+                        nbytes = _nbytes(v)
                         if sending:
                             stats.bytes_sent += nbytes
                         else:
@@ -164,19 +180,14 @@ class StreamingExecutor:
                 while len(held) > 1:  # the layer before this one: wait for it, then drop it
                     done_layer, names = held.popleft()
                     self._drain_layers_upto(done_layer)
-                    for n in names:
-                        if dst.get(n) is not src_state.get(n):
-                            src_state.pop(n, None)
-                live = {id(t): t.numel() * t.element_size() for t in [*src_state.values(), *dst.values()]}
-                stats.peak_state_bytes = max(stats.peak_state_bytes, sum(live.values()))
+                    drop(names)
+                stats.peak_state_bytes = max(stats.peak_state_bytes, live)
             stats.timeline.append((layer, time.perf_counter() - t0))
         self._flush()
         self._drain(0)
-        if release and src_state is not None:
+        if release:
             for _, names in held:
-                for n in names:
-                    if dst.get(n) is not src_state.get(n):
-                        src_state.pop(n, None)
+                drop(names)
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         stats.seconds = time.perf_counter() - t0
@@ -191,14 +202,14 @@ class StreamingExecutor:
         if len(pack) == 1 and pack[0].is_contiguous():
             self._batch.append((sending, pack[0], peer, 0, None))
             return
-        n = sum(_aligned(v.numel() * v.element_size()) for v in pack)
+        n = sum(_aligned(_nbytes(v)) for v in pack)
         if self._staging + n > self.budget:
             self._flush()
             self._drain(n)
         flat = torch.empty(n, dtype=torch.uint8, device=self.device)
         pieces, o = [], 0
         for v in pack:
-            nb = v.numel() * v.element_size()
+            nb = _nbytes(v)
             pieces.append(flat[o:o + nb].view(v.dtype).view(v.shape))
             o += _aligned(nb)
         if sending:
@@ -249,7 +260,7 @@ class StreamingExecutor:
             row_bytes *= hi - lo
         for chunk in _row_chunks(box, row_bytes, self.budget):
             v = base[_slices(chunk)]
-            nbytes = v.numel() * v.element_size()
+            nbytes = _nbytes(v)
             extra = 0 if v.is_contiguous() else nbytes
             if extra and self._staging + extra > self.budget:
                 self._flush()

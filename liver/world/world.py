@@ -18,6 +18,13 @@ from liver.topology.layout import Layout
 from liver.world.group import Group
 
 
+def make_store(timeout_s: float = 600.0) -> tuple[dist.TCPStore, str]:
+    """A job's TCPStore, served by this process on a free loopback port; returns it and its address."""
+    store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False,
+                          timeout=timedelta(seconds=timeout_s))
+    return store, f"127.0.0.1:{store.port}"
+
+
 def connect_store(addr: str, timeout_s: float = 120.0) -> dist.TCPStore:
     """A client of the job's TCPStore at ``host:port``."""
     host, port = addr.rsplit(":", 1)
