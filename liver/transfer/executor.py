@@ -4,11 +4,13 @@ a staging budget of B bytes per process.
 Every process walks the same global order of slices (layer, task, tensor) and posts only its own,
 so each pair of peers sees its messages in one order and the oldest unfinished message can always
 complete: there is no barrier between layers. Within a layer, the slices for one peer are packed
-back to back into staging buffers of at most B bytes (a few large messages instead of one per
-tensor: the host's per-message cost, not the link, bounds many small messages); a pack of a single
-contiguous slice goes from, or into, the shard storage itself, and a slice larger than B is sent in
-row chunks. When the staging in flight would exceed B, the process waits for its oldest
-operations first.
+back to back into staging messages of at most B/2 bytes, split evenly (a few large messages
+instead of one per tensor: the host's per-message cost, not the link, bounds many small
+messages); a pack of a single contiguous slice goes from, or into, the shard storage itself, and
+a slice larger than B/2 is sent in row chunks. Messages are posted as soon as half the budget is
+staged, so one message is packed (or unpacked) while the other is on the link. When the staging
+in flight would exceed B, the process waits for its oldest operations first. A layer's local
+copies are launched together after its messages are posted: they overlap the link.
 """
 
 from __future__ import annotations
@@ -57,14 +59,31 @@ def _aligned(nbytes: int) -> int:
     return (nbytes + 15) // 16 * 16
 
 
-def _row_chunks(box, row_bytes: int, budget: int) -> list:
-    """Split a box along its first dimension into pieces of at most ``budget`` bytes."""
+def _row_chunks(box, row_bytes: int, budget: int, message_bytes: int | None = None) -> list:
+    """Split a box along its first dimension into pieces of at most ``message_bytes`` bytes
+    (``budget`` when a row does not fit in a message)."""
     (lo, hi), rest = box[0], box[1:]
     if row_bytes > budget:
         raise ValueError(f"staging budget={budget} bytes is smaller than one row of a transfer "
                          f"({row_bytes} bytes); allowed: budget >= the largest row")
-    step = max(1, budget // row_bytes)
+    cap = message_bytes if message_bytes and row_bytes <= message_bytes else budget
+    rows = hi - lo
+    n = -(-rows * row_bytes // cap)  # as few pieces as the cap allows, of even size
+    step = -(-rows // n)
     return [((a, min(hi, a + step)),) + rest for a in range(lo, hi, step)]
+
+
+def _even_packs(sizes: list[int], cap: int) -> list[int]:
+    """Where packs start, for slices of ``sizes`` (aligned bytes, each <= cap) in order: packs of
+    at most ``cap`` bytes, about as many as needed and of about even size."""
+    target = -(-sum(sizes) // max(1, -(-sum(sizes) // cap)))
+    starts, filled = [], cap
+    for i, nb in enumerate(sizes):
+        if filled >= target or filled + nb > cap:
+            starts.append(i)
+            filled = 0
+        filled += nb
+    return starts
 
 
 class StreamingExecutor:
@@ -72,14 +91,18 @@ class StreamingExecutor:
     the plan's process ids."""
 
     def __init__(self, plan: Plan, specs: list[TensorSpec], proc: int, group: Group,
-                 budget_bytes: int, device: torch.device) -> None:
+                 budget_bytes: int, device: torch.device, message_bytes: int | None = None) -> None:
         if budget_bytes < 1:
             raise ValueError(f"budget_bytes={budget_bytes}: must be positive")
+        if message_bytes is not None and not 1 <= message_bytes <= budget_bytes:
+            raise ValueError(f"message_bytes={message_bytes}: allowed 1 to budget_bytes={budget_bytes}")
         self.plan = plan
         self.specs = {s.name: s for s in specs}
         self.proc = proc
         self.group = group
         self.budget = budget_bytes
+        # default: two messages in flight, one packed while the other is on the link
+        self.message_bytes = message_bytes or max(1, budget_bytes // 2)
         self.device = device
         self.new_rank = plan.placement.index(proc) if proc in plan.placement else None
         self._peer = {p: i for i, p in enumerate(group.members)}  # process -> group rank
@@ -132,8 +155,9 @@ class StreamingExecutor:
         for seq, (layer, tasks) in enumerate(self.plan.layer_tasks(self.proc)):
             self._layer = seq  # position in this process's order of layers
             used: set[str] = set()
+            copies: tuple[list, list] = ([], [])  # local copies (destination, source) of this layer
             items: list = []  # messages of this layer, by the position of their first slice
-            open_packs: dict = {}  # (sending, peer) -> [slices, bytes] of the pack being filled
+            by_peer: dict = {}  # (sending, peer) -> slices for it in order, each (position, view)
             for task in tasks:
                 kind = task.kind
                 for name in task.tensors:
@@ -141,9 +165,9 @@ class StreamingExecutor:
                         dst[name] = src_state[name]  # the very same storage: nothing moves
                         stats.bytes_kept += _nbytes(src_state[name])
                     elif kind == "copy":
-                        d = dst_tensor(name)[_slices(task.dst_box)]
-                        d.copy_(src_state[name][_slices(task.src_box)])
-                        stats.bytes_local += _nbytes(d)
+                        copies[0].append(dst_tensor(name)[_slices(task.dst_box)])
+                        copies[1].append(src_state[name][_slices(task.src_box)])
+                        stats.bytes_local += _nbytes(copies[0][-1])
                         used.add(name)
                     else:
                         sending = task.src_proc == self.proc
@@ -156,25 +180,31 @@ class StreamingExecutor:
                             stats.bytes_sent += nbytes
                         else:
                             stats.bytes_received += nbytes
-                        if nbytes > self.budget:  # larger than a whole pack: rows in chunks
+                        if nbytes > self.message_bytes:  # larger than a message: rows in chunks
                             items.append((len(items), "rows", (task, name)))
                             continue
                         key = (sending, task.dst_proc if sending else task.src_proc)
-                        pack = open_packs.get(key)
-                        if pack is None or pack[1] + _aligned(nbytes) > self.budget:
-                            pack = open_packs[key] = [[], 0]
-                            items.append((len(items), "pack", (key, pack[0])))
-                        pack[0].append(v)
-                        pack[1] += _aligned(nbytes)
+                        by_peer.setdefault(key, []).append((len(items), v))
+                        items.append(None)  # a slot: the message this slice opens, if it does
+            # both peers of a pair see the same slices in the same order: the same packs
+            for key, slices in by_peer.items():
+                starts = _even_packs([_aligned(_nbytes(v)) for _, v in slices], self.message_bytes)
+                for i, j in zip(starts, starts[1:] + [len(slices)]):
+                    items[slices[i][0]] = (slices[i][0], "pack", (key, [v for _, v in slices[i:j]]))
             # in the order of each message's first slice: the same order on both peers of a pair
-            for _, what, args in items:
+            for item in items:
+                if item is None:
+                    continue
+                _, what, args = item
                 if what == "pack":
                     (sending, proc), views = args
                     self._pack(views, proc, sending, stats)
                 else:
                     task, name = args
                     self._stream(task, name, src_state, dst_tensor, stats)
-            self._flush()  # a layer's operations go out together; no barrier between layers
+            self._flush()  # the layer's last messages go out; no barrier between layers
+            if copies[0]:
+                torch._foreach_copy_(*copies)  # after the messages: the copies overlap the link
             if release:
                 held.append((seq, used))
                 while len(held) > 1:  # the layer before this one: wait for it, then drop it
@@ -219,6 +249,13 @@ class StreamingExecutor:
             self._batch.append((False, flat, peer, n, lambda d=pack, p=pieces: torch._foreach_copy_(d, p)))
         self._staging += n
         stats.peak_staging_bytes = max(stats.peak_staging_bytes, self._staging)
+        self._post_if_half_staged()
+
+    def _post_if_half_staged(self) -> None:
+        """Post what is collected once it stages half the budget: it goes on the link while the
+        next message is packed."""
+        if sum(x[3] for x in self._batch) >= self.message_bytes:
+            self._flush()
 
     def _flush(self) -> None:
         """Post the collected operations (one coalesced call on NCCL)."""
@@ -258,7 +295,7 @@ class StreamingExecutor:
         row_bytes = spec.itemsize
         for lo, hi in box[1:]:
             row_bytes *= hi - lo
-        for chunk in _row_chunks(box, row_bytes, self.budget):
+        for chunk in _row_chunks(box, row_bytes, self.budget, self.message_bytes):
             v = base[_slices(chunk)]
             nbytes = _nbytes(v)
             extra = 0 if v.is_contiguous() else nbytes
@@ -275,3 +312,4 @@ class StreamingExecutor:
             self._staging += extra
             stats.peak_staging_bytes = max(stats.peak_staging_bytes, self._staging)
             stats.num_chunks += 1
+            self._post_if_half_staged()
