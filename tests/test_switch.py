@@ -14,6 +14,7 @@ from liver.engine.state import state_digest
 from liver.engine.trainer import Engine, state_specs
 from liver.planner import plan_transfer
 from liver.runtime.switch import switch
+from liver.transfer import StreamingExecutor
 from liver.topology import JobConfig, Layout, ParallelConfig
 from liver.world.group import Group
 from liver.world.world import World, connect_store
@@ -39,8 +40,8 @@ def handoff(*, store_addr, namespace, rank, job, old, new, old_procs, new_procs,
     members = sorted(set(old_procs) | set(new_procs))
     transfer = Group.create(store, "gen1/transfer", members, rank, "gloo", cpu, timedelta(seconds=60))
     w1 = World.build(store, 1, new_l, plan.placement.index(rank)) if rank in plan.placement else None
-    new_engine, info = switch(job=jc, old=engine, new_world=w1, transfer=transfer, plan=plan, proc=rank,
-                              budget_bytes=1 << 16, device=cpu)
+    executor = StreamingExecutor(plan, state_specs(jc), rank, transfer, 1 << 16, cpu)
+    new_engine, info = switch(job=jc, old=engine, new_world=w1, executor=executor, device=cpu)
     if engine is not None:
         engine.world.destroy()
     if new_engine is not None:

@@ -21,6 +21,7 @@ import torch
 import torch.distributed as dist
 
 from liver.engine.trainer import state_specs
+from liver.transfer.executor import StreamingExecutor
 from liver.planner.plan import Plan, plan_transfer
 from liver.runtime.protocol import GenerationSpec, put
 from liver.topology import JobConfig, Layout, ParallelConfig
@@ -38,13 +39,15 @@ class Preparation:
     """Everything process ``proc`` needs, before the switch, to enter generation ``spec``."""
 
     def __init__(self, *, job: JobConfig, spec: GenerationSpec, proc: int, store: dist.Store,
-                 backend: str, device: torch.device, timeout_s: float) -> None:
+                 backend: str, device: torch.device, timeout_s: float, budget_bytes: int) -> None:
         self.job, self.spec, self.proc, self.store = job, spec, proc, store
+        self.budget_bytes = budget_bytes
         self.backend, self.device = backend, device
         self.timeout = timedelta(seconds=timeout_s)
         self.world: World | None = None
         self.transfer: Group | None = None
         self.plan: Plan | None = None
+        self.executor: StreamingExecutor | None = None
         self.built = False
         self.ready = False
         self.abandoned = False
@@ -78,6 +81,10 @@ class Preparation:
         self.transfer = Group.create(self.store, f"liver/gen{s.generation}/transfer", members,
                                      self.proc, self.backend, self.device, self.timeout)
         self.timings["build_s"] = time.perf_counter() - t1
+        t2 = time.perf_counter()  # which slice goes in which message, worked out now, not in the switch
+        self.executor = StreamingExecutor(self.plan, state_specs(self.job), self.proc, self.transfer,
+                                          self.budget_bytes, self.device)
+        self.timings["schedule_s"] = time.perf_counter() - t2
         self.built = True
         if not self.defer_warm:
             self.warm()

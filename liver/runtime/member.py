@@ -50,6 +50,7 @@ class Member:
         # "step": a state digest after every step; "switch": right before and after each handoff
         self.digest: str | None = spec.get("digest") or None
         self.timeout_s: float = spec.get("timeout_s", 120.0)
+        self.budget_bytes: int = spec.get("budget_bytes", 512 << 20)  # transfer staging per process
         if self.backend == "nccl":
             torch.cuda.set_device(spec["slot"])
             self.device = torch.device("cuda", spec["slot"])
@@ -106,7 +107,8 @@ class Member:
         del warm
         warmup_s = time.perf_counter() - t0
         prep = Preparation(job=self.job, spec=spec, proc=self.proc, store=self.store,
-                           backend=self.backend, device=self.device, timeout_s=self.timeout_s)
+                           backend=self.backend, device=self.device, timeout_s=self.timeout_s,
+                           budget_bytes=self.budget_bytes)
         prep.run()
         if prep.defer_warm and prep.built and not prep.ready:
             prep.warm()  # NCCL: with the old ranks, when they reach their boundary
@@ -169,7 +171,8 @@ class Member:
             store = protocol.run_store(connect_store(self.cfg["store_addr"]))
             self.companion = Companion(Preparation(job=self.job, spec=spec, proc=self.proc,
                                                    store=store, backend=self.backend,
-                                                   device=self.device, timeout_s=self.timeout_s))
+                                                   device=self.device, timeout_s=self.timeout_s,
+                                                   budget_bytes=self.budget_bytes))
             self.preparing_since = time.time()
             self.companion.start()
         elif self.companion is not None and cut.force == self.companion.prep.generation \
@@ -210,8 +213,7 @@ class Member:
             torch.cuda.reset_peak_memory_stats(self.device)
         rec["switch_start"] = time.time()
         into, self.into = self.into, None
-        new, info = switch(job=self.job, old=old, new_world=prep.world, transfer=prep.transfer,
-                           plan=prep.plan, proc=self.proc, budget_bytes=self.cfg.get("budget_bytes", 512 << 20),
+        new, info = switch(job=self.job, old=old, new_world=prep.world, executor=prep.executor,
                            device=self.device, into=into)
         del into
         rec["switch_end"] = time.time()

@@ -12,27 +12,25 @@ from typing import Any
 
 import torch
 
-from liver.engine.trainer import Engine, state_specs
-from liver.planner.plan import Plan
+from liver.engine.trainer import Engine
 from liver.topology import JobConfig
 from liver.transfer.executor import StreamingExecutor
-from liver.world.group import Group
 from liver.world.world import World
 
 
-def switch(*, job: JobConfig, old: Engine | None, new_world: World | None, transfer: Group,
-           plan: Plan, proc: int, budget_bytes: int, device: torch.device,
-           into: dict[str, torch.Tensor] | None = None) -> tuple[Engine | None, dict[str, Any]]:
+def switch(*, job: JobConfig, old: Engine | None, new_world: World | None, executor: StreamingExecutor,
+           device: torch.device, into: dict[str, torch.Tensor] | None = None) -> tuple[Engine | None, dict[str, Any]]:
     """Returns the engine on the new generation (None if this process leaves) and timings.
-    ``into``: new-layout storage allocated before the switch (a joiner's warm-up state)."""
+    ``executor``: this process's side of the plan, made before the switch, on the transfer group
+    over every process of both generations. ``into``: new-layout storage allocated before the
+    switch (a joiner's warm-up state)."""
     t0 = time.perf_counter()
-    specs = state_specs(job)
+    plan, transfer, proc = executor.plan, executor.group, executor.proc
     scalars = transfer.broadcast_object(old.scalars() if old is not None and proc == plan.old_procs[0] else None,
                                         src=transfer.members.index(plan.old_procs[0]))
     if old is not None:  # the old engine ends here: its compute copies go first, its shards
         old.params = {}  # layer by layer as they are sent (bounded extra memory, invariant I2)
-    shards, stats = StreamingExecutor(plan, specs, proc, transfer, budget_bytes, device).run(
-        old.state if old is not None else None, release=old is not None, into=into)
+    shards, stats = executor.run(old.state if old is not None else None, release=old is not None, into=into)
     engine = None
     if new_world is not None:
         engine = Engine(job, new_world, device, state=shards)

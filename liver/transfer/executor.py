@@ -18,7 +18,7 @@ from __future__ import annotations
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
@@ -37,6 +37,7 @@ class TransferStats:
     bytes_local: int = 0
     bytes_kept: int = 0
     seconds: float = 0.0
+    host_seconds: float = 0.0  # until everything was launched, before the wait for the device
     peak_staging_bytes: int = 0
     num_chunks: int = 0
     peak_state_bytes: int = 0  # old + new shards alive at once, at layer ends (release=True)
@@ -86,9 +87,32 @@ def _even_packs(sizes: list[int], cap: int) -> list[int]:
     return starts
 
 
+class _Message(NamedTuple):
+    """One message of a layer, worked out before the switch: a pack of whole slices for (or from)
+    one peer, or one slice too large for a message, in row chunks."""
+
+    sending: bool
+    proc: int  # the peer process
+    slices: tuple  # pack: ((tensor name, index, offset in the pack), ...); rows: ((name, index),)
+    nbytes: int  # pack: staging bytes (aligned); rows: 0
+    chunks: tuple = ()  # rows: the index of each chunk
+
+
+class _Step(NamedTuple):
+    """What one process does for one layer."""
+
+    layer: int
+    keeps: tuple[str, ...]  # new shard is the old one: nothing moves
+    copies: tuple  # ((name, destination index, source index), ...): local copies
+    messages: tuple[_Message, ...]  # in the order of their first slice: the same on both peers
+    used: frozenset  # old shards read by this layer (dropped one layer later with release=True)
+
+
 class StreamingExecutor:
     """One process's side of a plan. ``group`` spans every process of the plan; its members are
-    the plan's process ids."""
+    the plan's process ids. The walk over the plan (which slice goes in which message) is done
+    here, when the executor is made, so a caller can make it before the switch: the switch then
+    only launches copies and messages."""
 
     def __init__(self, plan: Plan, specs: list[TensorSpec], proc: int, group: Group,
                  budget_bytes: int, device: torch.device, message_bytes: int | None = None) -> None:
@@ -106,6 +130,60 @@ class StreamingExecutor:
         self.device = device
         self.new_rank = plan.placement.index(proc) if proc in plan.placement else None
         self._peer = {p: i for i, p in enumerate(group.members)}  # process -> group rank
+        self._shapes: dict[str, tuple[tuple[int, ...], torch.dtype]] = {}  # new shards' shape, dtype
+        self._bytes = TransferStats()
+        self._steps = [self._step(layer, tasks) for layer, tasks in plan.layer_tasks(proc)]
+
+    def _new_shard(self, name: str) -> None:
+        if name not in self._shapes:
+            spec = self.specs[name]
+            self._shapes[name] = (local_shape(view(spec, self.plan.new, self.new_rank)), _TORCH_DTYPES[spec.dtype])
+
+    def _step(self, layer: int, tasks: list[TransferTask]) -> _Step:
+        keeps, copies, used = [], [], set()
+        items: list = []  # this layer's messages, by the position of their first slice
+        by_peer: dict = {}  # (sending, peer) -> [(position, name, index, bytes)] in order
+        for task in tasks:
+            numel = 1
+            for lo, hi in task.dst_box:
+                numel *= hi - lo
+            for name in task.tensors:
+                nbytes = numel * self.specs[name].itemsize
+                if task.kind == "keep":
+                    keeps.append(name)
+                    self._bytes.bytes_kept += nbytes
+                    continue
+                self._new_shard(name) if task.dst_proc == self.proc else None
+                if task.kind == "copy":
+                    copies.append((name, _slices(task.dst_box), _slices(task.src_box)))
+                    self._bytes.bytes_local += nbytes
+                    used.add(name)
+                    continue
+                sending = task.src_proc == self.proc
+                if sending:
+                    used.add(name)
+                    self._bytes.bytes_sent += nbytes
+                else:
+                    self._bytes.bytes_received += nbytes
+                peer = task.dst_proc if sending else task.src_proc
+                box = task.src_box if sending else task.dst_box
+                if nbytes > self.message_bytes:  # larger than a message: rows in chunks
+                    row_bytes = nbytes // max(1, box[0][1] - box[0][0])
+                    chunks = tuple(_slices(c) for c in _row_chunks(box, row_bytes, self.budget, self.message_bytes))
+                    items.append(_Message(sending, peer, ((name, _slices(box)),), 0, chunks))
+                    continue
+                by_peer.setdefault((sending, peer), []).append((len(items), name, _slices(box), nbytes))
+                items.append(None)  # a slot: the message this slice opens, if it does
+        # both peers of a pair see the same slices in the same order: the same packs
+        for (sending, peer), slices in by_peer.items():
+            starts = _even_packs([_aligned(x[3]) for x in slices], self.message_bytes)
+            for i, j in zip(starts, starts[1:] + [len(slices)]):
+                packed, o = [], 0
+                for _, name, index, nbytes in slices[i:j]:
+                    packed.append((name, index, o))
+                    o += _aligned(nbytes)
+                items[slices[i][0]] = _Message(sending, peer, tuple(packed), o)
+        return _Step(layer, tuple(keeps), tuple(copies), tuple(m for m in items if m is not None), frozenset(used))
 
     @torch.no_grad()
     def run(self, src_state: dict[str, torch.Tensor] | None, release: bool = False,
@@ -119,7 +197,8 @@ class StreamingExecutor:
         ``into``: storage already allocated in the new layout (a joiner's warm-up state) to write
         into, instead of allocating it during the switch.
         """
-        stats = TransferStats()
+        stats = TransferStats(**{k: getattr(self._bytes, k) for k in
+                                 ("bytes_sent", "bytes_received", "bytes_local", "bytes_kept")})
         t0 = time.perf_counter()
         dst: dict[str, torch.Tensor] = {}
         self._pending: deque = deque()  # (layer, works, staging bytes, buffers, finalizes)
@@ -133,9 +212,7 @@ class StreamingExecutor:
             nonlocal live
             t = dst.get(name)
             if t is None:
-                spec = self.specs[name]
-                shape = local_shape(view(spec, self.plan.new, self.new_rank))
-                dtype = _TORCH_DTYPES[spec.dtype]
+                shape, dtype = self._shapes[name]
                 t = (into or {}).get(name)
                 if t is None or tuple(t.shape) != shape or t.dtype != dtype or t.device != self.device:
                     t = torch.empty(shape, dtype=dtype, device=self.device)
@@ -143,7 +220,7 @@ class StreamingExecutor:
                 live += _nbytes(t)
             return t
 
-        def drop(names: set[str]) -> None:
+        def drop(names) -> None:
             """Release old shards that are not also the new ones (kept in place)."""
             nonlocal live
             for n in names:
@@ -152,101 +229,60 @@ class StreamingExecutor:
                     del src_state[n]
                     live -= _nbytes(t)
 
-        for seq, (layer, tasks) in enumerate(self.plan.layer_tasks(self.proc)):
+        for seq, step in enumerate(self._steps):
             self._layer = seq  # position in this process's order of layers
-            used: set[str] = set()
-            copies: tuple[list, list] = ([], [])  # local copies (destination, source) of this layer
-            items: list = []  # messages of this layer, by the position of their first slice
-            by_peer: dict = {}  # (sending, peer) -> slices for it in order, each (position, view)
-            for task in tasks:
-                kind = task.kind
-                for name in task.tensors:
-                    if kind == "keep":
-                        dst[name] = src_state[name]  # the very same storage: nothing moves
-                        stats.bytes_kept += _nbytes(src_state[name])
-                    elif kind == "copy":
-                        copies[0].append(dst_tensor(name)[_slices(task.dst_box)])
-                        copies[1].append(src_state[name][_slices(task.src_box)])
-                        stats.bytes_local += _nbytes(copies[0][-1])
-                        used.add(name)
-                    else:
-                        sending = task.src_proc == self.proc
-                        if sending:
-                            used.add(name)
-                        v = (src_state[name][_slices(task.src_box)] if sending
-                             else dst_tensor(name)[_slices(task.dst_box)])
-                        nbytes = _nbytes(v)
-                        if sending:
-                            stats.bytes_sent += nbytes
-                        else:
-                            stats.bytes_received += nbytes
-                        if nbytes > self.message_bytes:  # larger than a message: rows in chunks
-                            items.append((len(items), "rows", (task, name)))
-                            continue
-                        key = (sending, task.dst_proc if sending else task.src_proc)
-                        by_peer.setdefault(key, []).append((len(items), v))
-                        items.append(None)  # a slot: the message this slice opens, if it does
-            # both peers of a pair see the same slices in the same order: the same packs
-            for key, slices in by_peer.items():
-                starts = _even_packs([_aligned(_nbytes(v)) for _, v in slices], self.message_bytes)
-                for i, j in zip(starts, starts[1:] + [len(slices)]):
-                    items[slices[i][0]] = (slices[i][0], "pack", (key, [v for _, v in slices[i:j]]))
-            # in the order of each message's first slice: the same order on both peers of a pair
-            for item in items:
-                if item is None:
-                    continue
-                _, what, args = item
-                if what == "pack":
-                    (sending, proc), views = args
-                    self._pack(views, proc, sending, stats)
+            for name in step.keeps:
+                dst[name] = src_state[name]  # the very same storage: nothing moves
+            for m in step.messages:  # in the order of each message's first slice
+                base = (lambda n: src_state[n]) if m.sending else dst_tensor
+                if m.chunks:
+                    name, _ = m.slices[0]
+                    self._stream(m, base(name), stats)
                 else:
-                    task, name = args
-                    self._stream(task, name, src_state, dst_tensor, stats)
+                    self._pack(m, [base(n)[index] for n, index, _ in m.slices], stats)
             self._flush()  # the layer's last messages go out; no barrier between layers
-            if copies[0]:
-                torch._foreach_copy_(*copies)  # after the messages: the copies overlap the link
+            if step.copies:  # after the messages: the copies overlap the link
+                torch._foreach_copy_([dst_tensor(n)[d] for n, d, _ in step.copies],
+                                     [src_state[n][s] for n, _, s in step.copies])
             if release:
-                held.append((seq, used))
+                held.append((seq, step.used))
                 while len(held) > 1:  # the layer before this one: wait for it, then drop it
                     done_layer, names = held.popleft()
                     self._drain_layers_upto(done_layer)
                     drop(names)
                 stats.peak_state_bytes = max(stats.peak_state_bytes, live)
-            stats.timeline.append((layer, time.perf_counter() - t0))
+            stats.timeline.append((step.layer, time.perf_counter() - t0))
         self._flush()
         self._drain(0)
         if release:
             for _, names in held:
                 drop(names)
+        stats.host_seconds = time.perf_counter() - t0
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         stats.seconds = time.perf_counter() - t0
         return dst, stats
 
-    def _pack(self, pack: list[torch.Tensor], proc: int, sending: bool, stats: TransferStats) -> None:
+    def _pack(self, m: _Message, views: list[torch.Tensor], stats: TransferStats) -> None:
         """Slices for (or from) one peer travel as one message: packed back to back into a staging
         buffer (one copy launch on each side), or from the storage itself when the pack is one
         contiguous slice. Both peers walk the same slices in the same order: same packs."""
-        peer = self._peer[proc]
+        peer, sending = self._peer[m.proc], m.sending
         stats.num_chunks += 1
-        if len(pack) == 1 and pack[0].is_contiguous():
-            self._batch.append((sending, pack[0], peer, 0, None))
+        if len(views) == 1 and views[0].is_contiguous():
+            self._batch.append((sending, views[0], peer, 0, None))
             return
-        n = sum(_aligned(_nbytes(v)) for v in pack)
+        n = m.nbytes
         if self._staging + n > self.budget:
             self._flush()
             self._drain(n)
         flat = torch.empty(n, dtype=torch.uint8, device=self.device)
-        pieces, o = [], 0
-        for v in pack:
-            nb = _nbytes(v)
-            pieces.append(flat[o:o + nb].view(v.dtype).view(v.shape))
-            o += _aligned(nb)
+        pieces = [flat[o:o + _nbytes(v)].view(v.dtype).view(v.shape) for v, (_, _, o) in zip(views, m.slices)]
         if sending:
-            torch._foreach_copy_(pieces, pack)
+            torch._foreach_copy_(pieces, views)
             self._batch.append((True, flat, peer, n, None))
         else:
-            self._batch.append((False, flat, peer, n, lambda d=pack, p=pieces: torch._foreach_copy_(d, p)))
+            self._batch.append((False, flat, peer, n, lambda d=views, p=pieces: torch._foreach_copy_(d, p)))
         self._staging += n
         stats.peak_staging_bytes = max(stats.peak_staging_bytes, self._staging)
         self._post_if_half_staged()
@@ -285,30 +321,23 @@ class StreamingExecutor:
             f()
         self._staging -= nbytes
 
-    def _stream(self, task: TransferTask, name: str, src_state, dst_tensor,
-                stats: TransferStats) -> None:
-        """A slice larger than B, in row chunks (bytes are counted by the caller)."""
-        spec = self.specs[name]
-        sending = task.src_proc == self.proc
-        base = src_state[name] if sending else dst_tensor(name)
-        box = task.src_box if sending else task.dst_box
-        row_bytes = spec.itemsize
-        for lo, hi in box[1:]:
-            row_bytes *= hi - lo
-        for chunk in _row_chunks(box, row_bytes, self.budget, self.message_bytes):
-            v = base[_slices(chunk)]
+    def _stream(self, m: _Message, base: torch.Tensor, stats: TransferStats) -> None:
+        """A slice larger than a message, in row chunks."""
+        peer = self._peer[m.proc]
+        for chunk in m.chunks:
+            v = base[chunk]
             nbytes = _nbytes(v)
             extra = 0 if v.is_contiguous() else nbytes
             if extra and self._staging + extra > self.budget:
                 self._flush()
                 self._drain(extra)
-            if sending:
+            if m.sending:
                 buf = v if not extra else v.contiguous()
-                self._batch.append((True, buf, self._peer[task.dst_proc], extra, None))
+                self._batch.append((True, buf, peer, extra, None))
             else:
                 buf = v if not extra else torch.empty(v.shape, dtype=v.dtype, device=v.device)
                 finalize = None if not extra else (lambda d=v, b=buf: d.copy_(b))
-                self._batch.append((False, buf, self._peer[task.src_proc], extra, finalize))
+                self._batch.append((False, buf, peer, extra, finalize))
             self._staging += extra
             stats.peak_staging_bytes = max(stats.peak_staging_bytes, self._staging)
             stats.num_chunks += 1
