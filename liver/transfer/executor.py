@@ -74,6 +74,20 @@ def _row_chunks(box, row_bytes: int, budget: int, message_bytes: int | None = No
     return [((a, min(hi, a + step)),) + rest for a in range(lo, hi, step)]
 
 
+def _copy_all(dst: list[torch.Tensor], src: list[torch.Tensor]) -> None:
+    """Copy ``src[i]`` into ``dst[i]`` with few launches: the pairs that are both contiguous in one
+    multi-tensor kernel (one strided pair in the list would send every pair down the one-kernel-
+    per-copy path), the strided ones (column blocks) one by one."""
+    fast = [i for i, (d, s) in enumerate(zip(dst, src)) if d.is_contiguous() and s.is_contiguous()]
+    if len(fast) == len(dst):
+        torch._foreach_copy_(dst, src)
+        return
+    if fast:
+        torch._foreach_copy_([dst[i] for i in fast], [src[i] for i in fast])
+    slow = sorted(set(range(len(dst))) - set(fast))
+    torch._foreach_copy_([dst[i] for i in slow], [src[i] for i in slow])
+
+
 def _even_packs(sizes: list[int], cap: int) -> list[int]:
     """Where packs start, for slices of ``sizes`` (aligned bytes, each <= cap) in order: packs of
     at most ``cap`` bytes, about as many as needed and of about even size."""
@@ -242,8 +256,8 @@ class StreamingExecutor:
                     self._pack(m, [base(n)[index] for n, index, _ in m.slices], stats)
             self._flush()  # the layer's last messages go out; no barrier between layers
             if step.copies:  # after the messages: the copies overlap the link
-                torch._foreach_copy_([dst_tensor(n)[d] for n, d, _ in step.copies],
-                                     [src_state[n][s] for n, _, s in step.copies])
+                _copy_all([dst_tensor(n)[d] for n, d, _ in step.copies],
+                          [src_state[n][s] for n, _, s in step.copies])
             if release:
                 held.append((seq, step.used))
                 while len(held) > 1:  # the layer before this one: wait for it, then drop it
@@ -279,10 +293,10 @@ class StreamingExecutor:
         flat = torch.empty(n, dtype=torch.uint8, device=self.device)
         pieces = [flat[o:o + _nbytes(v)].view(v.dtype).view(v.shape) for v, (_, _, o) in zip(views, m.slices)]
         if sending:
-            torch._foreach_copy_(pieces, views)
+            _copy_all(pieces, views)
             self._batch.append((True, flat, peer, n, None))
         else:
-            self._batch.append((False, flat, peer, n, lambda d=views, p=pieces: torch._foreach_copy_(d, p)))
+            self._batch.append((False, flat, peer, n, lambda d=views, p=pieces: _copy_all(d, p)))
         self._staging += n
         stats.peak_staging_bytes = max(stats.peak_staging_bytes, self._staging)
         self._post_if_half_staged()
