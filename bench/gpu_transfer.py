@@ -73,6 +73,7 @@ def worker(rank, addr, out_path):
                 into = {s.name: torch.empty(view_shape(s, new, r), device=dev) for s in specs}
             torch.cuda.synchronize()
             group.barrier()
+            torch.cuda.synchronize()  # both processes start their clocks when the barrier completed
             base = torch.cuda.memory_allocated(dev)
             torch.cuda.reset_peak_memory_stats(dev)
             dst, st = StreamingExecutor(plan, specs, rank, group, BUDGET, dev,
