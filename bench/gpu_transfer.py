@@ -71,13 +71,14 @@ def worker(rank, addr, out_path):
             if preallocated and rank in plan.placement:
                 r = plan.placement.index(rank)
                 into = {s.name: torch.empty(view_shape(s, new, r), device=dev) for s in specs}
+            base = torch.cuda.memory_allocated(dev)
+            torch.cuda.reset_peak_memory_stats(dev)
+            # made and its staging allocated before the switch, as the runtime's Prepare does
+            executor = StreamingExecutor(plan, specs, rank, group, BUDGET, dev, message_bytes=message_bytes).reserve()
             torch.cuda.synchronize()
             group.barrier()
             torch.cuda.synchronize()  # both processes start their clocks when the barrier completed
-            base = torch.cuda.memory_allocated(dev)
-            torch.cuda.reset_peak_memory_stats(dev)
-            dst, st = StreamingExecutor(plan, specs, rank, group, BUDGET, dev,
-                                        message_bytes=message_bytes).run(src, into=into)
+            dst, st = executor.run(src, into=into)
             new_bytes = sum(t.numel() * t.element_size() for n, t in dst.items()
                             if (src is None or t.data_ptr() != src[n].data_ptr()) and into is None)
             peak_extra = torch.cuda.max_memory_allocated(dev) - base - new_bytes
@@ -89,7 +90,7 @@ def worker(rank, addr, out_path):
             if rep in (0, 4, 7):  # each way of running checked against the reference
                 r = plan.placement.index(rank)
                 bad += [s.name for s in specs if not torch.equal(dst[s.name], reference_shard(s, view(s, new, r), model, dev))]
-            del dst, into
+            del dst, into, executor
             torch.cuda.empty_cache()
         moved = plan.bytes_moved
         med = statistics.median(r["seconds"] for r in runs[1:4])

@@ -81,8 +81,9 @@ def worker(rank, addr, out):
     plan = plan_transfer(old, new, specs, [0], [0, 1])
     src = {s.name: reference_shard(s, view(s, old, 0), MODEL, dev) for s in specs} if rank == 0 else None
     into = {s.name: torch.empty(local_shape(view(s, new, rank)), device=dev) for s in specs}
-    executor = StreamingExecutor(plan, specs, rank, group, BUDGET, dev)  # made before, as in Prepare
-    run = lambda: executor.run(src, into=into)
+    # made before, as in Prepare; its staging comes back from the allocator's cache at each run
+    executor = StreamingExecutor(plan, specs, rank, group, BUDGET, dev)
+    run = lambda: executor.reserve().run(src, into=into)
     res["transfer_s"] = timed(run, dev, group, 5)
     if rank == 0:  # packing the column halves of every 2-D tensor: per-slice copies against one cat
         halves = [t[:, t.shape[1] // 2:] for t in src.values() if t.dim() == 2 and t.shape[1] > 1]

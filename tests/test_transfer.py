@@ -2,6 +2,8 @@
 PP (uneven), DP changes, scale-out, scale-in and combinations; staging stays within the budget."""
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 import torch
 import torch.distributed as dist
 
@@ -126,3 +128,28 @@ def test_larger_slices_bit_exact(pool, old, new, old_procs, new_procs):
                                         new_procs=new_procs, budget=64 << 20) for r in range(2)])
     for o in out:
         assert o["bad"] == [] and o["extra"] == []
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.integers(1, 100), st.integers(0, 3)), min_size=1, max_size=60), st.integers(100, 400))
+def test_staging_ring_hands_out_disjoint_regions_within_its_size(ops, size):
+    """Regions taken from the ring and not yet given back never overlap, and stay inside it."""
+    from liver.transfer.staging import StagingRing
+    ring = StagingRing(size, torch.device("cpu"))
+    live: list[tuple[int, int]] = []
+    base = ring.buffer.data_ptr()
+    for nbytes, frees in ops:
+        buf = ring.take(nbytes)
+        while buf is None:
+            assert live, "an empty ring refused a request that fits"
+            ring.give_back()
+            live.pop(0)
+            buf = ring.take(nbytes)
+        lo = buf.data_ptr() - base
+        assert 0 <= lo and lo + nbytes <= size and lo % 16 == 0
+        assert all(lo + nbytes <= a or b <= lo for a, b in live)
+        live.append((lo, lo + nbytes))
+        assert ring.in_use == sum(b - a for a, b in live) <= size
+        for _ in range(min(frees, len(live))):
+            ring.give_back()
+            live.pop(0)

@@ -83,7 +83,7 @@ class Preparation:
         self.timings["build_s"] = time.perf_counter() - t1
         t2 = time.perf_counter()  # which slice goes in which message, worked out now, not in the switch
         self.executor = StreamingExecutor(self.plan, state_specs(self.job), self.proc, self.transfer,
-                                          self.budget_bytes, self.device)
+                                          self.budget_bytes, self.device).reserve()  # its staging too
         self.timings["schedule_s"] = time.perf_counter() - t2
         self.built = True
         if not self.defer_warm:

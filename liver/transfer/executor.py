@@ -25,6 +25,7 @@ import torch
 from liver.planner.plan import Plan, TransferTask
 from liver.resource_view.spec import TensorSpec
 from liver.resource_view.view import local_shape, view
+from liver.transfer.staging import StagingRing
 from liver.world.group import Group
 
 _TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
@@ -108,7 +109,7 @@ class _Message(NamedTuple):
     sending: bool
     proc: int  # the peer process
     slices: tuple  # pack: ((tensor name, index, offset in the pack), ...); rows: ((name, index),)
-    nbytes: int  # pack: staging bytes (aligned); rows: 0
+    nbytes: int  # pack: staging bytes (aligned); rows: the largest chunk
     chunks: tuple = ()  # rows: the index of each chunk
 
 
@@ -147,6 +148,15 @@ class StreamingExecutor:
         self._shapes: dict[str, tuple[tuple[int, ...], torch.dtype]] = {}  # new shards' shape, dtype
         self._bytes = TransferStats()
         self._steps = [self._step(layer, tasks) for layer, tasks in plan.layer_tasks(proc)]
+        staged = sum(_aligned(m.nbytes) * max(1, len(m.chunks)) for st in self._steps for m in st.messages)
+        self.staging_bytes = min(self.budget, staged)  # the ring: B, or less if the plan needs less
+        self._ring: StagingRing | None = None
+
+    def reserve(self) -> "StreamingExecutor":
+        """Allocate the staging now (before the switch: no allocation on its critical path)."""
+        if self._ring is None:
+            self._ring = StagingRing(self.staging_bytes, self.device)
+        return self
 
     def _new_shard(self, name: str) -> None:
         if name not in self._shapes:
@@ -183,8 +193,10 @@ class StreamingExecutor:
                 box = task.src_box if sending else task.dst_box
                 if nbytes > self.message_bytes:  # larger than a message: rows in chunks
                     row_bytes = nbytes // max(1, box[0][1] - box[0][0])
-                    chunks = tuple(_slices(c) for c in _row_chunks(box, row_bytes, self.budget, self.message_bytes))
-                    items.append(_Message(sending, peer, ((name, _slices(box)),), 0, chunks))
+                    boxes = _row_chunks(box, row_bytes, self.budget, self.message_bytes)
+                    chunk_bytes = max(c[0][1] - c[0][0] for c in boxes) * row_bytes
+                    items.append(_Message(sending, peer, ((name, _slices(box)),), chunk_bytes,
+                                          tuple(_slices(c) for c in boxes)))
                     continue
                 by_peer.setdefault((sending, peer), []).append((len(items), name, _slices(box), nbytes))
                 items.append(None)  # a slot: the message this slice opens, if it does
@@ -215,8 +227,9 @@ class StreamingExecutor:
                                  ("bytes_sent", "bytes_received", "bytes_local", "bytes_kept")})
         t0 = time.perf_counter()
         dst: dict[str, torch.Tensor] = {}
-        self._pending: deque = deque()  # (layer, works, staging bytes, buffers, finalizes)
-        self._staging = 0
+        self._pending: deque = deque()  # (layer, works, staging regions, buffers, finalizes)
+        self.reserve()
+        self._taken = 0  # staging regions taken by the operations not posted yet
         self._layer = -2
         self._batch: list = []  # posted together: (is_send, buffer, peer, staging, finalize)
         held: deque = deque()  # (layer, names of old shards it used)
@@ -267,7 +280,9 @@ class StreamingExecutor:
                 stats.peak_state_bytes = max(stats.peak_state_bytes, live)
             stats.timeline.append((step.layer, time.perf_counter() - t0))
         self._flush()
-        self._drain(0)
+        while self._pending:
+            self._complete_oldest()
+        self._ring = None  # the staging goes back with the switch
         if release:
             for _, names in held:
                 drop(names)
@@ -287,19 +302,26 @@ class StreamingExecutor:
             self._batch.append((sending, views[0], peer, 0, None))
             return
         n = m.nbytes
-        if self._staging + n > self.budget:
-            self._flush()
-            self._drain(n)
-        flat = torch.empty(n, dtype=torch.uint8, device=self.device)
+        flat = self._take(n, stats)
         pieces = [flat[o:o + _nbytes(v)].view(v.dtype).view(v.shape) for v, (_, _, o) in zip(views, m.slices)]
         if sending:
             _copy_all(pieces, views)
             self._batch.append((True, flat, peer, n, None))
         else:
             self._batch.append((False, flat, peer, n, lambda d=views, p=pieces: _copy_all(d, p)))
-        self._staging += n
-        stats.peak_staging_bytes = max(stats.peak_staging_bytes, self._staging)
         self._post_if_half_staged()
+
+    def _take(self, nbytes: int, stats: TransferStats) -> torch.Tensor:
+        """Staging from the ring; when it is full, post what is collected and wait for the oldest
+        operations until the region fits."""
+        buf = self._ring.take(nbytes)
+        while buf is None:
+            self._flush()
+            self._complete_oldest()
+            buf = self._ring.take(nbytes)
+        self._taken += 1
+        stats.peak_staging_bytes = max(stats.peak_staging_bytes, self._ring.in_use)
+        return buf
 
     def _post_if_half_staged(self) -> None:
         """Post what is collected once it stages half the budget: it goes on the link while the
@@ -314,26 +336,21 @@ class StreamingExecutor:
         sends = [(b, p) for is_send, b, p, _, _ in self._batch if is_send]
         recvs = [(b, p) for is_send, b, p, _, _ in self._batch if not is_send]
         works = self.group.post(sends, recvs)
-        self._pending.append((self._layer, works, sum(x[3] for x in self._batch), [x[1] for x in self._batch],
+        self._pending.append((self._layer, works, self._taken, [x[1] for x in self._batch],
                               [x[4] for x in self._batch if x[4] is not None]))
-        self._batch = []
-
-    def _drain(self, need: int) -> None:
-        """Wait for the oldest operations until ``need`` more staging bytes fit (0: wait for all)."""
-        while self._pending and (need == 0 or self._staging + need > self.budget):
-            self._complete_oldest()
+        self._batch, self._taken = [], 0
 
     def _drain_layers_upto(self, layer: int) -> None:
         while self._pending and self._pending[0][0] <= layer:
             self._complete_oldest()
 
     def _complete_oldest(self) -> None:
-        _layer, works, nbytes, _bufs, finalizes = self._pending.popleft()
+        _layer, works, regions, _bufs, finalizes = self._pending.popleft()
         for w in works:
             w.wait()
         for f in finalizes:
             f()
-        self._staging -= nbytes
+        self._ring.give_back(regions)
 
     def _stream(self, m: _Message, base: torch.Tensor, stats: TransferStats) -> None:
         """A slice larger than a message, in row chunks."""
@@ -341,18 +358,15 @@ class StreamingExecutor:
         for chunk in m.chunks:
             v = base[chunk]
             nbytes = _nbytes(v)
-            extra = 0 if v.is_contiguous() else nbytes
-            if extra and self._staging + extra > self.budget:
-                self._flush()
-                self._drain(extra)
-            if m.sending:
-                buf = v if not extra else v.contiguous()
-                self._batch.append((True, buf, peer, extra, None))
+            staged = 0 if v.is_contiguous() else nbytes
+            if not staged:
+                self._batch.append((m.sending, v, peer, 0, None))
             else:
-                buf = v if not extra else torch.empty(v.shape, dtype=v.dtype, device=v.device)
-                finalize = None if not extra else (lambda d=v, b=buf: d.copy_(b))
-                self._batch.append((False, buf, peer, extra, finalize))
-            self._staging += extra
-            stats.peak_staging_bytes = max(stats.peak_staging_bytes, self._staging)
+                buf = self._take(nbytes, stats).view(v.dtype).view(v.shape)
+                if m.sending:
+                    buf.copy_(v)
+                    self._batch.append((True, buf, peer, staged, None))
+                else:
+                    self._batch.append((False, buf, peer, staged, lambda d=v, b=buf: d.copy_(b)))
             stats.num_chunks += 1
             self._post_if_half_staged()
