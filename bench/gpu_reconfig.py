@@ -126,6 +126,7 @@ def main() -> int:
             "bytes_moved": el.get("bytes_moved"), "max_rank_bytes": max(el["max_rank_bytes_in"], el["max_rank_bytes_out"]),
             "prepare_s": el.get("prepare_s"), "mock_warmup_s": el.get("mock_warmup_s"), "groups_s": el.get("groups_s"),
             "steady_overhead": el.get("steady_overhead"), "steps_preparing": el.get("steps_preparing"),
+            "prepare_stall_s": el.get("prepare_stall_s"),
             "peak_extra_gpu_bytes": el.get("peak_extra_bytes"), "peak_staging_bytes": el.get("peak_staging_bytes"),
             "digest_equal_live": el.get("digest_equal"), "digest_equal_restart": er.get("digest_equal"),
             "restart_save_s": er.get("save_s"), "restart_load_s": er.get("load_s"),

@@ -72,7 +72,7 @@ def _run(args: argparse.Namespace) -> int:
     hw = Hardware(memory_bytes=args.memory_gib * 2**30 if args.memory_gib else None)
     opts = RunOptions(steps=args.steps, gpus=gpus, slots=slots, backend=args.backend, initial=initial,
                       ckpt_every=args.ckpt_every, digest=args.digest, budget_bytes=args.budget_mib << 20,
-                      warmup_steps=args.warmup_steps, hardware=hw, token=args.token,
+                      warmup_steps=args.warmup_steps, warm=args.warm, hardware=hw, token=args.token,
                       endpoint=not args.no_endpoint,
                       end_after_events=None if args.end_after_events < 0 else args.end_after_events)
     print(f"liver run --mode {args.mode}: model {args.model} ({job.model.num_params():,} parameters), "
@@ -133,6 +133,9 @@ def main(argv: list[str] | None = None) -> int:
                         "and after each handoff (large models)")
     r.add_argument("--budget-mib", type=int, default=512, help="staging budget B per rank")
     r.add_argument("--warmup-steps", type=int, default=2, help="mock-world warm-up steps of a joiner")
+    r.add_argument("--warm", choices=["background", "boundary"], default="background",
+                   help="first collectives of the new groups: beside training (default), or all "
+                        "members at one iteration boundary")
     r.add_argument("--memory-gib", type=float, default=None, help="per-GPU memory for target choice")
     r.add_argument("--token", default=None, help="control token (default: random, in control.json)")
     r.add_argument("--no-endpoint", action="store_true")

@@ -73,6 +73,21 @@ def check_continuous(report: dict, total: int) -> None:
     assert sorted(set(steps)) == list(range(1, total + 1))
 
 
+def test_warm_at_one_boundary_hands_over_bit_exact(tmp_path):
+    """--warm boundary: the new groups' first collectives wait for an iteration boundary that every
+    member reaches together (the joiners too); the handoffs stay bit-exact."""
+    events = tmp_path / "events.txt"
+    events.write_text("at step 3: scale-out 4 as 1,2,2\nat step 120: scale-in 2 deadline 60s as 2,1,1\n")
+    live = liver(tmp_path / "live", "--events", str(events), "--parallel", "2,1,1", "--steps", "5000",
+                 "--end-after-events", "3", "--ckpt-every", "0", "--warm", "boundary")
+    assert live["rc"] == 0
+    assert [e["status"] for e in live["events"]] == ["done"] * 2
+    for e in live["events"]:
+        assert e["digest_equal"] is True, e
+        assert e["prepare_stall_s"] >= 0
+    check_continuous(live, live["steps"][-1]["step"])
+
+
 @pytest.mark.timeout(600)
 def test_live_equals_restart_and_digests_hold(tmp_path):
     events = tmp_path / "events.txt"

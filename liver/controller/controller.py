@@ -44,6 +44,10 @@ class RunOptions:
     digest: str | None = None  # "step" or "switch"
     budget_bytes: int = 512 << 20
     warmup_steps: int = 2
+    # new groups' first collectives: "background" (companion thread, beside training) or
+    # "boundary" (every member at one iteration boundary: no communicator is created while
+    # collectives of the running generation are in flight, at the price of one longer boundary)
+    warm: str = "background"
     prepare_timeout_s: float = 300.0
     group_timeout_s: float = 120.0
     hardware: target.Hardware = field(default_factory=target.Hardware)
@@ -76,7 +80,7 @@ class Controller:
         self.agent = NodeAgent(run_dir, opts.slots, dict(
             store_addr=self.store_addr, run_dir=str(run_dir), job=job.to_dict(), backend=opts.backend,
             total_steps=opts.steps, digest=opts.digest, ckpt_every=opts.ckpt_every,
-            budget_bytes=opts.budget_bytes, warmup_steps=opts.warmup_steps,
+            budget_bytes=opts.budget_bytes, warmup_steps=opts.warmup_steps, warm=opts.warm,
             timeout_s=opts.group_timeout_s), quiet=opts.quiet)
         self.queue: collections.deque[Event] = collections.deque(events)
         self.lock = threading.Lock()

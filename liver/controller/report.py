@@ -85,6 +85,22 @@ def steady_overhead(steps: list[dict[str, Any]], events: list[dict[str, Any]]) -
             "steps_not_preparing": n_calm}
 
 
+def prepare_stall(steps: list[dict[str, Any]], rec: dict[str, Any]) -> float | None:
+    """Seconds without a step, beyond the usual time between two steps, during an event's prepare
+    window (from the event to the switch): boundary work of the preparation (communicator
+    creation at a boundary, waiting on a rendezvous). Not in the downtime, which starts at the
+    switch, nor in the steady-state overhead, which compares the steps' own times."""
+    windows = _prepare_windows([rec])
+    if not windows:
+        return None
+    g, a, b = windows[0]
+    gen = [s for s in steps if s["generation"] == g]
+    between = [(s, s["time"] - p["time"] - s["step_s"] - s.get("digest_s", 0.0)) for p, s in zip(gen, gen[1:])]
+    calm = [x for s, x in between if not a < s["time"] <= b + 1e-9]
+    usual = statistics.median(calm) if calm else 0.0
+    return sum(max(0.0, x - usual) for s, x in between if a < s["time"] <= b + 1e-9)
+
+
 def build(run_dir: Path, result: dict[str, Any], meta: dict[str, Any]) -> dict[str, Any]:
     steps = read_steps(run_dir)
     events = []
@@ -95,6 +111,7 @@ def build(run_dir: Path, result: dict[str, Any], meta: dict[str, Any]) -> dict[s
         if "switch_start" in rec:
             so = steady_overhead(steps, [rec])
             rec["steady_overhead"], rec["steps_preparing"] = so["steady_overhead"], so["steps_preparing"]
+            rec["prepare_stall_s"] = prepare_stall(steps, rec)
         events.append(rec)
     return {**meta, "mode": result["mode"], "wall_s": result["wall_s"], "steps": steps,
             "events": events, **steady_overhead(steps, events)}

@@ -3,8 +3,9 @@
 For generation g it plans the transfer (metadata only, the same plan on every process), builds the
 new generation's groups (if this process holds a new rank) and the transfer group over every process
 of both generations, warms them (first collectives, point-to-point connections), then reports ready.
-On gloo all of it runs in the background; on NCCL the warm-up (which creates the communicators)
-runs at one iteration boundary on every member at once, a single slower step. Old ranks run it in a background thread
+All of it runs in the background by default; with warm="boundary" the warm-up (which creates NCCL
+communicators) runs at one iteration boundary on every member at once, one longer boundary, for
+sites where creating a communicator beside running collectives is unsafe. Old ranks run it in a background thread
 (with its own store connection); a joiner runs it in the foreground after its mock warm-up. A cancelled
 preparation is abandoned: its groups live under their own store prefix, so they cannot disturb
 anybody, and its thread ends at the rendezvous timeout.
@@ -39,9 +40,12 @@ class Preparation:
     """Everything process ``proc`` needs, before the switch, to enter generation ``spec``."""
 
     def __init__(self, *, job: JobConfig, spec: GenerationSpec, proc: int, store: dist.Store,
-                 backend: str, device: torch.device, timeout_s: float, budget_bytes: int) -> None:
+                 backend: str, device: torch.device, timeout_s: float, budget_bytes: int,
+                 warm: str = "background") -> None:
+        if warm not in ("background", "boundary"):
+            raise ValueError(f"warm={warm!r}: allowed 'background' or 'boundary'")
         self.job, self.spec, self.proc, self.store = job, spec, proc, store
-        self.budget_bytes = budget_bytes
+        self.budget_bytes, self.warm_at = budget_bytes, warm
         self.backend, self.device = backend, device
         self.timeout = timedelta(seconds=timeout_s)
         self.world: World | None = None
@@ -65,8 +69,8 @@ class Preparation:
             self.error = e
 
     def _run(self) -> None:
-        """Phase A: plan, and build the groups (store rendezvous). Phase B follows at once on gloo;
-        on NCCL it waits for ``warm()`` at an iteration boundary (see the class doc)."""
+        """Phase A: plan, and build the groups (store rendezvous). Phase B follows at once, or at
+        an iteration boundary when ``defer_warm``."""
         t0 = time.perf_counter()
         s = self.spec
         old, new = layouts(self.job, s)
@@ -91,10 +95,10 @@ class Preparation:
 
     @property
     def defer_warm(self) -> bool:
-        # NCCL communicators are created by their first collective; creating one while this
-        # process has collectives in flight on another communicator can deadlock the two GPUs
-        # (seen on 2 x H200). So on NCCL every member warms at the same iteration boundary.
-        return self.backend == "nccl"
+        """"boundary": the first collectives wait for ``warm()`` at an iteration boundary that every
+        member reaches together, so no communicator is created while the running generation has
+        collectives in flight (for sites where that is unsafe); "background": right away."""
+        return self.warm_at == "boundary"
 
     def warm(self) -> None:
         """Phase B: first collectives on every new group, point-to-point connections for the pairs

@@ -51,6 +51,7 @@ class Member:
         self.digest: str | None = spec.get("digest") or None
         self.timeout_s: float = spec.get("timeout_s", 120.0)
         self.budget_bytes: int = spec.get("budget_bytes", 512 << 20)  # transfer staging per process
+        self.warm: str = spec.get("warm", "background")  # when the new groups' first collectives run
         if self.backend == "nccl":
             torch.cuda.set_device(spec["slot"])
             self.device = torch.device("cuda", spec["slot"])
@@ -108,7 +109,7 @@ class Member:
         warmup_s = time.perf_counter() - t0
         prep = Preparation(job=self.job, spec=spec, proc=self.proc, store=self.store,
                            backend=self.backend, device=self.device, timeout_s=self.timeout_s,
-                           budget_bytes=self.budget_bytes)
+                           budget_bytes=self.budget_bytes, warm=self.warm)
         prep.run()
         if prep.defer_warm and prep.built and not prep.ready:
             prep.warm()  # NCCL: with the old ranks, when they reach their boundary
@@ -172,7 +173,7 @@ class Member:
             self.companion = Companion(Preparation(job=self.job, spec=spec, proc=self.proc,
                                                    store=store, backend=self.backend,
                                                    device=self.device, timeout_s=self.timeout_s,
-                                                   budget_bytes=self.budget_bytes))
+                                                   budget_bytes=self.budget_bytes, warm=self.warm))
             self.preparing_since = time.time()
             self.companion.start()
         elif self.companion is not None and cut.force == self.companion.prep.generation \
