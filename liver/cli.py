@@ -103,7 +103,8 @@ def _scale(args: argparse.Namespace) -> int:
 def _bench_reconfig(args: argparse.Namespace) -> int:
     from liver.bench.reconfig import run
 
-    rows = run(repeats=args.repeats, steps=args.steps, run_dir=Path(args.run_dir) if args.run_dir else None)
+    rows = run(repeats=args.repeats, steps=args.steps, run_dir=Path(args.run_dir) if args.run_dir else None,
+               calm=args.calm_steps)
     return _print_rows(rows, args.json, lambda r: (
         f"{r['scenario']:<40} live {r['downtime_live_s']:.3f} s  restart {r['downtime_restart_s']:.2f} s  "
         f"ratio {r['ratio']:.1f}x  prepare {r['prepare_s']:.2f} s  steady overhead {r['steady_overhead']:+.2%}"))
@@ -157,6 +158,8 @@ def main(argv: list[str] | None = None) -> int:
     br.add_argument("--json", action="store_true")
     br.add_argument("--repeats", type=int, default=1, help="runs per scenario and mode (median taken)")
     br.add_argument("--steps", type=int, default=20, help="steps after the event, per run")
+    br.add_argument("--calm-steps", type=int, default=60,
+                    help="steps before the event, per run: the baseline of the steady-state overhead")
     br.add_argument("--run-dir", default=None)
     br.set_defaults(fn=_bench_reconfig)
     args = p.parse_args(argv)

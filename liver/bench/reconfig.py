@@ -1,7 +1,9 @@
 """``liver bench reconfig``: the same events applied live and by stop-and-restart, side by side in
 one run, on the tiny model over CPU processes (gloo). For each scenario: downtime of each mode,
-their ratio, the live prepare time, and the steady-state overhead of the live run (median step
-while a Shadow World was prepared / median step otherwise - 1)."""
+their ratio, the live prepare time, and the steady-state overhead of the live runs: the median,
+over the steps of every repeat that ran while a Shadow World was prepared, of the step's time over
+its run's median step otherwise (same configuration), minus 1. The event comes after ``calm``
+steps, so that each run has a baseline of that many steps."""
 
 from __future__ import annotations
 
@@ -12,6 +14,7 @@ from typing import Any
 
 from liver.controller.controller import RunOptions
 from liver.controller.events import parse_action
+from liver.controller import report
 from liver.controller.job import run_job
 from liver.topology import ParallelConfig
 from liver.topology.presets import preset
@@ -24,11 +27,11 @@ SCENARIOS = [
 ]
 
 
-def _once(name: str, first: str, action: str, mode: str, steps: int, run_dir: Path) -> dict[str, Any]:
+def _once(name: str, first: str, action: str, mode: str, steps: int, calm: int, run_dir: Path) -> dict[str, Any]:
     job = preset("tiny")
     initial = ParallelConfig.parse(first)
     ev = parse_action(action, f"scenario {name!r}")
-    ev.at_step = 10
+    ev.at_step = calm
     opts = RunOptions(steps=5000, gpus=initial.world_size, slots=4, initial=initial, ckpt_every=0,
                       endpoint=False, quiet=True, end_after_events=steps)
     rep = run_job(job, opts, [ev], run_dir, mode, {"scenario": name}, log=lambda s: None)
@@ -37,11 +40,14 @@ def _once(name: str, first: str, action: str, mode: str, steps: int, run_dir: Pa
         raise RuntimeError(f"{name} ({mode}): event {e['status']}; see {run_dir}")
     return {"downtime_s": e["downtime_s"], "prepare_s": e.get("prepare_s"),
             "steady_overhead": rep.get("steady_overhead"), "bytes_moved": e.get("bytes_moved"),
+            "preparing_ratios": report.preparing_ratios(rep["steps"], rep["events"])[0],
             "transfer_s": e.get("transfer_s"), "run_dir": str(run_dir)}
 
 
-def run(repeats: int = 1, steps: int = 20, run_dir: Path | None = None) -> list[dict[str, Any]]:
-    """The event comes after step 10; each run ends ``steps`` steps after the event was handled."""
+def run(repeats: int = 1, steps: int = 20, run_dir: Path | None = None, calm: int = 60) -> list[dict[str, Any]]:
+    """The event comes after step ``calm``; each run ends ``steps`` steps after it was handled."""
+    if calm < 3:
+        raise ValueError(f"--calm-steps={calm}: allowed 3 or more (steps before the event)")
     if repeats < 1:
         raise ValueError(f"--repeats={repeats}: allowed a positive count")
     if steps < 3:
@@ -51,15 +57,17 @@ def run(repeats: int = 1, steps: int = 20, run_dir: Path | None = None) -> list[
     for i, (name, first, action) in enumerate(SCENARIOS):
         live, restart = [], []
         for r in range(repeats):  # interleaved, so both modes see the same machine state
-            live.append(_once(name, first, action, "live", steps, base / f"s{i}-live-{r}"))
-            restart.append(_once(name, first, action, "restart", steps, base / f"s{i}-restart-{r}"))
+            live.append(_once(name, first, action, "live", steps, calm, base / f"s{i}-live-{r}"))
+            restart.append(_once(name, first, action, "restart", steps, calm, base / f"s{i}-restart-{r}"))
         med = lambda xs, k: statistics.median(x[k] for x in xs)  # noqa: E731
         dl, dr = med(live, "downtime_s"), med(restart, "downtime_s")
-        overheads = [x["steady_overhead"] for x in live if x["steady_overhead"] is not None]
+        ratios = [q for x in live for q in x["preparing_ratios"]]  # every repeat's preparing steps
         rows.append({"scenario": name, "event": action, "first": first, "steps_after_event": steps, "repeats": repeats,
                      "downtime_live_s": dl, "downtime_restart_s": dr, "ratio": dr / dl if dl > 0 else None,
                      "prepare_s": med(live, "prepare_s"),
-                     "steady_overhead": statistics.median(overheads) if overheads else None,
+                     "steady_overhead": statistics.median(ratios) - 1 if ratios else None,
+                     "steps_preparing": len(ratios), "steps_before_event": calm,
+                     "steady_overhead_per_repeat": [x["steady_overhead"] for x in live],
                      "bytes_moved": live[0]["bytes_moved"], "transfer_s": med(live, "transfer_s"),
                      "run_dirs": [x["run_dir"] for x in live + restart]})
     return rows

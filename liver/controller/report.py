@@ -60,11 +60,11 @@ def _prepare_windows(events: list[dict[str, Any]]) -> list[tuple[int, float, flo
             if "switch_start" in e and "old_generation" in e]
 
 
-def steady_overhead(steps: list[dict[str, Any]], events: list[dict[str, Any]]) -> dict[str, Any]:
+def preparing_ratios(steps: list[dict[str, Any]], events: list[dict[str, Any]]) -> tuple[list[float], int]:
     """Steps that ran while a Shadow World was prepared (from the event, joiners booting included,
-    to the switch) against steps of the same generation (same configuration) outside any such
-    window; the first step of each generation is left out. Each preparing step is divided by its
-    generation's median calm step; the overhead is the median of those ratios minus 1."""
+    to the switch), each divided by the median of its generation's steps outside any such window
+    (same configuration); the first step of each generation is left out. Returns the ratios and
+    the count of steps outside the windows."""
     windows = _prepare_windows(events)
     by_gen: dict[int, list[dict[str, Any]]] = {}
     for s in steps:
@@ -79,6 +79,12 @@ def steady_overhead(steps: list[dict[str, Any]], events: list[dict[str, Any]]) -
         if prep and calm:
             base = statistics.median(calm)
             rel += [x / base for x in prep]
+    return rel, n_calm
+
+
+def steady_overhead(steps: list[dict[str, Any]], events: list[dict[str, Any]]) -> dict[str, Any]:
+    """The median of the preparing steps' ratios (see ``preparing_ratios``) minus 1."""
+    rel, n_calm = preparing_ratios(steps, events)
     if not rel:
         return {"steady_overhead": None, "steps_preparing": 0, "steps_not_preparing": n_calm}
     return {"steady_overhead": statistics.median(rel) - 1, "steps_preparing": len(rel),
