@@ -8,7 +8,7 @@ cut at the steps where the live run switched, so both train the same steps in th
 The point-to-point NCCL bandwidth is measured first in the same call (transfer floor).
 
     MODEL=1b python3 bench/gpu_reconfig.py                 # writes $OUT/gpu_reconfig.json and timelines
-    SCENARIO=x8 MODEL=7b python3 bench/gpu_reconfig.py
+    SCENARIO=x8 MODEL=7b RUN_ROOT=/dev/shm python3 bench/gpu_reconfig.py
     BACKEND=gloo MODEL=tiny8 SCENARIO=x8 python3 bench/gpu_reconfig.py   # CPU dry run
 """
 
@@ -39,6 +39,7 @@ OUT = Path(os.environ.get("OUT", "/tmp/out"))
 MODEL = os.environ.get("MODEL", "1b")
 BACKEND = os.environ.get("BACKEND", "nccl")
 SCENARIO = os.environ.get("SCENARIO", "x2")
+WARM = os.environ.get("WARM", "background")  # or "boundary": the new groups' first collectives
 # (first configuration, GPUs at the start, slots, [(event line, step it comes at)])
 SCENARIOS = {
     # issue 4: 2 GPUs
@@ -71,7 +72,9 @@ def measure_p2p() -> float:
 
 
 def run(mode: str, events_text: str, steps: int, end_after: int | None) -> dict:
-    d = OUT / f"run-{mode}"
+    # RUN_ROOT=/dev/shm: run directories (the restart baseline's checkpoints) in memory, where a
+    # 7B state (112 GB) saves and loads fastest and a small disk does not fill
+    d = Path(os.environ.get("RUN_ROOT", str(OUT))) / f"run-{mode}"
     shutil.rmtree(d, ignore_errors=True)
     d.mkdir(parents=True)
     (d / "events.txt").write_text(events_text)
@@ -80,7 +83,7 @@ def run(mode: str, events_text: str, steps: int, end_after: int | None) -> dict:
     opts = RunOptions(steps=steps, gpus=GPUS, slots=SLOTS, backend=BACKEND, initial=ParallelConfig.parse(FIRST),
                       ckpt_every=0,
                       digest="switch", budget_bytes=512 << 20, warmup_steps=2, endpoint=False,
-                      end_after_events=end_after, group_timeout_s=300)
+                      end_after_events=end_after, group_timeout_s=300, warm=WARM)
     t0 = time.time()
     report = run_job(job, opts, events, d, mode, {"model": MODEL})
     print(rep.summary(report), flush=True)
@@ -97,7 +100,7 @@ def run(mode: str, events_text: str, steps: int, end_after: int | None) -> dict:
 def main() -> int:
     OUT.mkdir(parents=True, exist_ok=True)
     cuda = torch.cuda.is_available()
-    info = {"torch": torch.__version__, "model": MODEL, "scenario": SCENARIO, "params": preset(MODEL).model.num_params(),
+    info = {"torch": torch.__version__, "model": MODEL, "scenario": SCENARIO, "warm": WARM, "params": preset(MODEL).model.num_params(),
             "gpus": [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())],
             "nccl": ".".join(map(str, torch.cuda.nccl.version())) if cuda else None,
             "nccl_nvls_enable": os.environ.get("NCCL_NVLS_ENABLE")}

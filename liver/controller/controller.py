@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import collections
 import json
+import shutil
 import threading
 import time
 from dataclasses import dataclass, field
@@ -611,6 +612,10 @@ class RestartController(Controller):
         rec["load_s"] = max(r["timings"].get("load_s", 0.0) + r["timings"]["build_s"] for r in done.values())
         if rec["_event"].deadline_s is not None:
             rec["deadline_met"] = rec["stopped_at"] <= rec["deadline_at"]
+        # every new process has loaded it: the handoff checkpoint is not needed any more (one
+        # model's state on disk at a time; off the critical path)
+        threading.Thread(target=shutil.rmtree, args=(rec["checkpoint"],), kwargs={"ignore_errors": True},
+                         daemon=True).start()
         del rec["plan"]
         self._close("done")
         self.phase_log("start", generation=self.gen, load_s=round(rec["load_s"], 4))
