@@ -10,6 +10,7 @@ import torch.distributed as dist
 from liver.engine.trainer import state_specs
 from liver.planner import plan_transfer
 from liver.resource_view import view
+from liver.resource_view.view import local_shape
 from liver.topology import JobConfig, Layout, ModelConfig, ParallelConfig, TrainConfig
 from liver.transfer import StreamingExecutor
 from liver.transfer.check import reference_shard
@@ -22,7 +23,7 @@ JOB = JobConfig(model=MODEL, train=TRAIN)
 
 
 def transfer_case(*, store_addr, namespace, rank, old, new, old_procs, new_procs, budget, job=JOB,
-                  placement=None, release=False):
+                  placement=None, release=False, message_bytes=None, prealloc=False):
     torch.set_num_threads(1)
     cpu = torch.device("cpu")
     MODEL, TRAIN = job.model, job.train
@@ -37,7 +38,15 @@ def transfer_case(*, store_addr, namespace, rank, old, new, old_procs, new_procs
         r = old_procs.index(rank)
         src = {s.name: reference_shard(s, view(s, old_l, r), MODEL, cpu) for s in specs if view(s, old_l, r) is not None}
     old_bytes = sum(t.numel() * t.element_size() for t in (src or {}).values())
-    dst, stats = StreamingExecutor(plan, specs, rank, group, budget, cpu).run(src, release=release)
+    into = None
+    if prealloc and rank in plan.placement:  # a joiner's warm-up storage, written in place
+        r = plan.placement.index(rank)
+        into = {s.name: torch.full(local_shape(view(s, new_l, r)), float("nan")) for s in specs
+                if view(s, new_l, r) is not None}
+    executor = StreamingExecutor(plan, specs, rank, group, budget, cpu, message_bytes=message_bytes)
+    dst, stats = executor.run(src, release=release, into=into)
+    if into is not None:
+        assert all(dst[n] is t for n, t in into.items() if n in dst and (src is None or dst[n] is not src.get(n)))
     bad, expected_names = [], set()
     if rank in plan.placement:
         r = plan.placement.index(rank)
@@ -90,6 +99,25 @@ def test_staging_stays_within_a_budget_smaller_than_a_layer(pool):
         assert o["bad"] == []
         assert o["stats"]["peak_staging_bytes"] <= budget
     assert max(o["stats"]["peak_staging_bytes"] for o in out) > 0
+
+
+@pytest.mark.timeout(300)
+def test_one_message_in_flight_into_preallocated_storage_is_bit_exact(pool):
+    """Messages of the whole budget (no packing overlap) and a tiny budget, written into storage
+    allocated beforehand (a joiner's case)."""
+    old, new, old_procs, new_procs = P(pp=4), P(tp=2, pp=2, dp=2), [3, 2, 1, 0], list(range(8))
+    out = pool.run(transfer_case, [dict(rank=r, old=old.to_dict(), new=new.to_dict(), old_procs=old_procs,
+                                        new_procs=new_procs, budget=4096, message_bytes=4096, prealloc=True)
+                                   for r in range(8)])
+    for r, o in enumerate(out):
+        assert o["bad"] == [] and o["extra"] == [], (r, o)
+        assert o["stats"]["peak_staging_bytes"] <= 4096
+
+
+def test_message_size_outside_the_budget_is_refused():
+    # checked before the plan is even looked at
+    with pytest.raises(ValueError, match="message_bytes=8192: allowed 1 to budget_bytes=4096"):
+        StreamingExecutor(None, [], 0, None, 4096, torch.device("cpu"), message_bytes=8192)
 
 
 def test_budget_smaller_than_a_row_is_refused():
