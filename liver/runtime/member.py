@@ -235,8 +235,11 @@ class Member:
         if self.device.type == "cuda":
             del old
             rec["mem_after_bytes"] = torch.cuda.memory_allocated(self.device)
-            # beyond the larger of the two steady states (old alone before, new alone after)
-            rec["peak_extra_bytes"] = rec["mem_peak_bytes"] - max(base, rec["mem_after_bytes"])
+            # beyond the larger of the two steady states (old alone before, new alone after); the
+            # staging ring reserved in Prepare is part of the handoff's extra memory
+            ring = prep.executor.staging_bytes
+            rec["staging_reserved_bytes"] = ring
+            rec["peak_extra_bytes"] = rec["mem_peak_bytes"] - max(base - ring, rec["mem_after_bytes"])
         if new is not None:
             new.world.activate()
             rec["new_rank"] = new.world.rank
