@@ -22,15 +22,14 @@ from liver.engine.trainer import state_specs
 from liver.planner import plan_transfer
 from liver.resource_view import view
 from liver.resource_view.view import local_shape
-from liver.topology import JobConfig, Layout, ModelConfig, ParallelConfig, TrainConfig
+from bench.gpu_transfer import BUDGET, MODELS, TRAIN
+from liver.topology import JobConfig, Layout, ParallelConfig
 from liver.transfer import StreamingExecutor
 from liver.transfer.check import reference_shard
 from liver.world.group import Group
 from liver.world.world import connect_store, make_store
 
-BUDGET = int(os.environ.get("BUDGET_MIB", "512")) << 20
-TRAIN = TrainConfig(global_batch=8, micro_batch=1)
-MODEL = ModelConfig(num_layers=16, hidden_size=2048, num_heads=16, ffn_size=5632, vocab_size=50257, vocab_multiple=128)
+MODEL = MODELS["1.1B"]
 
 
 def timed(fn, dev, group, reps=5):

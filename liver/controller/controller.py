@@ -34,6 +34,9 @@ from liver.topology import JobConfig, Layout, ParallelConfig
 from liver.world.world import make_store
 
 
+WARM_MODES = ("background", "boundary")
+
+
 @dataclass
 class RunOptions:
     steps: int
@@ -56,6 +59,10 @@ class RunOptions:
     endpoint: bool = True
     quiet: bool = False  # worker step lines to the log files, not the terminal
     end_after_events: int | None = None  # end the job this many steps after the last event
+
+    def __post_init__(self) -> None:
+        if self.warm not in WARM_MODES:  # refused before any process starts
+            raise ValueError(f"warm={self.warm!r}: allowed {' or '.join(map(repr, WARM_MODES))}")
 
 
 class ControllerError(RuntimeError):

@@ -42,8 +42,6 @@ class Preparation:
     def __init__(self, *, job: JobConfig, spec: GenerationSpec, proc: int, store: dist.Store,
                  backend: str, device: torch.device, timeout_s: float, budget_bytes: int,
                  warm: str = "background") -> None:
-        if warm not in ("background", "boundary"):
-            raise ValueError(f"warm={warm!r}: allowed 'background' or 'boundary'")
         self.job, self.spec, self.proc, self.store = job, spec, proc, store
         self.budget_bytes, self.warm_at = budget_bytes, warm
         self.backend, self.device = backend, device

@@ -79,14 +79,14 @@ def _copy_all(dst: list[torch.Tensor], src: list[torch.Tensor]) -> None:
     """Copy ``src[i]`` into ``dst[i]`` with few launches: the pairs that are both contiguous in one
     multi-tensor kernel (one strided pair in the list would send every pair down the one-kernel-
     per-copy path), the strided ones (column blocks) one by one."""
-    fast = [i for i, (d, s) in enumerate(zip(dst, src)) if d.is_contiguous() and s.is_contiguous()]
-    if len(fast) == len(dst):
-        torch._foreach_copy_(dst, src)
-        return
-    if fast:
-        torch._foreach_copy_([dst[i] for i in fast], [src[i] for i in fast])
-    slow = sorted(set(range(len(dst))) - set(fast))
-    torch._foreach_copy_([dst[i] for i in slow], [src[i] for i in slow])
+    groups: tuple[tuple[list, list], tuple[list, list]] = (([], []), ([], []))  # contiguous, strided
+    for d, s in zip(dst, src):
+        g = groups[0] if d.is_contiguous() and s.is_contiguous() else groups[1]
+        g[0].append(d)
+        g[1].append(s)
+    for d, s in groups:
+        if d:
+            torch._foreach_copy_(d, s)
 
 
 def _even_packs(sizes: list[int], cap: int) -> list[int]:
@@ -177,7 +177,8 @@ class StreamingExecutor:
                     keeps.append(name)
                     self._bytes.bytes_kept += nbytes
                     continue
-                self._new_shard(name) if task.dst_proc == self.proc else None
+                if task.dst_proc == self.proc:
+                    self._new_shard(name)
                 if task.kind == "copy":
                     copies.append((name, _slices(task.dst_box), _slices(task.src_box)))
                     self._bytes.bytes_local += nbytes
