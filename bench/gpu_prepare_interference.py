@@ -13,6 +13,8 @@ Parts, interleaved over rounds (round 0, each part's first use in the process, r
 - nccl_p2p (WORLD=2): the same, then one point-to-point message each way (connection set-up),
 - preparation (WORLD=2): the runtime's whole Preparation of a reshape tp2 -> dp2 (plan, World and
   transfer group built and warmed, schedule, staging), abandoned afterwards.
+PARTS=a,b,... runs only those. On 2 x H200 nccl_p2p hung (the point-to-point set-up on a new
+communicator beside the training's collectives on another: bench/results/issue4-prepare-interference).
 
     NCCL_NVLS_ENABLE=0 PYTHONPATH=$PWD WORLD=2 python3 bench/gpu_prepare_interference.py
     MODEL=tiny WORLD=2 python3 bench/gpu_prepare_interference.py     # CPU dry run (gloo)
@@ -75,7 +77,9 @@ class Parts:
 
     def names(self) -> list[str]:
         extra = ["nccl_p2p", "preparation"] if WORLD == 2 else []
-        return ["python", "plan_schedule", "staging", "gloo"] + (["nccl"] if CUDA else []) + extra
+        every = ["python", "plan_schedule", "staging", "gloo"] + (["nccl"] if CUDA else []) + extra
+        chosen = os.environ.get("PARTS")
+        return [p for p in every if p in chosen.split(",")] if chosen else every
 
     def python(self) -> None:
         end = time.perf_counter() + 0.2

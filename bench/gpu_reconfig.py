@@ -39,7 +39,7 @@ OUT = Path(os.environ.get("OUT", "/tmp/out"))
 MODEL = os.environ.get("MODEL", "1b")
 BACKEND = os.environ.get("BACKEND", "nccl")
 SCENARIO = os.environ.get("SCENARIO", "x2")
-WARM = os.environ.get("WARM", "background")  # or "boundary": the new groups' first collectives
+WARM = os.environ.get("WARM", "auto")  # "boundary" | "background": when the new groups warm; auto: boundary on NCCL
 # (first configuration, GPUs at the start, slots, [(event line, step it comes at)])
 SCENARIOS = {
     # issue 4: 2 GPUs
@@ -129,7 +129,7 @@ def main() -> int:
             "bytes_moved": el.get("bytes_moved"), "max_rank_bytes": max(el["max_rank_bytes_in"], el["max_rank_bytes_out"]),
             "prepare_s": el.get("prepare_s"), "mock_warmup_s": el.get("mock_warmup_s"), "groups_s": el.get("groups_s"),
             "steady_overhead": el.get("steady_overhead"), "steps_preparing": el.get("steps_preparing"),
-            "prepare_stall_s": el.get("prepare_stall_s"),
+            "prepare_stall_s": el.get("prepare_stall_s"), "comms_created": el.get("comms_created"), "comms_shared": el.get("comms_shared"),
             "peak_extra_gpu_bytes": el.get("peak_extra_bytes"), "peak_staging_bytes": el.get("peak_staging_bytes"),
             "digest_equal_live": el.get("digest_equal"), "digest_equal_restart": er.get("digest_equal"),
             "restart_save_s": er.get("save_s"), "restart_load_s": er.get("load_s"),

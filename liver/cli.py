@@ -134,9 +134,10 @@ def main(argv: list[str] | None = None) -> int:
                         "and after each handoff (large models)")
     r.add_argument("--budget-mib", type=int, default=512, help="staging budget B per rank")
     r.add_argument("--warmup-steps", type=int, default=2, help="mock-world warm-up steps of a joiner")
-    r.add_argument("--warm", choices=["background", "boundary"], default="background",
-                   help="first collectives of the new groups: beside training (default), or all "
-                        "members at one iteration boundary")
+    r.add_argument("--warm", choices=["auto", "background", "boundary"], default="auto",
+                   help="first collectives of the new groups: beside training (background), or all "
+                        "members at one iteration boundary; auto (default): boundary on NCCL, "
+                        "background on gloo")
     r.add_argument("--memory-gib", type=float, default=None, help="per-GPU memory for target choice")
     r.add_argument("--token", default=None, help="control token (default: random, in control.json)")
     r.add_argument("--no-endpoint", action="store_true")

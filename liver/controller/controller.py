@@ -34,7 +34,7 @@ from liver.topology import JobConfig, Layout, ParallelConfig
 from liver.world.world import make_store
 
 
-WARM_MODES = ("background", "boundary")
+WARM_MODES = ("auto", "background", "boundary")
 
 
 @dataclass
@@ -49,9 +49,11 @@ class RunOptions:
     budget_bytes: int = 512 << 20
     warmup_steps: int = 2
     # new groups' first collectives: "background" (companion thread, beside training) or
-    # "boundary" (every member at one iteration boundary: no communicator is created while
-    # collectives of the running generation are in flight, at the price of one longer boundary)
-    warm: str = "background"
+    # "boundary" (every member at one iteration boundary: no communicator is set up while
+    # collectives of the running generation are in flight, at the price of one longer boundary).
+    # "auto": "boundary" on NCCL (NCCL operations on two communicators at once may deadlock, and
+    # did: bench/results/issue4-prepare-interference), "background" on gloo (CPU sockets)
+    warm: str = "auto"
     prepare_timeout_s: float = 300.0
     group_timeout_s: float = 120.0
     hardware: target.Hardware = field(default_factory=target.Hardware)
@@ -63,6 +65,8 @@ class RunOptions:
     def __post_init__(self) -> None:
         if self.warm not in WARM_MODES:  # refused before any process starts
             raise ValueError(f"warm={self.warm!r}: allowed {' or '.join(map(repr, WARM_MODES))}")
+        if self.warm == "auto":
+            self.warm = "boundary" if self.backend == "nccl" else "background"
 
 
 class ControllerError(RuntimeError):
@@ -496,6 +500,9 @@ class LiveController(Controller):
         rec["digest_before_s"] = _least(allrec.values(), "digest_before_s")
         rec["mock_warmup_s"] = max((r["prepare"].get("mock_warmup_s", 0.0) for r in done.values()), default=0.0)
         rec["groups_s"] = max((r["prepare"].get("groups_s", 0.0) for r in allrec.values()), default=0.0)
+        # communicators each process made for the new generation, and took over from the Active World
+        rec["comms_created"] = {p: r["prepare"].get("comms_created") for p, r in allrec.items()}
+        rec["comms_shared"] = {p: r["prepare"].get("comms_shared") for p, r in allrec.items()}
         if rec["_event"].deadline_s is not None:
             rec["deadline_met"] = rec["switch_end"] <= rec["deadline_at"]
         self.active = self.pending

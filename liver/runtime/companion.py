@@ -27,6 +27,7 @@ from liver.planner.plan import Plan, plan_transfer
 from liver.runtime.protocol import GenerationSpec, put
 from liver.topology import JobConfig, Layout, ParallelConfig
 from liver.world.group import Group
+from liver.world.sharing import Sharing
 from liver.world.world import World
 
 
@@ -41,8 +42,9 @@ class Preparation:
 
     def __init__(self, *, job: JobConfig, spec: GenerationSpec, proc: int, store: dist.Store,
                  backend: str, device: torch.device, timeout_s: float, budget_bytes: int,
-                 warm: str = "background") -> None:
+                 warm: str = "background", active: World | None = None) -> None:
         self.job, self.spec, self.proc, self.store = job, spec, proc, store
+        self.active = active  # this process's Active World (None for a joiner)
         self.budget_bytes, self.warm_at = budget_bytes, warm
         self.backend, self.device = backend, device
         self.timeout = timedelta(seconds=timeout_s)
@@ -53,6 +55,7 @@ class Preparation:
         self.built = False
         self.ready = False
         self.abandoned = False
+        self._release_lock = threading.Lock()
         self.error: BaseException | None = None
         self.timings: dict[str, float] = {}
 
@@ -65,6 +68,18 @@ class Preparation:
             self._run()
         except BaseException as e:  # reported through ready=False; the controller decides
             self.error = e
+        finally:
+            if self.abandoned:
+                self.release()
+
+    def release(self) -> None:
+        """An abandoned preparation lets go of its groups (communicators it shares with the
+        Active World stay theirs) and of its staging. Only from the thread that ran it, or after."""
+        with self._release_lock:
+            for g in (self.world, self.transfer):
+                if g is not None:
+                    g.destroy()
+            self.world = self.transfer = self.executor = None
 
     def _run(self) -> None:
         """Phase A: plan, and build the groups (store rendezvous). Phase B follows at once, or at
@@ -76,13 +91,17 @@ class Preparation:
                                   placement=s.procs)
         self.timings["plan_s"] = time.perf_counter() - t0
         t1 = time.perf_counter()
+        # groups over the same processes as one of the Active World share its communicator
+        sharing = Sharing.of_active(self.active, s.old_procs) if self.active is not None else Sharing()
         if self.proc in s.procs:
             self.world = World.build(self.store, s.generation, new, s.procs.index(self.proc),
-                                     self.backend, self.device, self.timeout, cpu_groups=True)
+                                     self.backend, self.device, self.timeout, cpu_groups=True,
+                                     procs=s.procs, sharing=sharing)
         members = sorted(set(s.old_procs) | set(s.procs))
-        self.transfer = Group.create(self.store, f"liver/gen{s.generation}/transfer", members,
-                                     self.proc, self.backend, self.device, self.timeout)
+        self.transfer = sharing.group(self.store, f"liver/gen{s.generation}/transfer", members,
+                                      self.proc, self.backend, self.device, self.timeout)
         self.timings["build_s"] = time.perf_counter() - t1
+        self.timings["comms_created"], self.timings["comms_shared"] = sharing.created, sharing.shared
         t2 = time.perf_counter()  # which slice goes in which message, worked out now, not in the switch
         self.executor = StreamingExecutor(self.plan, state_specs(self.job), self.proc, self.transfer,
                                           self.budget_bytes, self.device).reserve()  # its staging too
@@ -90,6 +109,11 @@ class Preparation:
         self.built = True
         if not self.defer_warm:
             self.warm()
+
+    def _warmed(self) -> list:
+        """Communicators that ``World.warm`` has warmed (the transfer group may share one)."""
+        w = self.world
+        return [] if w is None else [g.comm for g in [*w.groups.values(), *w.cpu_groups.values()]]
 
     @property
     def defer_warm(self) -> bool:
@@ -100,12 +124,16 @@ class Preparation:
 
     def warm(self) -> None:
         """Phase B: first collectives on every new group, point-to-point connections for the pairs
-        the plan uses; then report ready."""
+        the plan uses; then report ready. Communicators shared with the Active World are used by
+        the training thread: from the companion thread they are left alone (the switch makes
+        their point-to-point connections), at a boundary they are warmed too."""
         try:
             t0 = time.perf_counter()
+            training_thread = self.defer_warm
             if self.world is not None:
-                self.world.warm()
-            self.transfer.warm()
+                self.world.warm(training_thread)
+            if not self.transfer.inherited and self.transfer.comm not in self._warmed():
+                self.transfer.warm()
             members = self.transfer.members
             peer = {p: i for i, p in enumerate(members)}
             send_to, recv_from = set(), set()
@@ -115,7 +143,8 @@ class Preparation:
                         send_to.add(peer[t.dst_proc])
                     elif t.kind == "send":
                         recv_from.add(peer[t.src_proc])
-            self.transfer.warm_p2p(sorted(send_to), sorted(recv_from))
+            if training_thread or not self.transfer.inherited:
+                self.transfer.warm_p2p(sorted(send_to), sorted(recv_from))
             self.timings["warm_s"] = time.perf_counter() - t0
             self.timings["groups_s"] = self.timings["build_s"] + self.timings["warm_s"]
             if self.abandoned:
@@ -147,6 +176,8 @@ class Companion(threading.Thread):
 
     def abandon(self) -> None:
         self.prep.abandoned = True
+        if not self.is_alive():  # else its thread lets go when it ends
+            self.prep.release()
 
     def describe(self) -> dict[str, Any]:
         return {"generation": self.prep.generation, "ready": self.prep.ready,

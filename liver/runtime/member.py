@@ -74,7 +74,7 @@ class Member:
         layout = Layout(self.job.model, ParallelConfig.from_dict(spec.parallel), self.job.train)
         t0 = time.perf_counter()
         world = World.build(self.store, g, layout, spec.procs.index(self.proc), self.backend,
-                            self.device, cpu_groups=True)
+                            self.device, cpu_groups=True, procs=spec.procs)
         world.warm()
         world.activate()
         timings = {"group_init_s": time.perf_counter() - t0}
@@ -173,7 +173,8 @@ class Member:
             self.companion = Companion(Preparation(job=self.job, spec=spec, proc=self.proc,
                                                    store=store, backend=self.backend,
                                                    device=self.device, timeout_s=self.timeout_s,
-                                                   budget_bytes=self.budget_bytes, warm=self.warm))
+                                                   budget_bytes=self.budget_bytes, warm=self.warm,
+                                                   active=e.world))
             self.preparing_since = time.time()
             self.companion.start()
         elif self.companion is not None and cut.force == self.companion.prep.generation \

@@ -8,6 +8,7 @@ here are group-local. ``LocalGroup`` is the one-member case: every collective is
 from __future__ import annotations
 
 import pickle
+import threading
 from datetime import timedelta
 from typing import Any
 
@@ -25,14 +26,42 @@ class _Done:
         return True
 
 
+class _Comm:
+    """One communicator and the groups that use it: groups of successive generations over the
+    same processes in the same order share it (``Group.share``); the last one to let go shuts it."""
+
+    def __init__(self, pg: ProcessGroup, backend: str, device: torch.device) -> None:
+        self.pg, self.backend, self.device = pg, backend, device
+        self.users = 1
+        self._lock = threading.Lock()
+
+    def take(self) -> None:
+        with self._lock:
+            if self.users == 0:
+                raise RuntimeError(f"communicator {self.pg.group_name!r} was already shut down")
+            self.users += 1
+
+    def release(self) -> None:
+        with self._lock:
+            self.users -= 1
+            last = self.users == 0
+        if last and self.backend == "nccl":
+            try:
+                self.pg._get_backend(self.device).shutdown()
+            except Exception:  # already torn down or a peer died
+                pass
+
+
 class Group:
     """A real process group of ``size`` members; this process is member ``rank``.
 
-    ``members`` are the generation-wide ranks of the members, in group-rank order.
+    ``members`` are the generation-wide ranks of the members, in group-rank order. ``inherited``:
+    the communicator is shared with a group of the Active World (training uses it right now).
     """
 
     def __init__(self, name: str, members: list[int], rank: int, pg: ProcessGroup | None,
-                 backend: str, device: torch.device) -> None:
+                 backend: str, device: torch.device, comm: _Comm | None = None,
+                 inherited: bool = False) -> None:
         self.name = name
         self.members = list(members)
         self.rank = rank
@@ -40,6 +69,8 @@ class Group:
         self.pg = pg
         self.backend = backend
         self.device = device
+        self.comm = comm if comm is not None or pg is None else _Comm(pg, backend, device)
+        self.inherited = inherited
 
     # ---- construction --------------------------------------------------------------------
     @staticmethod
@@ -68,6 +99,14 @@ class Group:
         if hasattr(pg, "_set_group_name"):
             pg._set_group_name(name.replace("/", "_"))
         return Group(name, members, rank, pg, backend, device)
+
+    def share(self, name: str, members: list[int], inherited: bool) -> "Group":
+        """The same communicator under another role or generation: ``members`` (that generation's
+        ranks) must belong to the same processes in the same order, so group ranks are unchanged."""
+        if self.comm is None or len(members) != self.size:
+            raise ValueError(f"{self} cannot be shared as {name} with members {members}")
+        self.comm.take()
+        return Group(name, members, self.rank, self.pg, self.backend, self.device, self.comm, inherited)
 
     # ---- collectives (in place) ----------------------------------------------------------
     def allreduce(self, t: torch.Tensor, op: str = "sum") -> None:
@@ -151,11 +190,10 @@ class Group:
         self.exchange(sends, recvs)
 
     def destroy(self) -> None:
-        if self.pg is not None and self.backend == "nccl":
-            try:
-                self.pg._get_backend(self.device).shutdown()
-            except Exception:  # already torn down or a peer died
-                pass
+        """Let go of the communicator (shut down when no other group shares it)."""
+        if self.comm is not None:
+            self.comm.release()
+            self.comm = None
         self.pg = None
 
     def __repr__(self) -> str:

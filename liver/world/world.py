@@ -16,6 +16,7 @@ from torch.distributed import distributed_c10d as c10d
 
 from liver.topology.layout import Layout
 from liver.world.group import Group
+from liver.world.sharing import Sharing
 
 
 def make_store(timeout_s: float = 600.0) -> tuple[dist.TCPStore, str]:
@@ -75,39 +76,47 @@ class World:
     @classmethod
     def build(cls, store: dist.Store, generation: int, layout: Layout, rank: int,
               backend: str = "gloo", device: torch.device | None = None,
-              timeout: timedelta = timedelta(seconds=300), cpu_groups: bool = False) -> "World":
-        """Rendezvous this rank's groups of generation ``generation`` (blocks on its peers)."""
+              timeout: timedelta = timedelta(seconds=300), cpu_groups: bool = False,
+              procs: list[int] | None = None, sharing: Sharing | None = None) -> "World":
+        """Rendezvous this rank's groups of generation ``generation`` (blocks on its peers).
+        Rank r is process ``procs[r]``; a group over the same processes as one in ``sharing``
+        (or as another group of this World) shares its communicator instead of making one."""
         device = device or torch.device("cpu")
+        sharing = sharing or Sharing()
         t0 = time.perf_counter()
-        groups: dict[str, Group] = {}
         prefix = f"liver/gen{generation}"
-        groups["all"] = Group.create(store, f"{prefix}/all", list(range(layout.size)), rank,
-                                     backend, device, timeout)
+
+        def make(name: str, members: list[int], be: str, dev: torch.device, lane: str = "train") -> Group:
+            return sharing.group(store, f"{prefix}/{name}", members, rank, be, dev, timeout, procs, lane)
+
+        groups = {"all": make("all", list(range(layout.size)), backend, device)}
         for axis, members_of in (("tp", layout.tp_group), ("dp", layout.dp_group),
                                  ("pp", layout.pp_group)):
             members = members_of(rank)
-            index = layout.all_groups(axis).index(members)
-            groups[axis] = Group.create(store, f"{prefix}/{axis}{index}", members, rank, backend,
-                                        device, timeout)
+            groups[axis] = make(f"{axis}{layout.all_groups(axis).index(members)}", members, backend, device)
         cpu: dict[str, Group] = {}
         if cpu_groups:
             cpu_dev = torch.device("cpu")
-            cpu["all"] = Group.create(store, f"{prefix}/cpu_all", list(range(layout.size)), rank,
-                                      "gloo", cpu_dev, timeout)
+            cpu["all"] = make("cpu_all", list(range(layout.size)), "gloo", cpu_dev, "side")
             members = layout.tp_group(rank)
-            index = layout.all_groups("tp").index(members)
-            cpu["tp"] = Group.create(store, f"{prefix}/cpu_tp{index}", members, rank, "gloo",
-                                     cpu_dev, timeout)
+            cpu["tp"] = make(f"cpu_tp{layout.all_groups('tp').index(members)}", members, "gloo", cpu_dev, "side")
         return cls(generation, layout, rank, backend, device, groups, time.perf_counter() - t0, cpu)
 
-    def warm(self) -> float:
-        """Run a first collective on every group so connection set-up is off the critical path."""
+    def warm(self, training_thread: bool = True) -> float:
+        """Run a first collective on every group so connection set-up is off the critical path.
+        Groups that share the Active World's communicators are warm already; their pipeline
+        connections are made only from the training thread (``training_thread``), which is the
+        one that uses those communicators."""
         t0 = time.perf_counter()
+        seen = set()
         for g in [*self.groups.values(), *self.cpu_groups.values()]:
-            g.warm()
+            if g.comm is not None and not g.inherited and id(g.comm) not in seen:
+                seen.add(id(g.comm))
+                g.warm()
         pp = self.pp  # the pipeline's neighbours, both ways
         neighbours = [r for r in (pp.rank - 1, pp.rank + 1) if 0 <= r < pp.size]
-        pp.warm_p2p(neighbours, neighbours)
+        if training_thread or not pp.inherited:
+            pp.warm_p2p(neighbours, neighbours)
         self.warm_s = time.perf_counter() - t0
         return self.warm_s
 
@@ -119,9 +128,9 @@ class World:
         """
         w = c10d._world
         for g in [*self.groups.values(), *self.cpu_groups.values()]:
-            if g.pg is None:
+            if g.pg is None or g.pg in w.pg_map:  # one communicator in two roles: registered once
                 continue
-            gname = g.name.replace("/", "_")
+            gname = g.pg.group_name  # a shared communicator keeps the name it was made with
             w.pg_map[g.pg] = (g.backend, None)
             w.pg_names[g.pg] = gname
             w.pg_group_ranks[g.pg] = {m: i for i, m in enumerate(g.members)}
@@ -141,7 +150,7 @@ class World:
         for g in [*self.groups.values(), *self.cpu_groups.values()]:
             if g.pg is None:
                 continue
-            gname = g.name.replace("/", "_")
+            gname = g.pg.group_name
             for d in (w.pg_map, w.pg_names, w.pg_group_ranks, w.pg_backend_config, w.pg_to_tag):
                 d.pop(g.pg, None)
             w.tags_to_pg.pop(f"ptd:{gname}", None)
