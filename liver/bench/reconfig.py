@@ -2,7 +2,8 @@
 one run, on the tiny model over CPU processes (gloo). For each scenario: downtime of each mode,
 their ratio, the live prepare time, and the steady-state overhead of the live runs: the median,
 over the steps of every repeat that ran while a Shadow World was prepared, of the step's time over
-its run's median step otherwise (same configuration), minus 1. The event comes after ``calm``
+the median of the 20 steps of the same configuration just before the event, minus 1
+("steady_overhead_generation": against all of the generation's other steps). The event comes after ``calm``
 steps, so that each run has a baseline of that many steps."""
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ def _once(name: str, first: str, action: str, mode: str, steps: int, calm: int, 
     return {"downtime_s": e["downtime_s"], "prepare_s": e.get("prepare_s"),
             "steady_overhead": rep.get("steady_overhead"), "bytes_moved": e.get("bytes_moved"),
             "preparing_ratios": report.preparing_ratios(rep["steps"], rep["events"])[0],
+            "preparing_ratios_generation": report.preparing_ratios(rep["steps"], rep["events"], None)[0],
             "transfer_s": e.get("transfer_s"), "run_dir": str(run_dir)}
 
 
@@ -62,10 +64,12 @@ def run(repeats: int = 1, steps: int = 20, run_dir: Path | None = None, calm: in
         med = lambda xs, k: statistics.median(x[k] for x in xs)  # noqa: E731
         dl, dr = med(live, "downtime_s"), med(restart, "downtime_s")
         ratios = [q for x in live for q in x["preparing_ratios"]]  # every repeat's preparing steps
+        whole = [q for x in live for q in x["preparing_ratios_generation"]]
         rows.append({"scenario": name, "event": action, "first": first, "steps_after_event": steps, "repeats": repeats,
                      "downtime_live_s": dl, "downtime_restart_s": dr, "ratio": dr / dl if dl > 0 else None,
                      "prepare_s": med(live, "prepare_s"),
                      "steady_overhead": statistics.median(ratios) - 1 if ratios else None,
+                     "steady_overhead_generation": statistics.median(whole) - 1 if whole else None,
                      "steps_preparing": len(ratios), "steps_before_event": calm,
                      "steady_overhead_per_repeat": [x["steady_overhead"] for x in live],
                      "bytes_moved": live[0]["bytes_moved"], "transfer_s": med(live, "transfer_s"),

@@ -7,7 +7,8 @@ downtime, bytes moved), a summary table and a PNG timeline. Definitions as in DE
   for checking (``--digest``) inside that window are measured and left out. Computed as the pause
   between the two steps plus the first new step's excess over a normal step when positive (step
   time noise alone does not make it negative).
-- steady-state overhead: median step time while a Shadow World is prepared / median without - 1.
+- steady-state overhead: median step time while a Shadow World is prepared / median without - 1,
+  "without" being the steps of the same configuration just before (see ``preparing_ratios``).
 """
 
 from __future__ import annotations
@@ -60,34 +61,52 @@ def _prepare_windows(events: list[dict[str, Any]]) -> list[tuple[int, float, flo
             if "switch_start" in e and "old_generation" in e]
 
 
-def preparing_ratios(steps: list[dict[str, Any]], events: list[dict[str, Any]]) -> tuple[list[float], int]:
+BASELINE_STEPS = 20
+
+
+def preparing_ratios(steps: list[dict[str, Any]], events: list[dict[str, Any]],
+                     baseline_steps: int | None = BASELINE_STEPS) -> tuple[list[float], int]:
     """Steps that ran while a Shadow World was prepared (from the event, joiners booting included,
-    to the switch), each divided by the median of its generation's steps outside any such window
-    (same configuration); the first step of each generation is left out. Returns the ratios and
-    the count of steps outside the windows."""
-    windows = _prepare_windows(events)
+    to the switch), each divided by a baseline of the same generation (same configuration): the
+    median of the ``baseline_steps`` steps just before its window outside any window; with
+    ``None``, of all the generation's steps outside windows. Step times drift over a run (by about
+    1% within a generation on the GPUs, by 15% on the 2-core CPU machine), so the neighbouring
+    steps are the fair comparison. The first step of each generation is left out. Returns the
+    ratios and the count of steps outside the windows."""
+    windows = sorted(_prepare_windows(events), key=lambda w: w[1])
     by_gen: dict[int, list[dict[str, Any]]] = {}
     for s in steps:
         by_gen.setdefault(s["generation"], []).append(s)
     rel, n_calm = [], 0
     for g, gen_steps in by_gen.items():
         body = gen_steps[1:]
-        inside = [any(g == wg and a < s["time"] <= b + 1e-9 for wg, a, b in windows) for s in body]
-        prep = [s["step_s"] for s, i in zip(body, inside) if i]
-        calm = [s["step_s"] for s, i in zip(body, inside) if not i]
+        window_of = [next((w for w in windows if w[0] == g and w[1] < s["time"] <= w[2] + 1e-9), None)
+                     for s in body]
+        calm = [s for s, w in zip(body, window_of) if w is None]
         n_calm += len(calm)
-        if prep and calm:
-            base = statistics.median(calm)
+        if not calm:
+            continue
+        for w in windows:
+            prep = [s["step_s"] for s, x in zip(body, window_of) if x == w]
+            if not prep:
+                continue
+            before = [s["step_s"] for s in calm if s["time"] <= w[1]]
+            ref = before[-baseline_steps:] if baseline_steps and before else [s["step_s"] for s in calm]
+            base = statistics.median(ref)
             rel += [x / base for x in prep]
     return rel, n_calm
 
 
 def steady_overhead(steps: list[dict[str, Any]], events: list[dict[str, Any]]) -> dict[str, Any]:
-    """The median of the preparing steps' ratios (see ``preparing_ratios``) minus 1."""
+    """The median of the preparing steps' ratios (see ``preparing_ratios``) minus 1; also against
+    the whole generation's steps outside windows (``steady_overhead_generation``)."""
     rel, n_calm = preparing_ratios(steps, events)
     if not rel:
-        return {"steady_overhead": None, "steps_preparing": 0, "steps_not_preparing": n_calm}
-    return {"steady_overhead": statistics.median(rel) - 1, "steps_preparing": len(rel),
+        return {"steady_overhead": None, "steady_overhead_generation": None, "steps_preparing": 0,
+                "steps_not_preparing": n_calm}
+    whole, _ = preparing_ratios(steps, events, baseline_steps=None)
+    return {"steady_overhead": statistics.median(rel) - 1,
+            "steady_overhead_generation": statistics.median(whole) - 1, "steps_preparing": len(rel),
             "steps_not_preparing": n_calm}
 
 
@@ -117,6 +136,7 @@ def build(run_dir: Path, result: dict[str, Any], meta: dict[str, Any]) -> dict[s
         if "switch_start" in rec:
             so = steady_overhead(steps, [rec])
             rec["steady_overhead"], rec["steps_preparing"] = so["steady_overhead"], so["steps_preparing"]
+            rec["steady_overhead_generation"] = so["steady_overhead_generation"]
             rec["prepare_stall_s"] = prepare_stall(steps, rec)
         events.append(rec)
     return {**meta, "mode": result["mode"], "wall_s": result["wall_s"], "steps": steps,
