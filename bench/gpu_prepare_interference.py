@@ -7,6 +7,8 @@ the companion does; the steps that overlap it are compared with the two steps ju
 Parts, interleaved over rounds (round 0, each part's first use in the process, reported apart):
 - python: a pure-Python loop of 0.2 s (what holding the GIL alone costs the step),
 - plan_schedule: a transfer plan of this model and the executor's schedule,
+- python_fine, plan_schedule_fine: the same with Python's thread switch interval at 0.1 ms
+  instead of 5 ms while they run (the training thread waits less for the GIL after each op),
 - staging: the staging ring (one allocation of B through the caching allocator),
 - gloo: four gloo groups of two members (WORLD=1: with a helper CPU process), built and warmed,
 - nccl: a new NCCL communicator over every rank and its first collective (WORLD=1: one member),
@@ -23,8 +25,10 @@ Writes $OUT/prepare_interference.json.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import sys
 import statistics
 import threading
 import time
@@ -68,6 +72,16 @@ def helper(addr: str) -> None:
         i += 1
 
 
+@contextlib.contextmanager
+def fine_switching(interval_s: float = 1e-4):
+    old = sys.getswitchinterval()
+    sys.setswitchinterval(interval_s)
+    try:
+        yield
+    finally:
+        sys.setswitchinterval(old)
+
+
 class Parts:
     def __init__(self, job, rank: int, dev: torch.device, store) -> None:
         self.job, self.rank, self.dev, self.store = job, rank, dev, store
@@ -77,7 +91,7 @@ class Parts:
 
     def names(self) -> list[str]:
         extra = ["nccl_p2p", "preparation"] if WORLD == 2 else []
-        every = ["python", "plan_schedule", "staging", "gloo"] + (["nccl"] if CUDA else []) + extra
+        every = ["python", "python_fine", "plan_schedule", "plan_schedule_fine", "staging", "gloo"] + (["nccl"] if CUDA else []) + extra
         chosen = os.environ.get("PARTS")
         return [p for p in every if p in chosen.split(",")] if chosen else every
 
@@ -86,6 +100,14 @@ class Parts:
         x = 0
         while time.perf_counter() < end:
             x += 1
+
+    def python_fine(self) -> None:
+        with fine_switching():
+            self.python()
+
+    def plan_schedule_fine(self) -> None:
+        with fine_switching():
+            self.plan_schedule()
 
     def plan_schedule(self) -> None:
         m, tr = self.job.model, self.job.train

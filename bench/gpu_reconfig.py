@@ -9,6 +9,7 @@ The point-to-point NCCL bandwidth is measured first in the same call (transfer f
 
     MODEL=1b python3 bench/gpu_reconfig.py                 # writes $OUT/gpu_reconfig.json and timelines
     SCENARIO=x2-twice MODEL=1b RUN_ROOT=/dev/shm python3 bench/gpu_reconfig.py   # each event twice
+    SCENARIO=x2-cycles LIVE_ONLY=1 MODEL=1b python3 bench/gpu_reconfig.py       # 16 events, live only
     SCENARIO=x8 MODEL=7b RUN_ROOT=/dev/shm python3 bench/gpu_reconfig.py
     BACKEND=gloo MODEL=tiny8 SCENARIO=x8 python3 bench/gpu_reconfig.py   # CPU dry run
 """
@@ -52,6 +53,11 @@ SCENARIOS = {
                                  ("at step {a}: scale-in 1 deadline 60s as 1,1,1", 60),
                                  ("at step {a}: scale-out 2 as 2,1,1", 75), ("at step {a}: reshape 1,1,2", 110),
                                  ("at step {a}: scale-in 1 deadline 60s as 1,1,1", 125)]),
+    # the steady-state overhead over many events (LIVE_ONLY=1): four cycles of reshape tp2 -> dp2,
+    # back to tp2, scale-in to 1 GPU, scale-out to 2 with a cold process; 12 steps between events
+    "x2-cycles": ("2,1,1", 2, 2, [(line, 10 + 12 * i) for i, line in enumerate(
+        ["at step {a}: reshape 1,1,2", "at step {a}: reshape 2,1,1", "at step {a}: scale-in 1 deadline 60s as 1,1,1",
+         "at step {a}: scale-out 2 as 2,1,1"] * 4)]),
     # issue 5: 8 GPUs (the reshape to tp2pp2dp2 only connects the four measured events)
     "x8": ("4,2,1", 8, 8, [("at step {a}: reshape 8,1,1", 8), ("at step {a}: reshape 2,2,2", 20),
                            ("at step {a}: scale-in 4 deadline 120s as 2,2,1", 32),
@@ -122,6 +128,21 @@ def main() -> int:
         print("live run did not complete every event", [e["status"] for e in live["events"]])
         (OUT / "gpu_reconfig.json").write_text(json.dumps({**info, "live": live["events"]}, indent=1, default=str))
         return 1
+    by_kind = {}  # every preparing step of every event of one kind, pooled
+    for kind in dict.fromkeys(e["event"]["kind"] for e in live["events"]):
+        ratios, _ = rep.preparing_ratios(live["steps"], [e for e in live["events"] if e["event"]["kind"] == kind])
+        by_kind[kind] = {"steady_overhead": statistics.median(ratios) - 1 if ratios else None,
+                         "steps_preparing": len(ratios)}
+    if os.environ.get("LIVE_ONLY"):  # the steady-state overhead over many events: no restart run
+        keys = ("old", "new", "downtime_s", "transfer_s", "prepare_s", "steady_overhead", "steps_preparing",
+                "prepare_stall_s", "comms_created", "digest_equal", "deadline_met", "peak_extra_bytes")
+        rows = [{"event": e["event"]["kind"], **{k: e.get(k) for k in keys}} for e in live["events"]]
+        result = {**info, "live_only": True, "events": rows, "steady_overhead_by_kind": by_kind,
+                  "steady_overhead_run": live.get("steady_overhead"), "wall_live_s": live["wall_s"],
+                  "digests_equal": all(e.get("digest_equal") for e in live["events"])}
+        (OUT / "gpu_reconfig.json").write_text(json.dumps(result, indent=1))
+        print(json.dumps({k: v for k, v in result.items() if k != "events"}, indent=1))
+        return 0
     restart_text = "".join(e.format(a=c) + "\n" for (e, _), c in zip(EVENTS, cuts))
     restart = run("restart", restart_text, live["steps"][-1]["step"], None)
     rows = []
@@ -146,11 +167,6 @@ def main() -> int:
         })
     same = [(s["step"], s["parallel"], s["loss"]) for s in live["steps"]] == \
         [(s["step"], s["parallel"], s["loss"]) for s in restart["steps"]]
-    by_kind = {}  # every preparing step of every event of one kind, pooled
-    for kind in dict.fromkeys(e["event"]["kind"] for e in live["events"]):
-        ratios, _ = rep.preparing_ratios(live["steps"], [e for e in live["events"] if e["event"]["kind"] == kind])
-        by_kind[kind] = {"steady_overhead": statistics.median(ratios) - 1 if ratios else None,
-                         "steps_preparing": len(ratios)}
     # on GPUs the losses differ from step 2 on in both modes alike (non-deterministic kernels), so
     # this is False there; the handoffs' bit-exactness is the digest equality per event
     result = {**info, "events": rows, "losses_live_equal_restart": same, "steady_overhead_by_kind": by_kind,
