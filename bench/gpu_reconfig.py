@@ -57,7 +57,7 @@ SCENARIOS = {
     # back to tp2, scale-in to 1 GPU, scale-out to 2 with a cold process; 12 steps between events
     "x2-cycles": ("2,1,1", 2, 2, [(line, 10 + 12 * i) for i, line in enumerate(
         ["at step {a}: reshape 1,1,2", "at step {a}: reshape 2,1,1", "at step {a}: scale-in 1 deadline 60s as 1,1,1",
-         "at step {a}: scale-out 2 as 2,1,1"] * 4)]),
+         "at step {a}: scale-out 2 as 2,1,1"] * int(os.environ.get("CYCLES", "4")))]),
     # issue 5: 8 GPUs (the reshape to tp2pp2dp2 only connects the four measured events)
     "x8": ("4,2,1", 8, 8, [("at step {a}: reshape 8,1,1", 8), ("at step {a}: reshape 2,2,2", 20),
                            ("at step {a}: scale-in 4 deadline 120s as 2,2,1", 32),

@@ -13,6 +13,7 @@ import time
 
 STARTED = time.time()
 
+import gc  # noqa: E402
 import json  # noqa: E402
 import os  # noqa: E402
 import sys  # noqa: E402
@@ -65,6 +66,12 @@ class Member:
         self.into: dict[str, torch.Tensor] | None = None
         self._steps = None  # a joiner's storage for the new state
         self.preparing_since: float | None = None
+        # The interpreter's objects so far (torch and its modules: ~170k) leave the cyclic garbage
+        # collector's view: a full collection then takes well under a millisecond instead of
+        # 40-90 ms, during which it holds the GIL. A companion's burst of allocations (a
+        # transfer schedule) would otherwise set one off and stall the training thread.
+        gc.collect()
+        gc.freeze()
 
     # ---- entering a generation -----------------------------------------------------------
     def start(self) -> None:
