@@ -87,3 +87,12 @@ def test_target_choice_respects_memory():
     assert need[c.short()] <= limit
     with pytest.raises(ValueError, match="no configuration fits memory_bytes"):
         choose(JOB, 4, Hardware(memory_bytes=limit - 1))
+
+
+def test_warm_mode_auto_resolves_by_backend_and_bad_values_are_refused():
+    from liver.controller.controller import RunOptions
+    assert RunOptions(steps=1, gpus=1, slots=1, backend="nccl").warm == "boundary"
+    assert RunOptions(steps=1, gpus=1, slots=1, backend="gloo").warm == "background"
+    assert RunOptions(steps=1, gpus=1, slots=1, backend="nccl", warm="background").warm == "background"
+    with pytest.raises(ValueError, match="warm='soon'.*allowed 'auto'"):
+        RunOptions(steps=1, gpus=1, slots=1, warm="soon")

@@ -104,6 +104,10 @@ def test_live_equals_restart_and_digests_hold(tmp_path):
         assert e["digest_equal"] is True, e
         assert e["bytes_moved"] > 0 and e["prepare_s"] > 0
     assert live["events"][2]["deadline_met"] is True
+    # on the same processes (reshape) or a subset (scale-in), the transfer group and any group
+    # over the same processes take over the Active World's communicators instead of creating them
+    for e in live["events"][1:]:
+        assert min(e["comms_shared"].values()) >= 1, e["comms_shared"]
     check_continuous(live, total)
     # the same events by stop-and-restart, cut where the live run switched
     cuts = [e["last_old_step"] for e in live["events"]]
