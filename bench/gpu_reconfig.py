@@ -134,7 +134,7 @@ def main() -> int:
         by_kind[kind] = {"steady_overhead": statistics.median(ratios) - 1 if ratios else None,
                          "steps_preparing": len(ratios)}
     if os.environ.get("LIVE_ONLY"):  # the steady-state overhead over many events: no restart run
-        keys = ("old", "new", "downtime_s", "transfer_s", "prepare_s", "steady_overhead", "steps_preparing",
+        keys = ("old", "new", "downtime_s", "transfer_s", "prepare_s", "prepare_cpu_s", "steady_overhead", "steps_preparing",
                 "prepare_stall_s", "comms_created", "digest_equal", "deadline_met", "peak_extra_bytes")
         rows = [{"event": e["event"]["kind"], **{k: e.get(k) for k in keys}} for e in live["events"]]
         result = {**info, "live_only": True, "events": rows, "steady_overhead_by_kind": by_kind,
@@ -158,7 +158,7 @@ def main() -> int:
             "prepare_s": el.get("prepare_s"), "mock_warmup_s": el.get("mock_warmup_s"), "groups_s": el.get("groups_s"),
             "steady_overhead": el.get("steady_overhead"), "steps_preparing": el.get("steps_preparing"),
             "steady_overhead_generation": el.get("steady_overhead_generation"),
-            "prepare_stall_s": el.get("prepare_stall_s"), "comms_created": el.get("comms_created"), "comms_shared": el.get("comms_shared"),
+            "prepare_stall_s": el.get("prepare_stall_s"), "prepare_cpu_s": el.get("prepare_cpu_s"), "comms_created": el.get("comms_created"), "comms_shared": el.get("comms_shared"),
             "peak_extra_gpu_bytes": el.get("peak_extra_bytes"), "peak_staging_bytes": el.get("peak_staging_bytes"),
             "digest_equal_live": el.get("digest_equal"), "digest_equal_restart": er.get("digest_equal"),
             "restart_save_s": er.get("save_s"), "restart_load_s": er.get("load_s"),

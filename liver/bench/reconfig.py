@@ -39,7 +39,7 @@ def _once(name: str, first: str, action: str, mode: str, steps: int, calm: int, 
     (e,) = rep["events"]
     if e["status"] != "done" or "downtime_s" not in e:
         raise RuntimeError(f"{name} ({mode}): event {e['status']}; see {run_dir}")
-    return {"downtime_s": e["downtime_s"], "prepare_s": e.get("prepare_s"),
+    return {"downtime_s": e["downtime_s"], "prepare_s": e.get("prepare_s"), "prepare_cpu_s": e.get("prepare_cpu_s"),
             "steady_overhead": rep.get("steady_overhead"), "bytes_moved": e.get("bytes_moved"),
             "preparing_ratios": report.preparing_ratios(rep["steps"], rep["events"])[0],
             "preparing_ratios_generation": report.preparing_ratios(rep["steps"], rep["events"], None)[0],
@@ -67,7 +67,7 @@ def run(repeats: int = 1, steps: int = 20, run_dir: Path | None = None, calm: in
         whole = [q for x in live for q in x["preparing_ratios_generation"]]
         rows.append({"scenario": name, "event": action, "first": first, "steps_after_event": steps, "repeats": repeats,
                      "downtime_live_s": dl, "downtime_restart_s": dr, "ratio": dr / dl if dl > 0 else None,
-                     "prepare_s": med(live, "prepare_s"),
+                     "prepare_s": med(live, "prepare_s"), "prepare_cpu_s": med(live, "prepare_cpu_s"),
                      "steady_overhead": statistics.median(ratios) - 1 if ratios else None,
                      "steady_overhead_generation": statistics.median(whole) - 1 if whole else None,
                      "steps_preparing": len(ratios), "steps_before_event": calm,

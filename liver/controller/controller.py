@@ -500,6 +500,10 @@ class LiveController(Controller):
         rec["digest_before_s"] = _least(allrec.values(), "digest_before_s")
         rec["mock_warmup_s"] = max((r["prepare"].get("mock_warmup_s", 0.0) for r in done.values()), default=0.0)
         rec["groups_s"] = max((r["prepare"].get("groups_s", 0.0) for r in allrec.values()), default=0.0)
+        # the preparation's own CPU time on the busiest training process (the companion thread's,
+        # and the warm-up's where it ran at a boundary): what Prepare takes from the running steps
+        rec["prepare_cpu_s"] = max((r["prepare"].get("build_cpu_s", 0.0) + r["prepare"].get("warm_cpu_s", 0.0)
+                                    for r in allrec.values() if "old_step" in r), default=0.0)
         # communicators each process made for the new generation, and took over from the Active World
         rec["comms_created"] = {p: r["prepare"].get("comms_created") for p, r in allrec.items()}
         rec["comms_shared"] = {p: r["prepare"].get("comms_shared") for p, r in allrec.items()}
