@@ -504,6 +504,7 @@ class LiveController(Controller):
         # and the warm-up's where it ran at a boundary): what Prepare takes from the running steps
         rec["prepare_cpu_s"] = max((r["prepare"].get("build_cpu_s", 0.0) + r["prepare"].get("warm_cpu_s", 0.0)
                                     for r in allrec.values() if "old_step" in r), default=0.0)
+        rec["prepare_by_proc"] = {p: r["prepare"] for p, r in allrec.items()}  # each process's phases
         # communicators each process made for the new generation, and took over from the Active World
         rec["comms_created"] = {p: r["prepare"].get("comms_created") for p, r in allrec.items()}
         rec["comms_shared"] = {p: r["prepare"].get("comms_shared") for p, r in allrec.items()}

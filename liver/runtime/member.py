@@ -30,7 +30,7 @@ from liver.checkpoint.periodic import PeriodicCheckpointer  # noqa: E402
 from liver.engine.state import state_digest  # noqa: E402
 from liver.engine.trainer import Engine  # noqa: E402
 from liver.runtime import protocol  # noqa: E402
-from liver.runtime.companion import Companion, Preparation  # noqa: E402
+from liver.runtime.companion import Companion, Preparation, rehearse  # noqa: E402
 from liver.runtime.mock import MockWorld  # noqa: E402
 from liver.runtime.protocol import GenerationSpec, agree, put  # noqa: E402
 from liver.runtime.switch import switch  # noqa: E402
@@ -66,6 +66,7 @@ class Member:
         self.into: dict[str, torch.Tensor] | None = None
         self._steps = None  # a joiner's storage for the new state
         self.preparing_since: float | None = None
+        rehearse()  # the companion's code paths, warm before any preparation runs beside training
         # The interpreter's objects so far (torch and its modules: ~170k) leave the cyclic garbage
         # collector's view: a full collection then takes well under a millisecond instead of
         # 40-90 ms, during which it holds the GIL. A companion's burst of allocations (a
