@@ -15,7 +15,9 @@ Parts, interleaved over rounds (round 0, each part's first use in the process, r
 - nccl_p2p (WORLD=2): the same, then one point-to-point message each way (connection set-up),
 - preparation (WORLD=2): the runtime's whole Preparation of a reshape tp2 -> dp2 (plan, World and
   transfer group built and warmed, schedule, staging), abandoned afterwards.
-PARTS=a,b,... runs only those. On 2 x H200 nccl_p2p hung (the point-to-point set-up on a new
+PARTS=a,b,... runs only those. nccl, nccl_p2p and preparation make NCCL communicators in the
+background thread, beside the training's collectives: the thing the runtime no longer does on
+NCCL (it warms new groups at an iteration boundary). On 2 x H200 nccl_p2p hung (the point-to-point set-up on a new
 communicator beside the training's collectives on another: bench/results/issue4-prepare-interference).
 
     NCCL_NVLS_ENABLE=0 PYTHONPATH=$PWD WORLD=2 python3 bench/gpu_prepare_interference.py
