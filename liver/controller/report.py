@@ -162,7 +162,11 @@ def summary(report: dict[str, Any]) -> str:
         rows.append(f"{i:>2}  {what:<28} {move:<26} {dt:>9} {pr:>8} {mv:>10}  {status}")
     so = report.get("steady_overhead")
     rows.append(f"steps: {len(report['steps'])}, wall {report['wall_s']:.1f} s, steady-state overhead "
-                + (f"{so:+.2%}" if so is not None else "n/a"))
+                + (f"{so:+.2%} over {report.get('steps_preparing', 0)} steps while preparing"
+                   if so is not None else "n/a"))
+    cpu = max((e.get("prepare_cpu_s") or 0.0 for e in report["events"]), default=0.0)
+    if cpu:  # what a preparation itself took from a training process, apart from the machine's noise
+        rows.append(f"preparation's own CPU time, busiest training process: up to {cpu * 1e3:.1f} ms per event")
     return "\n".join(rows)
 
 
