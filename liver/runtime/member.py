@@ -67,10 +67,10 @@ class Member:
         self._steps = None  # a joiner's storage for the new state
         self.preparing_since: float | None = None
         rehearse()  # the companion's code paths, warm before any preparation runs beside training
-        # The interpreter's objects so far (torch and its modules: ~170k) leave the cyclic garbage
-        # collector's view: a full collection then takes well under a millisecond instead of
-        # 40-90 ms, during which it holds the GIL. A companion's burst of allocations (a
-        # transfer schedule) would otherwise set one off and stall the training thread.
+        # The interpreter's objects so far (torch and its modules: ~250k) leave the cyclic garbage
+        # collector's view: a full collection then takes 0.01 ms instead of 110-118 ms, during
+        # which it holds the GIL (bench/results/issue4-prepare-first-use). A companion's burst of
+        # allocations (a transfer schedule) would otherwise set one off and stall training.
         gc.collect()
         gc.freeze()
 
