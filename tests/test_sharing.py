@@ -72,7 +72,7 @@ def test_every_member_takes_the_same_decision(monkeypatch_session, h):
         if proc in new_procs:
             w = World.build(None, 1, _layout(new), new_procs.index(proc), cpu_groups=True, procs=new_procs,
                             sharing=sharing)
-            made += [*w.groups.values(), *w.cpu_groups.values()]
+            made += w.every_group()
         members = sorted(set(old_procs) | set(new_procs))
         made.append(sharing.group(None, "liver/gen1/transfer", members, proc, "gloo", CPU, timedelta(1)))
         for g in made:

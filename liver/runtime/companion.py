@@ -3,12 +3,14 @@
 For generation g it plans the transfer (metadata only, the same plan on every process), builds the
 new generation's groups (if this process holds a new rank) and the transfer group over every process
 of both generations, warms them (first collectives, point-to-point connections), then reports ready.
-All of it runs in the background by default; with warm="boundary" the warm-up (which creates NCCL
-communicators) runs at one iteration boundary on every member at once, one longer boundary, for
-sites where creating a communicator beside running collectives is unsafe. Old ranks run it in a background thread
-(with its own store connection); a joiner runs it in the foreground after its mock warm-up. A cancelled
-preparation is abandoned: its groups live under their own store prefix, so they cannot disturb
-anybody, and its thread ends at the rendezvous timeout.
+With warm="background" (gloo's default) all of it runs beside training; with warm="boundary"
+(NCCL's default: NCCL operations on two communicators at once can deadlock) the warm-up, which
+creates the communicators, runs at one iteration boundary on every member at once. Groups over
+the same processes as one of the Active World take over its communicator (liver/world/sharing.py).
+Old ranks run it in a background thread (with its own store connection); a joiner runs it in the
+foreground after its mock warm-up. A cancelled preparation is abandoned: its groups live under
+their own store prefix, so they cannot disturb anybody; it lets go of them when its thread ends
+(at the latest at the rendezvous timeout).
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from liver.runtime.mock import MockGroup
 from liver.runtime.protocol import GenerationSpec, put
 from liver.topology import JobConfig, Layout, ParallelConfig
 from liver.topology.presets import preset
-from liver.world.group import Group
+from liver.world.group import Group, warm_once
 from liver.world.sharing import Sharing
 from liver.world.world import World
 
@@ -128,11 +130,6 @@ class Preparation:
         if not self.defer_warm:
             self.warm()
 
-    def _warmed(self) -> list:
-        """Communicators that ``World.warm`` has warmed (the transfer group may share one)."""
-        w = self.world
-        return [] if w is None else [g.comm for g in [*w.groups.values(), *w.cpu_groups.values()]]
-
     @property
     def defer_warm(self) -> bool:
         """"boundary": the first collectives wait for ``warm()`` at an iteration boundary that every
@@ -148,10 +145,9 @@ class Preparation:
         try:
             t0, c0 = time.perf_counter(), time.thread_time()
             training_thread = self.defer_warm
+            warm_once([*(self.world.every_group() if self.world else []), self.transfer])
             if self.world is not None:
-                self.world.warm(training_thread)
-            if not self.transfer.inherited and self.transfer.comm not in self._warmed():
-                self.transfer.warm()
+                self.world.warm_pipeline(training_thread)
             members = self.transfer.members
             peer = {p: i for i, p in enumerate(members)}
             send_to, recv_from = set(), set()
@@ -161,7 +157,7 @@ class Preparation:
                         send_to.add(peer[t.dst_proc])
                     elif t.kind == "send":
                         recv_from.add(peer[t.src_proc])
-            if training_thread or not self.transfer.inherited:
+            if self.transfer.usable_from(training_thread):
                 self.transfer.warm_p2p(sorted(send_to), sorted(recv_from))
             self.timings["warm_s"] = time.perf_counter() - t0
             self.timings["warm_cpu_s"] = time.thread_time() - c0

@@ -69,7 +69,9 @@ class Group:
         self.pg = pg
         self.backend = backend
         self.device = device
-        self.comm = comm if comm is not None or pg is None else _Comm(pg, backend, device)
+        if comm is None and pg is not None:
+            comm = _Comm(pg, backend, device)
+        self.comm = comm
         self.inherited = inherited
 
     # ---- construction --------------------------------------------------------------------
@@ -107,6 +109,10 @@ class Group:
             raise ValueError(f"{self} cannot be shared as {name} with members {members}")
         self.comm.take()
         return Group(name, members, self.rank, self.pg, self.backend, self.device, self.comm, inherited)
+
+    def usable_from(self, training_thread: bool) -> bool:
+        """A communicator shared with the Active World is used by the training thread only."""
+        return training_thread or not self.inherited
 
     # ---- collectives (in place) ----------------------------------------------------------
     def allreduce(self, t: torch.Tensor, op: str = "sum") -> None:
@@ -198,6 +204,16 @@ class Group:
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.name}, rank {self.rank}/{self.size})"
+
+
+def warm_once(groups: list[Group]) -> None:
+    """A first collective on each communicator of ``groups``, once even if several groups share
+    it; those shared with the Active World are warm already, and left alone."""
+    seen = set()
+    for g in groups:
+        if g.comm is not None and not g.inherited and id(g.comm) not in seen:
+            seen.add(id(g.comm))
+            g.warm()
 
 
 class LocalGroup(Group):

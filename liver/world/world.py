@@ -15,7 +15,7 @@ import torch.distributed as dist
 from torch.distributed import distributed_c10d as c10d
 
 from liver.topology.layout import Layout
-from liver.world.group import Group
+from liver.world.group import Group, warm_once
 from liver.world.sharing import Sharing
 
 
@@ -102,23 +102,25 @@ class World:
             cpu["tp"] = make(f"cpu_tp{layout.all_groups('tp').index(members)}", members, "gloo", cpu_dev, "side")
         return cls(generation, layout, rank, backend, device, groups, time.perf_counter() - t0, cpu)
 
+    def every_group(self) -> list[Group]:
+        return [*self.groups.values(), *self.cpu_groups.values()]
+
     def warm(self, training_thread: bool = True) -> float:
-        """Run a first collective on every group so connection set-up is off the critical path.
-        Groups that share the Active World's communicators are warm already; their pipeline
-        connections are made only from the training thread (``training_thread``), which is the
-        one that uses those communicators."""
+        """Run a first collective on every group so connection set-up is off the critical path,
+        then ``warm_pipeline``."""
         t0 = time.perf_counter()
-        seen = set()
-        for g in [*self.groups.values(), *self.cpu_groups.values()]:
-            if g.comm is not None and not g.inherited and id(g.comm) not in seen:
-                seen.add(id(g.comm))
-                g.warm()
-        pp = self.pp  # the pipeline's neighbours, both ways
-        neighbours = [r for r in (pp.rank - 1, pp.rank + 1) if 0 <= r < pp.size]
-        if training_thread or not pp.inherited:
-            pp.warm_p2p(neighbours, neighbours)
+        warm_once(self.every_group())
+        self.warm_pipeline(training_thread)
         self.warm_s = time.perf_counter() - t0
         return self.warm_s
+
+    def warm_pipeline(self, training_thread: bool = True) -> None:
+        """Point-to-point connections to the pipeline's neighbours, both ways; on a communicator
+        shared with the Active World only from the training thread (``training_thread``)."""
+        pp = self.pp
+        neighbours = [r for r in (pp.rank - 1, pp.rank + 1) if 0 <= r < pp.size]
+        if pp.usable_from(training_thread):
+            pp.warm_p2p(neighbours, neighbours)
 
     # ---- registration with torch.distributed (for DCP and DTensor) ------------------------
     def activate(self) -> None:
@@ -127,7 +129,7 @@ class World:
         Only the Active World is registered; a Shadow World uses its groups directly.
         """
         w = c10d._world
-        for g in [*self.groups.values(), *self.cpu_groups.values()]:
+        for g in self.every_group():
             if g.pg is None or g.pg in w.pg_map:  # one communicator in two roles: registered once
                 continue
             gname = g.pg.group_name  # a shared communicator keeps the name it was made with
@@ -147,7 +149,7 @@ class World:
         if not self._registered:
             return
         w = c10d._world
-        for g in [*self.groups.values(), *self.cpu_groups.values()]:
+        for g in self.every_group():
             if g.pg is None:
                 continue
             gname = g.pg.group_name
@@ -165,7 +167,7 @@ class World:
 
     def destroy(self) -> None:
         self.deactivate()
-        for g in [*self.groups.values(), *self.cpu_groups.values()]:
+        for g in self.every_group():
             g.destroy()
 
     def __repr__(self) -> str:
