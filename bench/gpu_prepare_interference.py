@@ -43,9 +43,9 @@ import torch.multiprocessing as mp
 
 from liver.engine.trainer import Engine, state_specs
 from liver.planner import plan_transfer
-from liver.runtime.companion import Preparation
+from liver.runtime.companion import Preparation, layouts
 from liver.runtime.mock import MockGroup
-from liver.runtime.protocol import GenerationSpec
+from liver.runtime.protocol import GenerationSpec, publish_plan
 from liver.topology import Layout, ParallelConfig
 from liver.topology.presets import preset
 from liver.transfer import StreamingExecutor
@@ -153,6 +153,9 @@ class Parts:
         spec = GenerationSpec(generation=100 + self.count, parallel=ParallelConfig(dp=2).to_dict(),
                               procs=[0, 1], old_generation=0, old_parallel=ParallelConfig(tp=2).to_dict(),
                               old_procs=[0, 1], kind="reshape")
+        old, new = layouts(self.job, spec)  # the plan, as the controller publishes it in a run
+        publish_plan(self.store, spec.generation, plan_transfer(old, new, state_specs(self.job), [0, 1], [0, 1],
+                                                                placement=[0, 1]))
         prep = Preparation(job=self.job, spec=spec, proc=self.rank, store=self.store, backend=BACKEND,
                            device=self.dev, timeout_s=TIMEOUT.total_seconds(), budget_bytes=BUDGET)
         prep.run()

@@ -73,6 +73,7 @@ def _run(args: argparse.Namespace) -> int:
     opts = RunOptions(steps=args.steps, gpus=gpus, slots=slots, backend=args.backend, initial=initial,
                       ckpt_every=args.ckpt_every, digest=args.digest, budget_bytes=args.budget_mib << 20,
                       warmup_steps=args.warmup_steps, warm=args.warm, hardware=hw, token=args.token,
+                      companion_share=args.companion_share,
                       endpoint=not args.no_endpoint,
                       end_after_events=None if args.end_after_events < 0 else args.end_after_events)
     print(f"liver run --mode {args.mode}: model {args.model} ({job.model.num_params():,} parameters), "
@@ -104,7 +105,7 @@ def _bench_reconfig(args: argparse.Namespace) -> int:
     from liver.bench.reconfig import run
 
     rows = run(repeats=args.repeats, steps=args.steps, run_dir=Path(args.run_dir) if args.run_dir else None,
-               calm=args.calm_steps)
+               calm=args.calm_steps, world=args.world)
     return _print_rows(rows, args.json, lambda r: (
         f"{r['scenario']:<40} live {r['downtime_live_s']:.3f} s  restart {r['downtime_restart_s']:.2f} s  "
         f"ratio {r['ratio']:.1f}x  prepare {r['prepare_s']:.2f} s  steady overhead {r['steady_overhead']:+.2%}"))
@@ -138,6 +139,9 @@ def main(argv: list[str] | None = None) -> int:
                    help="first collectives of the new groups: beside training (background), or all "
                         "members at one iteration boundary; auto (default): boundary on NCCL, "
                         "background on gloo")
+    r.add_argument("--companion-share", type=float, default=0.005,
+                   help="at most this share of each training step goes to preparing the next "
+                        "generation beside it (0: no limit; a deadline lifts it)")
     r.add_argument("--memory-gib", type=float, default=None, help="per-GPU memory for target choice")
     r.add_argument("--token", default=None, help="control token (default: random, in control.json)")
     r.add_argument("--no-endpoint", action="store_true")
@@ -161,6 +165,9 @@ def main(argv: list[str] | None = None) -> int:
     br.add_argument("--steps", type=int, default=20, help="steps after the event, per run")
     br.add_argument("--calm-steps", type=int, default=60,
                     help="steps before the event, per run: the baseline of the steady-state overhead")
+    br.add_argument("--world", type=int, default=None,
+                    help="scenario set by its largest process count: 2 or 4 (default: the largest "
+                         "with a core per process)")
     br.add_argument("--run-dir", default=None)
     br.set_defaults(fn=_bench_reconfig)
     args = p.parse_args(argv)

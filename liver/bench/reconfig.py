@@ -4,10 +4,16 @@ their ratio, the live prepare time, and the steady-state overhead of the live ru
 over the steps of every repeat that ran while a Shadow World was prepared, of the step's time over
 the median of the 20 steps of the same configuration just before the event, minus 1
 ("steady_overhead_generation": against all of the generation's other steps). The event comes after ``calm``
-steps, so that each run has a baseline of that many steps."""
+steps, so that each run has a baseline of that many steps. Beside it, the same estimate over steps
+where nothing was prepared ("steady_overhead_placebo": the last steps before each window against
+the 20 before them), and bootstrap 95% intervals over the repeats: on a shared 2-core machine step
+times drift by several per cent over tens of steps, and the placebo shows what a run resolves.
+The scenarios keep a core per process (``--world``), as a GPU run keeps a GPU per process."""
 
 from __future__ import annotations
 
+import os
+import random
 import statistics
 import tempfile
 from pathlib import Path
@@ -20,12 +26,33 @@ from liver.controller.job import run_job
 from liver.topology import ParallelConfig
 from liver.topology.presets import preset
 
-SCENARIOS = [
-    # name, first configuration, event
-    ("scale-out 2->4 (cold joiners)", "1,2,1", "scale-out 4 as 2,1,2"),
-    ("scale-in 4->2 (deadline 60 s)", "2,2,1", "scale-in 2 deadline 60s as 1,2,1"),
-    ("in-place reshape tp2pp2dp1->tp1pp2dp2", "2,2,1", "reshape 1,2,2"),
-]
+SCENARIOS = {
+    # world size -> (name, first configuration, event); one process per core, as one per GPU
+    2: [("scale-out 1->2 (cold joiner)", "1,1,1", "scale-out 2 as 2,1,1"),
+        ("scale-in 2->1 (deadline 60 s)", "2,1,1", "scale-in 1 deadline 60s as 1,1,1"),
+        ("in-place reshape tp2->dp2", "2,1,1", "reshape 1,1,2")],
+    4: [("scale-out 2->4 (cold joiners)", "1,2,1", "scale-out 4 as 2,1,2"),
+        ("scale-in 4->2 (deadline 60 s)", "2,2,1", "scale-in 2 deadline 60s as 1,2,1"),
+        ("in-place reshape tp2pp2dp1->tp1pp2dp2", "2,2,1", "reshape 1,2,2")],
+}
+
+
+def default_world() -> int:
+    """The largest scenario set with a core per process (2 on the 2-core CI machine)."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 2)
+    return max(w for w in SCENARIOS if w <= max(cores, min(SCENARIOS)))
+
+
+def _ci95(runs: list[list[float]], draws: int = 2000) -> list[float] | None:
+    """Bootstrap 95% interval of the pooled median ratio minus 1, resampling whole runs (step
+    times drift together over tens of steps, so steps of one run are not independent samples)."""
+    runs = [r for r in runs if r]
+    if len(runs) < 2:
+        return None
+    rng = random.Random(0)
+    meds = sorted(statistics.median([q for r in rng.choices(runs, k=len(runs)) for q in r]) - 1
+                  for _ in range(draws))
+    return [meds[int(0.025 * draws)], meds[int(0.975 * draws) - 1]]
 
 
 def _once(name: str, first: str, action: str, mode: str, steps: int, calm: int, run_dir: Path) -> dict[str, Any]:
@@ -33,7 +60,7 @@ def _once(name: str, first: str, action: str, mode: str, steps: int, calm: int, 
     initial = ParallelConfig.parse(first)
     ev = parse_action(action, f"scenario {name!r}")
     ev.at_step = calm
-    opts = RunOptions(steps=5000, gpus=initial.world_size, slots=4, initial=initial, ckpt_every=0,
+    opts = RunOptions(steps=5000, gpus=initial.world_size, slots=max(4, initial.world_size), initial=initial, ckpt_every=0,
                       endpoint=False, quiet=True, end_after_events=steps)
     rep = run_job(job, opts, [ev], run_dir, mode, {"scenario": name}, log=lambda s: None)
     (e,) = rep["events"]
@@ -43,11 +70,17 @@ def _once(name: str, first: str, action: str, mode: str, steps: int, calm: int, 
             "steady_overhead": rep.get("steady_overhead"), "bytes_moved": e.get("bytes_moved"),
             "preparing_ratios": report.preparing_ratios(rep["steps"], rep["events"])[0],
             "preparing_ratios_generation": report.preparing_ratios(rep["steps"], rep["events"], None)[0],
+            "placebo_ratios": report.placebo_ratios(rep["steps"], rep["events"]),
             "transfer_s": e.get("transfer_s"), "run_dir": str(run_dir)}
 
 
-def run(repeats: int = 1, steps: int = 20, run_dir: Path | None = None, calm: int = 60) -> list[dict[str, Any]]:
-    """The event comes after step ``calm``; each run ends ``steps`` steps after it was handled."""
+def run(repeats: int = 1, steps: int = 20, run_dir: Path | None = None, calm: int = 60,
+        world: int | None = None) -> list[dict[str, Any]]:
+    """The event comes after step ``calm``; each run ends ``steps`` steps after it was handled.
+    ``world``: the scenario set (the largest number of processes; default ``default_world()``)."""
+    world = default_world() if world is None else world
+    if world not in SCENARIOS:
+        raise ValueError(f"--world={world}: allowed {' or '.join(map(str, SCENARIOS))} (processes)")
     if calm < 3:
         raise ValueError(f"--calm-steps={calm}: allowed 3 or more (steps before the event)")
     if repeats < 1:
@@ -56,7 +89,7 @@ def run(repeats: int = 1, steps: int = 20, run_dir: Path | None = None, calm: in
         raise ValueError(f"--steps={steps}: allowed 3 or more (steps after the event)")
     base = run_dir or Path(tempfile.mkdtemp(prefix="liver-bench-reconfig-"))
     rows = []
-    for i, (name, first, action) in enumerate(SCENARIOS):
+    for i, (name, first, action) in enumerate(SCENARIOS[world]):
         live, restart = [], []
         for r in range(repeats):  # interleaved, so both modes see the same machine state
             live.append(_once(name, first, action, "live", steps, calm, base / f"s{i}-live-{r}"))
@@ -65,12 +98,17 @@ def run(repeats: int = 1, steps: int = 20, run_dir: Path | None = None, calm: in
         dl, dr = med(live, "downtime_s"), med(restart, "downtime_s")
         ratios = [q for x in live for q in x["preparing_ratios"]]  # every repeat's preparing steps
         whole = [q for x in live for q in x["preparing_ratios_generation"]]
+        placebo = [q for x in live for q in x["placebo_ratios"]]
         rows.append({"scenario": name, "event": action, "first": first, "steps_after_event": steps, "repeats": repeats,
                      "downtime_live_s": dl, "downtime_restart_s": dr, "ratio": dr / dl if dl > 0 else None,
                      "prepare_s": med(live, "prepare_s"), "prepare_cpu_s": med(live, "prepare_cpu_s"),
                      "steady_overhead": statistics.median(ratios) - 1 if ratios else None,
                      "steady_overhead_generation": statistics.median(whole) - 1 if whole else None,
-                     "steps_preparing": len(ratios), "steps_before_event": calm,
+                     "steady_overhead_ci95": _ci95([x["preparing_ratios"] for x in live]),
+                     # the same estimate over steps with nothing prepared: what the machine resolves
+                     "steady_overhead_placebo": statistics.median(placebo) - 1 if placebo else None,
+                     "steady_overhead_placebo_ci95": _ci95([x["placebo_ratios"] for x in live]), "steps_placebo": len(placebo),
+                     "steps_preparing": len(ratios), "steps_before_event": calm, "world": world,
                      "steady_overhead_per_repeat": [x["steady_overhead"] for x in live],
                      "bytes_moved": live[0]["bytes_moved"], "transfer_s": med(live, "transfer_s"),
                      "run_dirs": [x["run_dir"] for x in live + restart]})

@@ -29,7 +29,7 @@ from liver.controller.events import Event, EventError, parse_action
 from liver.engine.trainer import state_specs
 from liver.planner.plan import plan_transfer
 from liver.runtime import protocol
-from liver.runtime.protocol import GenerationSpec, get, put
+from liver.runtime.protocol import GenerationSpec, get, publish_plan, put
 from liver.topology import JobConfig, Layout, ParallelConfig
 from liver.world.world import make_store
 
@@ -54,6 +54,8 @@ class RunOptions:
     # "auto": "boundary" on NCCL (NCCL operations on two communicators at once may deadlock, and
     # did: bench/results/issue4-prepare-interference), "background" on gloo (CPU sockets)
     warm: str = "auto"
+    # a companion takes at most this share of each training step (liver/runtime/pace.py); 0: no limit
+    companion_share: float = 0.005
     prepare_timeout_s: float = 300.0
     group_timeout_s: float = 120.0
     hardware: target.Hardware = field(default_factory=target.Hardware)
@@ -65,6 +67,9 @@ class RunOptions:
     def __post_init__(self) -> None:
         if self.warm not in WARM_MODES:  # refused before any process starts
             raise ValueError(f"warm={self.warm!r}: allowed {' or '.join(map(repr, WARM_MODES))}")
+        if not 0.0 <= self.companion_share <= 1.0:
+            raise ValueError(f"companion_share={self.companion_share!r}: allowed a fraction of a step from 0 "
+                             "(no limit) to 1")
         if self.warm == "auto":
             self.warm = "boundary" if self.backend == "nccl" else "background"
 
@@ -93,7 +98,7 @@ class Controller:
             store_addr=self.store_addr, run_dir=str(run_dir), job=job.to_dict(), backend=opts.backend,
             total_steps=opts.steps, digest=opts.digest, ckpt_every=opts.ckpt_every,
             budget_bytes=opts.budget_bytes, warmup_steps=opts.warmup_steps, warm=opts.warm,
-            timeout_s=opts.group_timeout_s), quiet=opts.quiet)
+            companion_share=opts.companion_share, timeout_s=opts.group_timeout_s), quiet=opts.quiet)
         self.queue: collections.deque[Event] = collections.deque(events)
         self.lock = threading.Lock()
         self.records: list[dict[str, Any]] = []
@@ -119,7 +124,9 @@ class Controller:
             parallel = self.opts.initial or target.choose(self.job, self.opts.gpus, self.opts.hardware)
             self._start_generation(parallel, slots=list(range(self.opts.gpus)), load_from=None, kind="start")
             while not self.finished:
-                self.progress = get(self.store, "progress", self.progress)
+                # one round trip a tick once the key exists (it is never deleted)
+                self.progress = json.loads(self.store.get("progress")) if self.progress \
+                    else get(self.store, "progress", self.progress)
                 if self.progress and self.t_start is None:
                     self.t_start = self.progress["time"]
                 for w in self.agent.poll():
@@ -425,6 +432,7 @@ class LiveController(Controller):
         spec = GenerationSpec(generation=self.gen, parallel=plan["target"].to_dict(), procs=tp.placement,
                               old_generation=old.generation, old_parallel=old.parallel,
                               old_procs=old.procs, kind=self.current["event"]["kind"])
+        publish_plan(self.store, self.gen, tp)  # before the spec: a worker that sees one finds both
         spec.publish(self.store)
         rec = self.current
         rec.update(generation=self.gen, plan_s=time.perf_counter() - t0, bytes_moved=tp.bytes_moved,
@@ -470,9 +478,10 @@ class LiveController(Controller):
                         self.agent.kill(p)
                         self.phase_log("preempted", proc=p)
                         return self._fail_stop([self.agent.workers[p]])
-        done = self._collect(g, self.pending.procs)
-        if done is not None:
-            self._switched(done)
+        if self.phase == "ready":  # (no process switches before all are ready)
+            done = self._collect(g, self.pending.procs)
+            if done is not None:
+                self._switched(done)
 
     def _expected_handoff_s(self, rec: dict[str, Any]) -> float:
         """Time a handoff without cold processes took before (prepare + switch); 1 s if none yet."""

@@ -97,6 +97,23 @@ def preparing_ratios(steps: list[dict[str, Any]], events: list[dict[str, Any]],
     return rel, n_calm
 
 
+def placebo_ratios(steps: list[dict[str, Any]], events: list[dict[str, Any]],
+                   baseline_steps: int = BASELINE_STEPS) -> list[float]:
+    """The same estimate where nothing was prepared: for each window of n preparing steps, the
+    last n steps before it (at most as many as leave ``baseline_steps`` before them), each over
+    the median of the ``baseline_steps`` steps before those. What ``preparing_ratios`` gives when
+    only the machine's drift is at work: the resolution of the steady-state overhead."""
+    out = []
+    for w in _prepare_windows(events):
+        gen = [s for s in steps if s["generation"] == w[0]][1:]
+        before = [s["step_s"] for s in gen if s["time"] <= w[1]]
+        n = min(sum(1 for s in gen if w[1] < s["time"] <= w[2] + 1e-9), len(before) - baseline_steps)
+        if n > 0:
+            base = statistics.median(before[-n - baseline_steps:-n])
+            out += [x / base for x in before[-n:]]
+    return out
+
+
 def steady_overhead(steps: list[dict[str, Any]], events: list[dict[str, Any]]) -> dict[str, Any]:
     """The median of the preparing steps' ratios (see ``preparing_ratios``) minus 1; also against
     the whole generation's steps outside windows (``steady_overhead_generation``)."""

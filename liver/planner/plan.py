@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import dataclass, field
-from typing import NamedTuple
+from typing import Callable, NamedTuple
 
 import numpy as np
 
@@ -223,12 +223,13 @@ def _check(old: Layout, new: Layout, old_procs: list[int], new_procs: list[int],
 
 def plan_transfer(old: Layout, new: Layout, specs: list[TensorSpec], old_procs: list[int],
                   new_procs: list[int], *, placement: list[int] | None = None,
-                  optimize_placement: bool = True) -> Plan:
+                  optimize_placement: bool = True, pause: Callable[[], None] | None = None) -> Plan:
     """Plan the move of every tensor in ``specs`` from ``old`` to ``new``.
 
     ``old_procs[r]`` is the process of old rank r; ``new_procs`` the processes of the new world.
     Without an explicit ``placement`` the planner chooses the one that moves fewest bytes
     (``optimize_placement``) or the identity one. Raises ValueError before anything moves.
+    ``pause``, if given, is called between geometry groups (a companion's pace).
     """
     _check(old, new, old_procs, new_procs, placement)
     groups = _geometry_groups(specs)
@@ -264,6 +265,8 @@ def plan_transfer(old: Layout, new: Layout, specs: list[TensorSpec], old_procs: 
     family_cache: dict[tuple, tuple] = {}
     columns: dict[int, list[_Columns]] = defaultdict(list)
     for g in groups:
+        if pause is not None:
+            pause()
         spec = g.proto
         s_old, s_new = old.stage_of_layer(spec.layer), new.stage_of_layer(spec.layer)
         ckey = (spec.shape, spec.shard_dim)

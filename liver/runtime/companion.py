@@ -27,7 +27,8 @@ from liver.engine.trainer import state_specs
 from liver.transfer.executor import StreamingExecutor
 from liver.planner.plan import Plan, plan_transfer
 from liver.runtime.mock import MockGroup
-from liver.runtime.protocol import GenerationSpec, put
+from liver.runtime.pace import Pace
+from liver.runtime.protocol import GenerationSpec, fetch_plan, put
 from liver.topology import JobConfig, Layout, ParallelConfig
 from liver.topology.presets import preset
 from liver.world.group import Group, warm_once
@@ -55,14 +56,20 @@ def rehearse() -> None:
                           1 << 20, torch.device("cpu"))
 
 
+class Abandoned(RuntimeError):
+    """Raised inside an abandoned preparation at its next pause: it stops there."""
+
+
 class Preparation:
     """Everything process ``proc`` needs, before the switch, to enter generation ``spec``."""
 
     def __init__(self, *, job: JobConfig, spec: GenerationSpec, proc: int, store: dist.Store,
                  backend: str, device: torch.device, timeout_s: float, budget_bytes: int,
-                 warm: str = "background", active: World | None = None) -> None:
+                 warm: str = "background", active: World | None = None, pace: Pace | None = None) -> None:
         self.job, self.spec, self.proc, self.store = job, spec, proc, store
         self.active = active  # this process's Active World (None for a joiner)
+        # beside training: at most a share of each step (liver/runtime/pace.py); alone: no limit
+        self.pace = pace or Pace(0.0)
         self.budget_bytes, self.warm_at = budget_bytes, warm
         self.backend, self.device = backend, device
         self.timeout = timedelta(seconds=timeout_s)
@@ -70,6 +77,7 @@ class Preparation:
         self.transfer: Group | None = None
         self.plan: Plan | None = None
         self.executor: StreamingExecutor | None = None
+        self._sharing: Sharing | None = None
         self.built = False
         self.ready = False
         self.abandoned = False
@@ -90,13 +98,18 @@ class Preparation:
             if self.abandoned:
                 self.release()
 
+    def _pause(self) -> None:
+        """Between units of phase A's work: stop if abandoned, else keep to the pace."""
+        if self.abandoned:
+            raise Abandoned(f"preparation of generation {self.generation} was abandoned")
+        self.pace()
+
     def release(self) -> None:
         """An abandoned preparation lets go of its groups (communicators it shares with the
         Active World stay theirs) and of its staging. Only from the thread that ran it, or after."""
         with self._release_lock:
-            for g in (self.world, self.transfer):
-                if g is not None:
-                    g.destroy()
+            for g in self._sharing.handed if self._sharing else ():  # every group, a cut-short build's too
+                g.destroy()
             self.world = self.transfer = self.executor = None
 
     def _run(self) -> None:
@@ -105,12 +118,16 @@ class Preparation:
         t0, c0 = time.perf_counter(), time.thread_time()
         s = self.spec
         old, new = layouts(self.job, s)
-        self.plan = plan_transfer(old, new, state_specs(self.job), s.old_procs, sorted(set(s.procs)),
-                                  placement=s.procs)
+        self.plan = fetch_plan(self.store, s.generation)  # the controller's (runtime/protocol.py)
+        if (self.plan.old.parallel, self.plan.new.parallel, self.plan.placement, self.plan.old_procs) != \
+                (old.parallel, new.parallel, s.procs, s.old_procs):
+            raise RuntimeError(f"plan/{s.generation} in the store does not match gen/{s.generation}")
         self.timings["plan_s"] = time.perf_counter() - t0
+        self._pause()
         t1 = time.perf_counter()
         # groups over the same processes as one of the Active World share its communicator
-        sharing = Sharing.of_active(self.active, s.old_procs) if self.active is not None else Sharing()
+        sharing = self._sharing = Sharing.of_active(self.active, s.old_procs, self._pause) \
+            if self.active is not None else Sharing(self._pause)
         if self.proc in s.procs:
             self.world = World.build(self.store, s.generation, new, s.procs.index(self.proc),
                                      self.backend, self.device, self.timeout, cpu_groups=True,
@@ -122,10 +139,14 @@ class Preparation:
         self.timings["comms_created"], self.timings["comms_shared"] = sharing.created, sharing.shared
         t2 = time.perf_counter()  # which slice goes in which message, worked out now, not in the switch
         self.executor = StreamingExecutor(self.plan, state_specs(self.job), self.proc, self.transfer,
-                                          self.budget_bytes, self.device).reserve()  # its staging too
+                                          self.budget_bytes, self.device, pause=self._pause)
+        self._pause()
+        self.executor.reserve()  # its staging too
         self.timings["schedule_s"] = time.perf_counter() - t2
         # CPU time of this thread (Python holds the GIL for most of it: the training thread's cost)
         self.timings["build_cpu_s"] = time.thread_time() - c0
+        self.timings["paced_steps"] = self.pace.waits  # boundaries it waited for
+        self.timings["largest_unit_cpu_s"] = self.pace.largest_unit_s
         self.built = True
         if not self.defer_warm:
             self.warm()
@@ -189,8 +210,14 @@ class Companion(threading.Thread):
     def built_generation(self) -> int:
         return self.prep.generation if self.prep.built and not self.prep.abandoned else 0
 
+    def finish(self, timeout_s: float) -> None:
+        """Deadline: the rest of the preparation at full speed, waited for."""
+        self.prep.pace.unleash()
+        self.join(timeout_s)
+
     def abandon(self) -> None:
         self.prep.abandoned = True
+        self.prep.pace.unleash()  # a paced thread wakes up and stops at its next pause
         if not self.is_alive():  # else its thread lets go when it ends
             self.prep.release()
 

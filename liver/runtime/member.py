@@ -32,6 +32,7 @@ from liver.engine.trainer import Engine  # noqa: E402
 from liver.runtime import protocol  # noqa: E402
 from liver.runtime.companion import Companion, Preparation, rehearse  # noqa: E402
 from liver.runtime.mock import MockWorld  # noqa: E402
+from liver.runtime.pace import Pace  # noqa: E402
 from liver.runtime.protocol import GenerationSpec, agree, put  # noqa: E402
 from liver.runtime.switch import switch  # noqa: E402
 from liver.topology import JobConfig, Layout, ParallelConfig  # noqa: E402
@@ -53,6 +54,7 @@ class Member:
         self.timeout_s: float = spec.get("timeout_s", 120.0)
         self.budget_bytes: int = spec.get("budget_bytes", 512 << 20)  # transfer staging per process
         self.warm: str = spec.get("warm", "background")  # when the new groups' first collectives run
+        self.companion_share: float = spec.get("companion_share", 0.0)  # of each step (runtime/pace.py)
         if self.backend == "nccl":
             torch.cuda.set_device(spec["slot"])
             self.device = torch.device("cuda", spec["slot"])
@@ -151,7 +153,7 @@ class Member:
                 self._steps_file().write(json.dumps(rec) + "\n")
                 print(f"step {st.step:5d}  gen {e.world.generation}  {e.layout.parallel.short():<12} "
                       f"loss {st.loss:.4f}  {st.step_s * 1e3:7.1f} ms", flush=True)
-            self.boundary()
+            self.boundary(st.step_s)
         self.ckpt.wait()
 
     def _steps_file(self):
@@ -160,9 +162,11 @@ class Member:
             self._steps = open(self.run_dir / "steps.jsonl", "a", buffering=1)
         return self._steps
 
-    def boundary(self) -> None:
+    def boundary(self, step_s: float) -> None:
         """The consistent cut: every rank takes the same decisions here, from one all-reduce."""
         e = self.engine
+        if self.companion is not None:
+            self.companion.prep.pace.boundary(step_s)  # its next slice
         ready = self.companion.ready_generation() if self.companion else 0
         built = self.companion.built_generation() if self.companion else 0
         cut = agree(e.world.all, self.store if e.world.rank == 0 else None, ready, self.ckpt.busy(), built)
@@ -182,12 +186,13 @@ class Member:
                                                    store=store, backend=self.backend,
                                                    device=self.device, timeout_s=self.timeout_s,
                                                    budget_bytes=self.budget_bytes, warm=self.warm,
-                                                   active=e.world))
+                                                   active=e.world,
+                                                   pace=Pace(self.companion_share, step_s)))
             self.preparing_since = time.time()
             self.companion.start()
         elif self.companion is not None and cut.force == self.companion.prep.generation \
                 and not cut.switch_to:
-            self.companion.join(self.timeout_s)  # deadline: finish preparing in the foreground
+            self.companion.finish(self.timeout_s)  # deadline: finish preparing, at full speed
             if self.companion.prep.defer_warm and self.companion.prep.built and not self.companion.prep.ready:
                 self.companion.prep.warm()
             cut = agree(e.world.all, None, self.companion.ready_generation())

@@ -3,6 +3,9 @@
 Everything lives under the prefix ``run/`` of the store the controller owns:
 
 - ``gen/{g}``          the generation spec: layout, the process of each new rank, the old generation
+- ``plan/{g}``         the transfer plan into generation g (a pickled ``Plan``), made once by the
+                       controller: every process reads it instead of working it out again beside
+                       training (unpickling the 1b plan: 1 ms of CPU; planning it: 4 ms)
 - ``ctl``              the controller's current wish: {"wanted": g, "stop_at": step, "force": g,
                        "end_at": step}
 - ``progress``         the latest finished step (rank 0 of the Active World)
@@ -18,6 +21,7 @@ decision at the same boundary.
 from __future__ import annotations
 
 import json
+import pickle
 from dataclasses import dataclass
 from typing import Any
 
@@ -62,6 +66,16 @@ class GenerationSpec:
 
     def publish(self, store: dist.Store) -> None:
         put(store, f"gen/{self.generation}", self.to_dict())
+
+
+def publish_plan(store: dist.Store, g: int, plan: Any) -> None:
+    """The job's own store is written only by its controller and workers (the control endpoint
+    never writes it), so what is unpickled here comes from the controller."""
+    store.set(f"plan/{g}", pickle.dumps(plan, protocol=pickle.HIGHEST_PROTOCOL))
+
+
+def fetch_plan(store: dist.Store, g: int) -> Any:
+    return pickle.loads(store.get(f"plan/{g}"))
 
 
 @dataclass

@@ -18,7 +18,7 @@ from __future__ import annotations
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from typing import Any, Callable, NamedTuple
 
 import torch
 
@@ -130,7 +130,8 @@ class StreamingExecutor:
     only launches copies and messages."""
 
     def __init__(self, plan: Plan, specs: list[TensorSpec], proc: int, group: Group,
-                 budget_bytes: int, device: torch.device, message_bytes: int | None = None) -> None:
+                 budget_bytes: int, device: torch.device, message_bytes: int | None = None,
+                 pause: Callable[[], None] | None = None) -> None:
         if budget_bytes < 1:
             raise ValueError(f"budget_bytes={budget_bytes}: must be positive")
         if message_bytes is not None and not 1 <= message_bytes <= budget_bytes:
@@ -147,7 +148,11 @@ class StreamingExecutor:
         self._peer = {p: i for i, p in enumerate(group.members)}  # process -> group rank
         self._shapes: dict[str, tuple[tuple[int, ...], torch.dtype]] = {}  # new shards' shape, dtype
         self._bytes = TransferStats()
-        self._steps = [self._step(layer, tasks) for layer, tasks in plan.layer_tasks(proc)]
+        self._steps = []
+        for layer, tasks in plan.layer_tasks(proc):  # ``pause``: a companion's pace, between layers
+            if pause is not None:
+                pause()
+            self._steps.append(self._step(layer, tasks))
         staged = sum(_aligned(m.nbytes) * max(1, len(m.chunks)) for st in self._steps for m in st.messages)
         self.staging_bytes = min(self.budget, staged)  # the ring: B, or less if the plan needs less
         self._ring: StagingRing | None = None

@@ -17,6 +17,7 @@ groups are made in the same order on every process.
 from __future__ import annotations
 
 from datetime import timedelta
+from typing import Callable
 
 import torch
 import torch.distributed as dist
@@ -34,15 +35,17 @@ def _key(lane: str, backend: str, device: torch.device, procs: tuple[int, ...]) 
 
 
 class Sharing:
-    def __init__(self) -> None:
+    def __init__(self, pause: Callable[[], None] | None = None) -> None:
+        self.pause = pause  # called before each group (a companion's pace)
         self._groups: dict[Key, tuple[Group, bool]] = {}  # -> (group, belongs to the Active World)
         self.created = 0  # communicators made through this object
         self.shared = 0   # groups that took over an existing one
+        self.handed: list[Group] = []  # every group made here: one that stops half-way lets go of them
 
     @classmethod
-    def of_active(cls, world, procs: list[int]) -> "Sharing":
+    def of_active(cls, world, procs: list[int], pause: Callable[[], None] | None = None) -> "Sharing":
         """The communicators of the Active World ``world``, whose rank r is process ``procs[r]``."""
-        s = cls()
+        s = cls(pause)
         for lane, groups in (("train", world.groups), ("side", world.cpu_groups)):
             for g in groups.values():
                 if g.comm is not None:
@@ -56,12 +59,16 @@ class Sharing:
         """Group ``name`` over ``members`` (ranks; rank r is process ``procs[r]``, default r):
         shared where a group of the same lane over the same processes in the same order exists,
         else created."""
+        if self.pause is not None:
+            self.pause()
         key = _key(lane, backend, device, tuple(procs[m] for m in members) if procs else tuple(members))
         if len(members) > 1 and key in self._groups:
             g, active = self._groups[key]
             self.shared += 1
-            return g.share(name, members, inherited=active)
+            self.handed.append(g.share(name, members, inherited=active))
+            return self.handed[-1]
         g = Group.create(store, name, members, rank, backend, device, timeout)
+        self.handed.append(g)
         if g.comm is not None:
             self._groups[key] = (g, False)
             self.created += 1
