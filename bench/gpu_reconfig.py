@@ -130,9 +130,13 @@ def main() -> int:
         return 1
     by_kind = {}  # every preparing step of every event of one kind, pooled
     for kind in dict.fromkeys(e["event"]["kind"] for e in live["events"]):
-        ratios, _ = rep.preparing_ratios(live["steps"], [e for e in live["events"] if e["event"]["kind"] == kind])
+        of_kind = [e for e in live["events"] if e["event"]["kind"] == kind]
+        ratios, _ = rep.preparing_ratios(live["steps"], of_kind)
+        placebo = rep.placebo_ratios(live["steps"], of_kind)  # the same estimate, nothing prepared
         by_kind[kind] = {"steady_overhead": statistics.median(ratios) - 1 if ratios else None,
-                         "steps_preparing": len(ratios)}
+                         "steps_preparing": len(ratios),
+                         "steady_overhead_placebo": statistics.median(placebo) - 1 if placebo else None,
+                         "steps_placebo": len(placebo)}
     if os.environ.get("LIVE_ONLY"):  # the steady-state overhead over many events: no restart run
         keys = ("old", "new", "downtime_s", "transfer_s", "prepare_s", "prepare_cpu_s", "steady_overhead", "steps_preparing",
                 "prepare_stall_s", "comms_created", "digest_equal", "deadline_met", "peak_extra_bytes")
