@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import collections
 import json
+import pickle
 import shutil
 import threading
 import time
@@ -84,6 +85,17 @@ def _least(records, key: str) -> float:
     return min((r[key] for r in records if key in r), default=0.0)
 
 
+def _rehearse_planning(job: JobConfig) -> None:
+    """Plan (placement search included) and pickle one reshape of this job before anything runs:
+    the first event's planning then pays no first-use costs (imports, caches) in the middle of
+    the training steps, on a machine whose cores the controller shares with the workers."""
+    try:
+        a, b = (Layout(job.model, p, job.train) for p in (ParallelConfig(), ParallelConfig(dp=2)))
+    except ValueError:  # a job that cannot run on two GPUs has no such event to prepare for
+        return
+    pickle.dumps(plan_transfer(a, b, state_specs(job), [0], [0, 1]))
+
+
 class Controller:
     mode = "base"
 
@@ -92,6 +104,7 @@ class Controller:
         self.job, self.opts, self.run_dir, self.log = job, opts, run_dir, log
         run_dir.mkdir(parents=True, exist_ok=True)
         (run_dir / "steps.jsonl").write_text("")
+        _rehearse_planning(job)
         self.master, self.store_addr = make_store()
         self.store = protocol.run_store(self.master)
         self.agent = NodeAgent(run_dir, opts.slots, dict(

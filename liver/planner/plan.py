@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import dataclass, field
-from typing import Callable, NamedTuple
+from typing import Callable, Iterator, NamedTuple
 
 import numpy as np
 
@@ -82,12 +82,14 @@ class Plan:
 
     def layer_tasks(self, proc: int) -> list[tuple[int, list[TransferTask]]]:
         """The tasks a process takes part in (as source or destination), layer by layer."""
-        out = []
+        return list(self.iter_layer_tasks(proc))
+
+    def iter_layer_tasks(self, proc: int) -> Iterator[tuple[int, list[TransferTask]]]:
+        """``layer_tasks``, one layer at a time (each built when it is reached)."""
         for layer, cols in self.by_layer.items():
             ts = [t for c in cols for t in c.tasks((c.src_proc == proc) | (c.dst_proc == proc))]
             if ts:
-                out.append((layer, ts))
-        return out
+                yield layer, ts
 
     @property
     def num_tasks(self) -> int:

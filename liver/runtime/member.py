@@ -68,6 +68,9 @@ class Member:
         self.into: dict[str, torch.Tensor] | None = None
         self._steps = None  # a joiner's storage for the new state
         self.preparing_since: float | None = None
+        # the companions' store connection (made now, not beside the first preparation's steps)
+        self._side = protocol.run_store(connect_store(spec["store_addr"]))
+        self._side_user: Companion | None = None  # the last companion that used it
         rehearse()  # the companion's code paths, warm before any preparation runs beside training
         # The interpreter's objects so far (torch and its modules: ~250k) leave the cyclic garbage
         # collector's view: a full collection then takes 0.01 ms instead of 110-118 ms, during
@@ -127,11 +130,24 @@ class Member:
             raise RuntimeError(f"proc {self.proc}: preparing generation {g} failed: {prep.error!r}")
         prep.timings["mock_warmup_s"] = warmup_s
         self._switch(prep, {"process_start": STARTED, "imported": IMPORTED})
-        try:  # a rank now: back to normal priority where the system allows it
-            os.sched_setscheduler(0, os.SCHED_OTHER, os.sched_param(0))
-            os.setpriority(os.PRIO_PROCESS, 0, 0)
-        except (AttributeError, OSError) as e:
-            print(f"proc {self.proc}: could not restore normal CPU priority ({e})", file=sys.stderr)
+        self._normal_priority()
+
+    def _normal_priority(self) -> None:
+        """A rank now: back to normal priority where the system allows it, on every thread (those
+        started while it booted, the communicators' among them, inherited the idle priority)."""
+        try:
+            tids = [int(t) for t in os.listdir("/proc/self/task")]
+        except OSError:
+            tids = [0]
+        for tid in tids:
+            try:
+                os.sched_setscheduler(tid, os.SCHED_OTHER, os.sched_param(0))
+                os.setpriority(os.PRIO_PROCESS, tid, 0)
+            except ProcessLookupError:  # a thread that ended meanwhile
+                pass
+            except (AttributeError, OSError) as e:
+                print(f"proc {self.proc}: could not restore normal CPU priority ({e})", file=sys.stderr)
+                return
 
     # ---- the training loop ---------------------------------------------------------------
     def train(self) -> None:
@@ -156,6 +172,14 @@ class Member:
             self.boundary(st.step_s)
         self.ckpt.wait()
 
+    def _side_store(self):
+        """The companions' store connection: a rendezvous blocked on a late joiner must not queue
+        the training thread's store reads behind it on one socket. Made once, and again only while
+        an abandoned companion may still be blocked on the last one."""
+        if self._side_user is not None and self._side_user.is_alive():
+            self._side = protocol.run_store(connect_store(self.cfg["store_addr"]))
+        return self._side
+
     def _steps_file(self):
         """steps.jsonl, opened once (appends of whole lines: ranks 0 of later generations share it)."""
         if self._steps is None:
@@ -179,15 +203,13 @@ class Member:
             self.companion = None
         if self.companion is None and cut.wanted > e.world.generation:
             spec = GenerationSpec.fetch(self.store, cut.wanted)
-            # its own store connection: a rendezvous blocked on a late joiner must not queue the
-            # training thread's store reads behind it on one socket
-            store = protocol.run_store(connect_store(self.cfg["store_addr"]))
             self.companion = Companion(Preparation(job=self.job, spec=spec, proc=self.proc,
-                                                   store=store, backend=self.backend,
+                                                   store=self._side_store(), backend=self.backend,
                                                    device=self.device, timeout_s=self.timeout_s,
                                                    budget_bytes=self.budget_bytes, warm=self.warm,
                                                    active=e.world,
                                                    pace=Pace(self.companion_share, step_s)))
+            self._side_user = self.companion
             self.preparing_since = time.time()
             self.companion.start()
         elif self.companion is not None and cut.force == self.companion.prep.generation \

@@ -149,7 +149,7 @@ class StreamingExecutor:
         self._shapes: dict[str, tuple[tuple[int, ...], torch.dtype]] = {}  # new shards' shape, dtype
         self._bytes = TransferStats()
         self._steps = []
-        for layer, tasks in plan.layer_tasks(proc):  # ``pause``: a companion's pace, between layers
+        for layer, tasks in plan.iter_layer_tasks(proc):  # ``pause``: a companion's pace, between layers
             if pause is not None:
                 pause()
             self._steps.append(self._step(layer, tasks))
