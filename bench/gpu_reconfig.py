@@ -10,6 +10,7 @@ The point-to-point NCCL bandwidth is measured first in the same call (transfer f
     MODEL=1b python3 bench/gpu_reconfig.py                 # writes $OUT/gpu_reconfig.json and timelines
     SCENARIO=x2-twice MODEL=1b RUN_ROOT=/dev/shm python3 bench/gpu_reconfig.py   # each event twice
     SCENARIO=x2-cycles LIVE_ONLY=1 MODEL=1b python3 bench/gpu_reconfig.py       # 16 events, live only
+    SCENARIO=x2-cycles CYCLES=3 GAP=40 LIVE_ONLY=1 MODEL=1b python3 bench/gpu_reconfig.py  # 12, spaced
     SCENARIO=x8 MODEL=7b RUN_ROOT=/dev/shm python3 bench/gpu_reconfig.py
     BACKEND=gloo MODEL=tiny8 SCENARIO=x8 python3 bench/gpu_reconfig.py   # CPU dry run
 """
@@ -54,8 +55,10 @@ SCENARIOS = {
                                  ("at step {a}: scale-out 2 as 2,1,1", 75), ("at step {a}: reshape 1,1,2", 110),
                                  ("at step {a}: scale-in 1 deadline 60s as 1,1,1", 125)]),
     # the steady-state overhead over many events (LIVE_ONLY=1): four cycles of reshape tp2 -> dp2,
-    # back to tp2, scale-in to 1 GPU, scale-out to 2 with a cold process; 12 steps between events
-    "x2-cycles": ("2,1,1", 2, 2, [(line, 10 + 12 * i) for i, line in enumerate(
+    # back to tp2, scale-in to 1 GPU, scale-out to 2 with a cold process; GAP (12) steps between
+    # events: an event whose step has passed when the previous one is done comes at once, with no
+    # steps of its own generation before it to compare with (GAP=40: each has a baseline)
+    "x2-cycles": ("2,1,1", 2, 2, [(line, 10 + int(os.environ.get("GAP", "12")) * i) for i, line in enumerate(
         ["at step {a}: reshape 1,1,2", "at step {a}: reshape 2,1,1", "at step {a}: scale-in 1 deadline 60s as 1,1,1",
          "at step {a}: scale-out 2 as 2,1,1"] * int(os.environ.get("CYCLES", "4")))]),
     # issue 5: 8 GPUs (the reshape to tp2pp2dp2 only connects the four measured events)
