@@ -105,7 +105,7 @@ def _bench_reconfig(args: argparse.Namespace) -> int:
     from liver.bench.reconfig import run
 
     rows = run(repeats=args.repeats, steps=args.steps, run_dir=Path(args.run_dir) if args.run_dir else None,
-               calm=args.calm_steps, world=args.world)
+               calm=args.calm_steps, world=args.world, cycles=args.cycles)
     return _print_rows(rows, args.json, lambda r: (
         f"{r['scenario']:<40} live {r['downtime_live_s']:.3f} s  restart {r['downtime_restart_s']:.2f} s  "
         f"ratio {r['ratio']:.1f}x  prepare {r['prepare_s']:.2f} s  steady overhead {r['steady_overhead']:+.2%}"))
@@ -165,6 +165,9 @@ def main(argv: list[str] | None = None) -> int:
     br.add_argument("--steps", type=int, default=20, help="steps after the event, per run")
     br.add_argument("--calm-steps", type=int, default=60,
                     help="steps before the event, per run: the baseline of the steady-state overhead")
+    br.add_argument("--cycles", type=int, default=1,
+                    help="events of the scenario per live run (each followed by the event back): more "
+                         "preparing steps for the steady-state overhead")
     br.add_argument("--world", type=int, default=None,
                     help="scenario set by its largest process count: 2 or 4 (default: the largest "
                          "with a core per process)")

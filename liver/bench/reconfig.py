@@ -6,7 +6,7 @@ the median of the 20 steps of the same configuration just before the event, minu
 ("steady_overhead_generation": against all of the generation's other steps). The event comes after ``calm``
 steps, so that each run has a baseline of that many steps. Beside it, the same estimate over steps
 where nothing was prepared ("steady_overhead_placebo": the last steps before each window against
-the 20 before them), and bootstrap 95% intervals over the repeats: on a shared 2-core machine step
+the 20 before them), and bootstrap 95% intervals over the events: on a shared 2-core machine step
 times drift by several per cent over tens of steps, and the placebo shows what a run resolves.
 The scenarios keep a core per process (``--world``), as a GPU run keeps a GPU per process."""
 
@@ -27,17 +27,19 @@ from liver.topology import ParallelConfig
 from liver.topology.presets import preset
 
 SCENARIOS = {
-    # world size -> (name, first configuration, event); one process per core, as one per GPU.
+    # world size -> (name, first configuration, event, the event back, steps between events with
+    # --cycles: enough for the preparation and 20 steps of baseline); one process per core, as
+    # one per GPU.
     # The overhead is measured on the first configuration: tensor parallelism over gloo on a
     # CPU is a chain of socket round trips whose step time is mostly scheduling (tp2 on 2 cores:
     # 150 ms steps, windows of 3-4 steps varying by +-20%), so the 2-process scale-in and
     # reshape start from pp2 and still move half of the state.
-    2: [("scale-out 1->2 (cold joiner)", "1,1,1", "scale-out 2 as 1,1,2"),
-        ("scale-in 2->1 (deadline 60 s)", "1,2,1", "scale-in 1 deadline 60s as 1,1,1"),
-        ("in-place reshape pp2->dp2", "1,2,1", "reshape 1,1,2")],
-    4: [("scale-out 2->4 (cold joiners)", "1,2,1", "scale-out 4 as 2,1,2"),
-        ("scale-in 4->2 (deadline 60 s)", "2,2,1", "scale-in 2 deadline 60s as 1,2,1"),
-        ("in-place reshape tp2pp2dp1->tp1pp2dp2", "2,2,1", "reshape 1,2,2")],
+    2: [("scale-out 1->2 (cold joiner)", "1,1,1", "scale-out 2 as 1,1,2", "scale-in 1 as 1,1,1", 250),
+        ("scale-in 2->1 (deadline 60 s)", "1,2,1", "scale-in 1 deadline 60s as 1,1,1", "scale-out 2 as 1,2,1", 250),
+        ("in-place reshape pp2->dp2", "1,2,1", "reshape 1,1,2", "reshape 1,2,1", 60)],
+    4: [("scale-out 2->4 (cold joiners)", "1,2,1", "scale-out 4 as 2,1,2", "scale-in 2 as 1,2,1", 300),
+        ("scale-in 4->2 (deadline 60 s)", "2,2,1", "scale-in 2 deadline 60s as 1,2,1", "scale-out 4 as 2,2,1", 300),
+        ("in-place reshape tp2pp2dp1->tp1pp2dp2", "2,2,1", "reshape 1,2,2", "reshape 2,2,1", 60)],
 }
 
 
@@ -48,8 +50,9 @@ def default_world() -> int:
 
 
 def _ci95(runs: list[list[float]], draws: int = 2000) -> list[float] | None:
-    """Bootstrap 95% interval of the pooled median ratio minus 1, resampling whole runs (step
-    times drift together over tens of steps, so steps of one run are not independent samples)."""
+    """Bootstrap 95% interval of the pooled median ratio minus 1, resampling whole windows (one
+    per event: step times drift together over tens of steps, so the steps of one window are not
+    independent samples)."""
     runs = [r for r in runs if r]
     if len(runs) < 2:
         return None
@@ -59,27 +62,40 @@ def _ci95(runs: list[list[float]], draws: int = 2000) -> list[float] | None:
     return [meds[int(0.025 * draws)], meds[int(0.975 * draws) - 1]]
 
 
-def _once(name: str, first: str, action: str, mode: str, steps: int, calm: int, run_dir: Path) -> dict[str, Any]:
+def _once(name: str, first: str, action: str, mode: str, steps: int, calm: int, run_dir: Path,
+          back: str = "", gap: int = 0, cycles: int = 1) -> dict[str, Any]:
+    """One run; with ``cycles`` > 1 the event, then the event back, and so on, ``gap`` steps apart:
+    the scenario's figures are taken over each of its events (never over the events back)."""
     job = preset("tiny")
     initial = ParallelConfig.parse(first)
-    ev = parse_action(action, f"scenario {name!r}")
-    ev.at_step = calm
-    opts = RunOptions(steps=5000, gpus=initial.world_size, slots=max(4, initial.world_size), initial=initial, ckpt_every=0,
+    events = []
+    for i in range(2 * cycles - 1):
+        ev = parse_action(action if i % 2 == 0 else back, f"scenario {name!r}")
+        ev.at_step = calm + i * gap
+        events.append(ev)
+    opts = RunOptions(steps=calm + 2 * cycles * gap + steps + 1000, gpus=initial.world_size,
+                      slots=max(4, initial.world_size), initial=initial, ckpt_every=0,
                       endpoint=False, quiet=True, end_after_events=steps)
-    rep = run_job(job, opts, [ev], run_dir, mode, {"scenario": name}, log=lambda s: None)
-    (e,) = rep["events"]
-    if e["status"] != "done" or "downtime_s" not in e:
-        raise RuntimeError(f"{name} ({mode}): event {e['status']}; see {run_dir}")
-    return {"downtime_s": e["downtime_s"], "prepare_s": e.get("prepare_s"), "prepare_cpu_s": e.get("prepare_cpu_s"),
-            "steady_overhead": rep.get("steady_overhead"), "bytes_moved": e.get("bytes_moved"),
-            "preparing_ratios": report.preparing_ratios(rep["steps"], rep["events"])[0],
-            "preparing_ratios_generation": report.preparing_ratios(rep["steps"], rep["events"], None)[0],
-            "placebo_ratios": report.placebo_ratios(rep["steps"], rep["events"]),
-            "transfer_s": e.get("transfer_s"), "run_dir": str(run_dir)}
+    rep = run_job(job, opts, events, run_dir, mode, {"scenario": name}, log=lambda s: None)
+    for e in rep["events"]:
+        if e["status"] != "done" or "downtime_s" not in e:
+            raise RuntimeError(f"{name} ({mode}): event {e['status']}; see {run_dir}")
+    mine = rep["events"][0::2]
+    med = lambda k: statistics.median(e[k] for e in mine) if all(e.get(k) is not None for e in mine) else None  # noqa: E731
+    return {"downtime_s": med("downtime_s"), "prepare_s": med("prepare_s"), "prepare_cpu_s": med("prepare_cpu_s"),
+            "steady_overhead": report.steady_overhead(rep["steps"], mine)["steady_overhead"],
+            "bytes_moved": mine[0].get("bytes_moved"), "events": len(mine),
+            "preparing_ratios": report.preparing_ratios(rep["steps"], mine)[0],
+            # per event (one window each): the unit the intervals resample
+            "windows": [report.preparing_ratios(rep["steps"], [e])[0] for e in mine],
+            "placebo_windows": [report.placebo_ratios(rep["steps"], [e]) for e in mine],
+            "preparing_ratios_generation": report.preparing_ratios(rep["steps"], mine, None)[0],
+            "placebo_ratios": report.placebo_ratios(rep["steps"], mine),
+            "transfer_s": med("transfer_s"), "run_dir": str(run_dir)}
 
 
 def run(repeats: int = 1, steps: int = 20, run_dir: Path | None = None, calm: int = 60,
-        world: int | None = None) -> list[dict[str, Any]]:
+        world: int | None = None, cycles: int = 1) -> list[dict[str, Any]]:
     """The event comes after step ``calm``; each run ends ``steps`` steps after it was handled.
     ``world``: the scenario set (the largest number of processes; default ``default_world()``)."""
     world = default_world() if world is None else world
@@ -91,12 +107,14 @@ def run(repeats: int = 1, steps: int = 20, run_dir: Path | None = None, calm: in
         raise ValueError(f"--repeats={repeats}: allowed a positive count")
     if steps < 3:
         raise ValueError(f"--steps={steps}: allowed 3 or more (steps after the event)")
+    if cycles < 1:
+        raise ValueError(f"--cycles={cycles}: allowed a positive count (the scenario's events per live run)")
     base = run_dir or Path(tempfile.mkdtemp(prefix="liver-bench-reconfig-"))
     rows = []
-    for i, (name, first, action) in enumerate(SCENARIOS[world]):
+    for i, (name, first, action, back, gap) in enumerate(SCENARIOS[world]):
         live, restart = [], []
         for r in range(repeats):  # interleaved, so both modes see the same machine state
-            live.append(_once(name, first, action, "live", steps, calm, base / f"s{i}-live-{r}"))
+            live.append(_once(name, first, action, "live", steps, calm, base / f"s{i}-live-{r}", back, gap, cycles))
             restart.append(_once(name, first, action, "restart", steps, calm, base / f"s{i}-restart-{r}"))
         med = lambda xs, k: statistics.median(x[k] for x in xs)  # noqa: E731
         dl, dr = med(live, "downtime_s"), med(restart, "downtime_s")
@@ -108,11 +126,12 @@ def run(repeats: int = 1, steps: int = 20, run_dir: Path | None = None, calm: in
                      "prepare_s": med(live, "prepare_s"), "prepare_cpu_s": med(live, "prepare_cpu_s"),
                      "steady_overhead": statistics.median(ratios) - 1 if ratios else None,
                      "steady_overhead_generation": statistics.median(whole) - 1 if whole else None,
-                     "steady_overhead_ci95": _ci95([x["preparing_ratios"] for x in live]),
+                     "steady_overhead_ci95": _ci95([w for x in live for w in x["windows"]]),
                      # the same estimate over steps with nothing prepared: what the machine resolves
                      "steady_overhead_placebo": statistics.median(placebo) - 1 if placebo else None,
-                     "steady_overhead_placebo_ci95": _ci95([x["placebo_ratios"] for x in live]), "steps_placebo": len(placebo),
+                     "steady_overhead_placebo_ci95": _ci95([w for x in live for w in x["placebo_windows"]]), "steps_placebo": len(placebo),
                      "steps_preparing": len(ratios), "steps_before_event": calm, "world": world,
+                     "cycles": cycles, "live_events": sum(x["events"] for x in live),
                      "steady_overhead_per_repeat": [x["steady_overhead"] for x in live],
                      "bytes_moved": live[0]["bytes_moved"], "transfer_s": med(live, "transfer_s"),
                      "run_dirs": [x["run_dir"] for x in live + restart]})
