@@ -1,16 +1,19 @@
 """Companion: prepares this process's part of the Shadow World while training goes on.
 
-For generation g it plans the transfer (metadata only, the same plan on every process), builds the
-new generation's groups (if this process holds a new rank) and the transfer group over every process
-of both generations, warms them (first collectives, point-to-point connections), then reports ready.
-With warm="background" (gloo's default) all of it runs beside training; with warm="boundary"
-(NCCL's default: NCCL operations on two communicators at once can deadlock) the warm-up, which
-creates the communicators, runs at one iteration boundary on every member at once. Groups over
-the same processes as one of the Active World take over its communicator (liver/world/sharing.py).
-Old ranks run it in a background thread (with its own store connection); a joiner runs it in the
-foreground after its mock warm-up. A cancelled preparation is abandoned: its groups live under
-their own store prefix, so they cannot disturb anybody; it lets go of them when its thread ends
-(at the latest at the rendezvous timeout).
+For generation g it reads the transfer plan (made once by the controller), builds the new
+generation's groups (if this process holds a new rank) and the transfer group over every process
+of both generations, works out its transfer schedule, warms the groups (first collectives,
+point-to-point connections), then reports ready. Beside training it keeps to its pace (at most a
+share of each step, liver/runtime/pace.py). With warm="background" (gloo's default) all of it runs
+beside training; with warm="boundary" (NCCL's default: NCCL operations on two communicators at
+once can deadlock) the communicators are created beside training (ncclCommInitRank, which runs no
+kernel) and their first collectives and connections run at one iteration boundary on every member
+at once. Groups over the same processes as one of the Active World take over its communicator
+(liver/world/sharing.py). Old ranks run it in a background thread (with its own store
+connection); a joiner runs it in the foreground after its mock warm-up. A cancelled preparation is
+abandoned: its groups live under their own store prefix, so they cannot disturb anybody; it stops
+at its next pause and lets go of them (a rendezvous it is blocked in ends at the latest at its
+timeout).
 """
 
 from __future__ import annotations
@@ -31,7 +34,7 @@ from liver.runtime.pace import Pace
 from liver.runtime.protocol import GenerationSpec, fetch_plan, put
 from liver.topology import JobConfig, Layout, ParallelConfig
 from liver.topology.presets import preset
-from liver.world.group import Group, warm_once
+from liver.world.group import Group, init_once, warm_once
 from liver.world.sharing import Sharing
 from liver.world.world import World
 
@@ -135,6 +138,8 @@ class Preparation:
         members = sorted(set(s.old_procs) | set(s.procs))
         self.transfer = sharing.group(self.store, f"liver/gen{s.generation}/transfer", members,
                                       self.proc, self.backend, self.device, self.timeout)
+        if self.defer_warm:  # the communicators now, beside training; their connections at the boundary
+            init_once([*(self.world.every_group() if self.world else []), self.transfer])
         self.timings["build_s"] = time.perf_counter() - t1
         self.timings["comms_created"], self.timings["comms_shared"] = sharing.created, sharing.shared
         t2 = time.perf_counter()  # which slice goes in which message, worked out now, not in the switch

@@ -110,6 +110,16 @@ class Group:
         self.comm.take()
         return Group(name, members, self.rank, self.pg, self.backend, self.device, self.comm, inherited)
 
+    def init_comm(self) -> None:
+        """Create the communicator now, with no collective: on NCCL the ncclCommInitRank that the
+        first collective would otherwise run (every member must call it; the GIL is released while
+        it waits); its connections are still made by the first collective. Gloo connected when
+        the group was built."""
+        if self.backend == "nccl" and self.comm is not None and self.pg is not None:
+            backend = self.pg._get_backend(self.device)
+            if hasattr(backend, "eager_connect_single_device"):
+                backend.eager_connect_single_device(self.device)
+
     def usable_from(self, training_thread: bool) -> bool:
         """A communicator shared with the Active World is used by the training thread only."""
         return training_thread or not self.inherited
@@ -204,6 +214,16 @@ class Group:
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.name}, rank {self.rank}/{self.size})"
+
+
+def init_once(groups: list[Group]) -> None:
+    """``init_comm`` on each communicator of ``groups`` made for them (not those shared with the
+    Active World), once, in the order given: the same order on every member."""
+    seen = set()
+    for g in groups:
+        if g.comm is not None and not g.inherited and id(g.comm) not in seen:
+            seen.add(id(g.comm))
+            g.init_comm()
 
 
 def warm_once(groups: list[Group]) -> None:
