@@ -82,15 +82,15 @@ def _once(name: str, first: str, action: str, mode: str, steps: int, calm: int, 
             raise RuntimeError(f"{name} ({mode}): event {e['status']}; see {run_dir}")
     mine = rep["events"][0::2]
     med = lambda k: statistics.median(e[k] for e in mine) if all(e.get(k) is not None for e in mine) else None  # noqa: E731
+    # per event (one window each, each in its own generation): the unit the intervals resample
+    windows = [report.preparing_ratios(rep["steps"], [e])[0] for e in mine]
+    ratios = [q for w in windows for q in w]
     return {"downtime_s": med("downtime_s"), "prepare_s": med("prepare_s"), "prepare_cpu_s": med("prepare_cpu_s"),
-            "steady_overhead": report.steady_overhead(rep["steps"], mine)["steady_overhead"],
+            "steady_overhead": statistics.median(ratios) - 1 if ratios else None,
             "bytes_moved": mine[0].get("bytes_moved"), "events": len(mine),
-            "preparing_ratios": report.preparing_ratios(rep["steps"], mine)[0],
-            # per event (one window each): the unit the intervals resample
-            "windows": [report.preparing_ratios(rep["steps"], [e])[0] for e in mine],
+            "preparing_ratios": ratios, "windows": windows,
             "placebo_windows": [report.placebo_ratios(rep["steps"], [e]) for e in mine],
             "preparing_ratios_generation": report.preparing_ratios(rep["steps"], mine, None)[0],
-            "placebo_ratios": report.placebo_ratios(rep["steps"], mine),
             "transfer_s": med("transfer_s"), "run_dir": str(run_dir)}
 
 
@@ -120,7 +120,8 @@ def run(repeats: int = 1, steps: int = 20, run_dir: Path | None = None, calm: in
         dl, dr = med(live, "downtime_s"), med(restart, "downtime_s")
         ratios = [q for x in live for q in x["preparing_ratios"]]  # every repeat's preparing steps
         whole = [q for x in live for q in x["preparing_ratios_generation"]]
-        placebo = [q for x in live for q in x["placebo_ratios"]]
+        placebo_windows = [w for x in live for w in x["placebo_windows"]]
+        placebo = [q for w in placebo_windows for q in w]
         rows.append({"scenario": name, "event": action, "first": first, "steps_after_event": steps, "repeats": repeats,
                      "downtime_live_s": dl, "downtime_restart_s": dr, "ratio": dr / dl if dl > 0 else None,
                      "prepare_s": med(live, "prepare_s"), "prepare_cpu_s": med(live, "prepare_cpu_s"),
@@ -129,7 +130,7 @@ def run(repeats: int = 1, steps: int = 20, run_dir: Path | None = None, calm: in
                      "steady_overhead_ci95": _ci95([w for x in live for w in x["windows"]]),
                      # the same estimate over steps with nothing prepared: what the machine resolves
                      "steady_overhead_placebo": statistics.median(placebo) - 1 if placebo else None,
-                     "steady_overhead_placebo_ci95": _ci95([w for x in live for w in x["placebo_windows"]]), "steps_placebo": len(placebo),
+                     "steady_overhead_placebo_ci95": _ci95(placebo_windows), "steps_placebo": len(placebo),
                      "steps_preparing": len(ratios), "steps_before_event": calm, "world": world,
                      "cycles": cycles, "live_events": sum(x["events"] for x in live),
                      "steady_overhead_per_repeat": [x["steady_overhead"] for x in live],

@@ -30,6 +30,7 @@ from liver.controller.events import Event, EventError, parse_action
 from liver.engine.trainer import state_specs
 from liver.planner.plan import plan_transfer
 from liver.runtime import protocol
+from liver.runtime.companion import rehearse
 from liver.runtime.protocol import GenerationSpec, get, publish_plan, put
 from liver.topology import JobConfig, Layout, ParallelConfig
 from liver.world.world import make_store
@@ -85,17 +86,6 @@ def _least(records, key: str) -> float:
     return min((r[key] for r in records if key in r), default=0.0)
 
 
-def _rehearse_planning(job: JobConfig) -> None:
-    """Plan (placement search included) and pickle one reshape of this job before anything runs:
-    the first event's planning then pays no first-use costs (imports, caches) in the middle of
-    the training steps, on a machine whose cores the controller shares with the workers."""
-    try:
-        a, b = (Layout(job.model, p, job.train) for p in (ParallelConfig(), ParallelConfig(dp=2)))
-    except ValueError:  # a job that cannot run on two GPUs has no such event to prepare for
-        return
-    pickle.dumps(plan_transfer(a, b, state_specs(job), [0], [0, 1]))
-
-
 class Controller:
     mode = "base"
 
@@ -104,7 +94,9 @@ class Controller:
         self.job, self.opts, self.run_dir, self.log = job, opts, run_dir, log
         run_dir.mkdir(parents=True, exist_ok=True)
         (run_dir / "steps.jsonl").write_text("")
-        _rehearse_planning(job)
+        # its first event's planning and pickling, warm before any step runs beside them (on a
+        # machine whose cores the controller shares with the workers)
+        pickle.dumps(rehearse())
         self.master, self.store_addr = make_store()
         self.store = protocol.run_store(self.master)
         self.agent = NodeAgent(run_dir, opts.slots, dict(

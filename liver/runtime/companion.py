@@ -45,11 +45,12 @@ def layouts(job: JobConfig, spec: GenerationSpec) -> tuple[Layout, Layout]:
     return old, new
 
 
-def rehearse() -> None:
-    """Plan a small reshape and work out both processes' schedules, communicating nothing: the
-    first real preparation then finds the planner's and the executor's code, imports and caches
-    warm, instead of paying for them beside the running steps
-    (bench/results/issue4-prepare-first-use: the first 1B plan + schedule 16 ms -> 9-12 ms)."""
+def rehearse() -> Plan:
+    """Plan a small reshape (placement search included) and work out both processes' schedules,
+    communicating nothing: the first real preparation (or the controller's first plan) then finds
+    the planner's and the executor's code, imports and caches warm, instead of paying for them
+    beside the running steps (bench/results/issue4-prepare-first-use: the first 1B plan +
+    schedule 16 ms -> 9-12 ms). Returns the plan."""
     job = preset("tiny")
     specs = state_specs(job)
     old, new = (Layout(job.model, p, job.train) for p in (ParallelConfig(tp=2), ParallelConfig(pp=2)))
@@ -57,6 +58,7 @@ def rehearse() -> None:
     for proc in (0, 1):
         StreamingExecutor(plan, specs, proc, MockGroup("rehearsal", [0, 1], proc, "gloo", torch.device("cpu")),
                           1 << 20, torch.device("cpu"))
+    return plan
 
 
 class Abandoned(RuntimeError):

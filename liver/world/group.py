@@ -216,24 +216,26 @@ class Group:
         return f"{type(self).__name__}({self.name}, rank {self.rank}/{self.size})"
 
 
-def init_once(groups: list[Group]) -> None:
-    """``init_comm`` on each communicator of ``groups`` made for them (not those shared with the
-    Active World), once, in the order given: the same order on every member."""
+def _own_comms(groups: list[Group]):
+    """One group per communicator of ``groups`` made for them (not those shared with the Active
+    World, which is warm already), in the order given: the same order on every member."""
     seen = set()
     for g in groups:
         if g.comm is not None and not g.inherited and id(g.comm) not in seen:
             seen.add(id(g.comm))
-            g.init_comm()
+            yield g
+
+
+def init_once(groups: list[Group]) -> None:
+    """``init_comm`` on each communicator of ``groups`` made for them, once."""
+    for g in _own_comms(groups):
+        g.init_comm()
 
 
 def warm_once(groups: list[Group]) -> None:
-    """A first collective on each communicator of ``groups``, once even if several groups share
-    it; those shared with the Active World are warm already, and left alone."""
-    seen = set()
-    for g in groups:
-        if g.comm is not None and not g.inherited and id(g.comm) not in seen:
-            seen.add(id(g.comm))
-            g.warm()
+    """A first collective on each communicator of ``groups`` made for them, once."""
+    for g in _own_comms(groups):
+        g.warm()
 
 
 class LocalGroup(Group):
