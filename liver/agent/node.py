@@ -10,20 +10,12 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-
-def _background() -> None:
-    """A cold joiner boots with idle-only CPU priority (SCHED_IDLE where there is one)."""
-    try:
-        os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
-    except (AttributeError, OSError):
-        os.nice(19)
+from liver.agent.zygote import Zygote
 
 
 @dataclass
@@ -32,7 +24,7 @@ class Worker:
     slot: int
     role: str
     generation: int
-    popen: subprocess.Popen
+    pid: int  # forked from the agent's zygote
     started: float
     leaving: bool = False     # told to go: its exit is expected
     returncode: int | None = None
@@ -48,6 +40,7 @@ class NodeAgent:
         self._next_proc = 0
         (run_dir / "specs").mkdir(parents=True, exist_ok=True)
         (run_dir / "logs").mkdir(parents=True, exist_ok=True)
+        self.zygote = Zygote()  # the workers' imports, done once, before any worker is needed
 
     def busy_slots(self) -> set[int]:
         return {w.slot for w in self.workers.values() if w.returncode is None}
@@ -67,12 +60,10 @@ class NodeAgent:
         path = self.run_dir / "specs" / f"proc{proc}.json"
         path.write_text(json.dumps(spec))
         env = dict(os.environ, OMP_NUM_THREADS="1", LOCAL_RANK=str(slot))
-        log = open(self.run_dir / "logs" / f"proc{proc}.log", "w")
         # a cold joiner boots at background priority: it must not slow the training it joins
         # (it restores its priority, where allowed, once it holds a rank)
-        nice = _background if role == "joiner" else None
-        p = subprocess.Popen([sys.executable, "-m", "liver.runtime.member", str(path)], env=env,
-                             stdout=log if self.quiet else None, stderr=log, preexec_fn=nice)
+        p = self.zygote.fork(str(path), env, str(self.run_dir / "logs" / f"proc{proc}.log"),
+                             quiet=self.quiet, idle=role == "joiner")
         w = Worker(proc, slot, role, generation, p, time.time())
         self.workers[proc] = w
         self._write_procs()
@@ -83,7 +74,7 @@ class NodeAgent:
         out = []
         for w in self.workers.values():
             if w.returncode is None:
-                rc = w.popen.poll()
+                rc = self.zygote.exit_status(w.pid)
                 if rc is not None:
                     w.returncode = rc
                     out.append(w)
@@ -98,19 +89,18 @@ class NodeAgent:
         w = self.workers[proc]
         if w.returncode is None:
             try:
-                w.popen.send_signal(signal.SIGKILL)
+                os.kill(w.pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
-            w.returncode = w.popen.wait()
+            w.returncode = self.zygote.exit_status(w.pid, None)
             self._write_procs()
 
     def wait(self, procs: list[int], timeout_s: float) -> bool:
         end = time.time() + timeout_s
         for p in procs:
             w = self.workers[p]
-            try:
-                w.returncode = w.popen.wait(timeout=max(0.0, end - time.time()))
-            except subprocess.TimeoutExpired:
+            w.returncode = self.zygote.exit_status(w.pid, max(0.0, end - time.time()))
+            if w.returncode is None:
                 return False
         self._write_procs()
         return True
@@ -119,12 +109,18 @@ class NodeAgent:
         f = self.run_dir / "logs" / f"proc{proc}.log"
         return f.read_text()[-chars:] if f.exists() else ""
 
-    def shutdown(self) -> None:
+    def stop_all(self) -> None:
+        """Kill every live worker (the agent can start new ones)."""
         for w in self.alive():
             self.kill(w.proc)
 
+    def shutdown(self) -> None:
+        """Kill every live worker and end the zygote: the agent is done."""
+        self.stop_all()
+        self.zygote.close()
+
     def _write_procs(self) -> None:
-        rows = [{"proc": w.proc, "slot": w.slot, "pid": w.popen.pid, "role": w.role,
+        rows = [{"proc": w.proc, "slot": w.slot, "pid": w.pid, "role": w.role,
                  "generation": w.generation, "alive": w.returncode is None} for w in self.workers.values()]
         tmp = self.run_dir / ".procs.json"
         tmp.write_text(json.dumps(rows, indent=1))

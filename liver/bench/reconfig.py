@@ -34,11 +34,11 @@ SCENARIOS = {
     # CPU is a chain of socket round trips whose step time is mostly scheduling (tp2 on 2 cores:
     # 150 ms steps, windows of 3-4 steps varying by +-20%), so the 2-process scale-in and
     # reshape start from pp2 and still move half of the state.
-    2: [("scale-out 1->2 (cold joiner)", "1,1,1", "scale-out 2 as 1,1,2", "scale-in 1 as 1,1,1", 250),
-        ("scale-in 2->1 (deadline 60 s)", "1,2,1", "scale-in 1 deadline 60s as 1,1,1", "scale-out 2 as 1,2,1", 250),
+    2: [("scale-out 1->2 (cold joiner)", "1,1,1", "scale-out 2 as 1,1,2", "scale-in 1 as 1,1,1", 60),
+        ("scale-in 2->1 (deadline 60 s)", "1,2,1", "scale-in 1 deadline 60s as 1,1,1", "scale-out 2 as 1,2,1", 60),
         ("in-place reshape pp2->dp2", "1,2,1", "reshape 1,1,2", "reshape 1,2,1", 60)],
-    4: [("scale-out 2->4 (cold joiners)", "1,2,1", "scale-out 4 as 2,1,2", "scale-in 2 as 1,2,1", 300),
-        ("scale-in 4->2 (deadline 60 s)", "2,2,1", "scale-in 2 deadline 60s as 1,2,1", "scale-out 4 as 2,2,1", 300),
+    4: [("scale-out 2->4 (cold joiners)", "1,2,1", "scale-out 4 as 2,1,2", "scale-in 2 as 1,2,1", 80),
+        ("scale-in 4->2 (deadline 60 s)", "2,2,1", "scale-in 2 deadline 60s as 1,2,1", "scale-out 4 as 2,2,1", 80),
         ("in-place reshape tp2pp2dp1->tp1pp2dp2", "2,2,1", "reshape 1,2,2", "reshape 2,2,1", 60)],
 }
 
@@ -86,7 +86,7 @@ def _once(name: str, first: str, action: str, mode: str, steps: int, calm: int, 
     windows = [report.preparing_ratios(rep["steps"], [e])[0] for e in mine]
     ratios = [q for w in windows for q in w]
     return {"downtime_s": med("downtime_s"), "prepare_s": med("prepare_s"), "prepare_cpu_s": med("prepare_cpu_s"),
-            "steady_overhead": statistics.median(ratios) - 1 if ratios else None,
+            "joiner_cpu_s": med("joiner_cpu_s"), "steady_overhead": statistics.median(ratios) - 1 if ratios else None,
             "bytes_moved": mine[0].get("bytes_moved"), "events": len(mine),
             "preparing_ratios": ratios, "windows": windows,
             "placebo_windows": [report.placebo_ratios(rep["steps"], [e]) for e in mine],
@@ -125,6 +125,7 @@ def run(repeats: int = 1, steps: int = 20, run_dir: Path | None = None, calm: in
         rows.append({"scenario": name, "event": action, "first": first, "steps_after_event": steps, "repeats": repeats,
                      "downtime_live_s": dl, "downtime_restart_s": dr, "ratio": dr / dl if dl > 0 else None,
                      "prepare_s": med(live, "prepare_s"), "prepare_cpu_s": med(live, "prepare_cpu_s"),
+                     "joiner_cpu_s": med(live, "joiner_cpu_s"),
                      "steady_overhead": statistics.median(ratios) - 1 if ratios else None,
                      "steady_overhead_generation": statistics.median(whole) - 1 if whole else None,
                      "steady_overhead_ci95": _ci95([w for x in live for w in x["windows"]]),

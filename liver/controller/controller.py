@@ -302,7 +302,7 @@ class Controller:
         dead_slots = {w.slot for w in dead}
         self.lost_slots |= dead_slots
         survivors = [self.slot_of[p] for p in self.active.procs if self.slot_of[p] not in dead_slots]
-        self.agent.shutdown()
+        self.agent.stop_all()
         if not survivors:
             tails = "\n".join(f"--- process {w.proc} (slot {w.slot}), exit {w.returncode}:\n"
                               f"{self.agent.log_tail(w.proc, 1500)}" for w in dead)
@@ -345,7 +345,7 @@ class Controller:
 
     def _new_record(self, ev: Event, plan: dict[str, Any]) -> dict[str, Any]:
         arrived = self._arrival(ev)
-        return {"_event": ev, "event": ev.to_dict(), "status": "started", "gpus": ev.gpus,
+        return {"_event": ev, "_cpu0": time.thread_time(), "event": ev.to_dict(), "status": "started", "gpus": ev.gpus,
                 "arrived": arrived,
                 "deadline_at": arrived + ev.deadline_s if ev.deadline_s is not None else None,
                 "old": ParallelConfig.from_dict(self.active.parallel).short(),
@@ -356,6 +356,8 @@ class Controller:
         rec = self.current
         rec["status"] = status
         rec["t_done"] = time.time()
+        # the controller loop's CPU time from the event to its end (its routine polling included)
+        rec["controller_cpu_s"] = time.thread_time() - rec.pop("_cpu0")
         self.records.append(rec)
         self.current = None
         self.phase = "stable"
@@ -513,6 +515,7 @@ class LiveController(Controller):
         rec["digest_before"] = next((r["digest_before"] for r in allrec.values() if "digest_before" in r), None)
         rec["digest_before_s"] = _least(allrec.values(), "digest_before_s")
         rec["mock_warmup_s"] = max((r["prepare"].get("mock_warmup_s", 0.0) for r in done.values()), default=0.0)
+        rec["joiner_cpu_s"] = max((r["prepare"].get("joiner_cpu_s", 0.0) for r in done.values()), default=0.0)
         rec["groups_s"] = max((r["prepare"].get("groups_s", 0.0) for r in allrec.values()), default=0.0)
         # the preparation's own CPU time on the busiest training process (the companion thread's,
         # and the warm-up's where it ran at a boundary): what Prepare takes from the running steps

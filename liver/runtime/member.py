@@ -1,4 +1,5 @@
-"""A worker process of ``liver run``: ``python -m liver.runtime.member SPEC.json``.
+"""A worker process of ``liver run``: forked by the node agent from its zygote (``liver.agent.zygote``),
+or on its own as ``python -m liver.runtime.member SPEC.json``.
 
 Started by the node agent, either with the first generation (or after a restart or a fail-stop
 recovery: ``load_from`` names the checkpoint) or as a cold joiner of a pending generation. It
@@ -42,8 +43,9 @@ IMPORTED = time.time()
 
 
 class Member:
-    def __init__(self, spec: dict[str, Any]) -> None:
+    def __init__(self, spec: dict[str, Any], boot: dict[str, float]) -> None:
         self.cfg = spec
+        self.boot = boot
         self.proc: int = spec["proc"]
         self.job = JobConfig.from_dict(spec["job"])
         self.backend: str = spec["backend"]
@@ -97,7 +99,7 @@ class Member:
         if spec.load_from:
             timings["load_s"] = ckpt.load(self.engine, spec.load_from)
         rec = {"proc": self.proc, "generation": g, "kind": "start", "timings": timings,
-               "process_start": STARTED, "imported": IMPORTED, "ready": time.time(),
+               **self.boot, "ready": time.time(),
                "step": self.engine.step}
         if self.digest:
             t0 = time.perf_counter()
@@ -129,7 +131,9 @@ class Member:
         if not prep.ready:
             raise RuntimeError(f"proc {self.proc}: preparing generation {g} failed: {prep.error!r}")
         prep.timings["mock_warmup_s"] = warmup_s
-        self._switch(prep, {"process_start": STARTED, "imported": IMPORTED})
+        # its CPU time (every thread) from its start to holding a rank: what it took from a shared node
+        prep.timings["joiner_cpu_s"] = time.process_time()
+        self._switch(prep, dict(self.boot))
         self._normal_priority()
 
     def _normal_priority(self) -> None:
@@ -306,9 +310,11 @@ class Member:
         self.engine = None
 
 
-def main() -> None:
-    spec = json.loads(Path(sys.argv[1]).read_text())
-    m = Member(spec)
+def main(spec_path: str | None = None, boot: dict[str, float] | None = None) -> None:
+    """``boot``: when the process started and finished its imports (forked from the zygote: both
+    the fork's time); by default this module's import times."""
+    spec = json.loads(Path(spec_path or sys.argv[1]).read_text())
+    m = Member(spec, boot or {"process_start": STARTED, "imported": IMPORTED})
     if spec["role"] == "joiner":
         m.join()
     else:

@@ -1,0 +1,196 @@
+"""Zygote: the node agent's template worker. When the agent starts, one process imports torch and
+the worker's modules (``liver.agent.preload``); every worker is then forked from it, so a worker's
+start costs a fork instead of an interpreter boot and its imports (about 2 s of CPU on the CI
+machine). A cold joiner thus spends next to nothing beside the training it joins on a shared node,
+and a restart's new processes start as fast as the agent can make them.
+
+The template stays single-threaded (a fork copies only the calling thread; a lock held by another
+would stay held in the child). It serves two pipes: requests from the agent, one JSON line each
+(spec, environment, log file, idle priority), and replies to it: each new worker's pid, and each
+worker's exit status once it is reaped (as ``subprocess`` reports it: the code, or -signal).
+Each worker applies its own environment, priority and log file before it runs
+``liver.runtime.member``. The template exits when the agent closes the request pipe.
+
+``Zygote`` (below) is the agent's side; ``python -m liver.agent.zygote REQ_FD REPLY_FD`` the template.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import select
+import signal
+import subprocess
+import sys
+import threading
+import time
+import traceback
+from typing import Any
+
+START_TIMEOUT_S = 120.0  # the first fork waits for the template's imports
+
+
+def background() -> None:
+    """Idle-only CPU priority (SCHED_IDLE where there is one), for a cold joiner's boot."""
+    try:
+        os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
+    except (AttributeError, OSError):
+        os.nice(19)
+
+
+class Zygote:
+    """The agent's handle: starts the template, forks workers from it, learns their exits."""
+
+    def __init__(self) -> None:
+        req_r, self._req_w = os.pipe()
+        self._reply_r, reply_w = os.pipe()
+        self.process = subprocess.Popen([sys.executable, "-m", "liver.agent.zygote", str(req_r), str(reply_w)],
+                                        pass_fds=(req_r, reply_w), stdin=subprocess.DEVNULL)
+        os.close(req_r)
+        os.close(reply_w)
+        self._cond = threading.Condition()
+        self._pids: dict[int, int] = {}  # request id -> pid
+        self._exits: dict[int, int] = {}  # pid -> exit status
+        self._next = 0
+        self._gone = False  # the template ended (its pipe closed)
+        threading.Thread(target=self._read, name="zygote-replies", daemon=True).start()
+
+    def _read(self) -> None:
+        with os.fdopen(self._reply_r, "r") as f:
+            for line in f:
+                msg = json.loads(line)
+                with self._cond:
+                    if "exit" in msg:
+                        self._exits[msg["pid"]] = msg["exit"]
+                    else:
+                        self._pids[msg["id"]] = msg["pid"]
+                    self._cond.notify_all()
+        with self._cond:
+            self._gone = True
+            self._cond.notify_all()
+
+    def fork(self, spec_path: str, env: dict[str, str], log_path: str, quiet: bool, idle: bool) -> int:
+        """A new worker running ``liver.runtime.member`` on ``spec_path``: stderr (and stdout when
+        ``quiet``) to ``log_path``, environment exactly ``env``, idle priority when ``idle``.
+        Returns its pid."""
+        with self._cond:
+            rid, self._next = self._next, self._next + 1
+        line = json.dumps({"id": rid, "spec": spec_path, "env": env, "log": log_path, "quiet": quiet,
+                           "idle": idle}) + "\n"
+        try:
+            os.write(self._req_w, line.encode())
+        except BrokenPipeError:
+            raise RuntimeError(f"the zygote (pid {self.process.pid}) has ended: "
+                               f"exit {self.process.poll()}; its output is on the agent's stderr") from None
+        with self._cond:
+            if not self._cond.wait_for(lambda: rid in self._pids or self._gone, START_TIMEOUT_S):
+                raise RuntimeError(f"the zygote (pid {self.process.pid}) did not fork a worker in "
+                                   f"{START_TIMEOUT_S:g} s")
+            if rid not in self._pids:
+                raise RuntimeError(f"the zygote (pid {self.process.pid}) ended before it forked: "
+                                   f"exit {self.process.poll()}; its output is on the agent's stderr")
+            return self._pids.pop(rid)
+
+    def exit_status(self, pid: int, timeout_s: float | None = 0.0) -> int | None:
+        """The worker's exit status, waiting up to ``timeout_s`` (None: no limit) for it."""
+        with self._cond:
+            self._cond.wait_for(lambda: pid in self._exits or self._gone, timeout_s)
+            if pid not in self._exits and self._gone:
+                # the template ended: its workers are nobody's children now; alive or gone?
+                try:
+                    os.kill(pid, 0)
+                except ProcessLookupError:
+                    return -signal.SIGKILL
+            return self._exits.get(pid)
+
+    def close(self) -> None:
+        """No more workers: the template exits (workers still running are not touched)."""
+        try:
+            os.close(self._req_w)
+        except OSError:
+            pass
+        try:
+            self.process.wait(timeout=60)  # (still importing, at worst)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+
+
+# ---- the template process --------------------------------------------------------------------
+
+def _status(raw: int) -> int:
+    return -os.WTERMSIG(raw) if os.WIFSIGNALED(raw) else os.WEXITSTATUS(raw)
+
+
+def _serve(req_fd: int, reply_fd: int) -> None:
+    import liver.agent.preload  # noqa: F401  (the imports every worker shares)
+    wake_r, wake_w = os.pipe()
+    os.set_blocking(wake_w, False)
+    signal.signal(signal.SIGCHLD, lambda *_: None)
+    signal.set_wakeup_fd(wake_w)
+    reply = os.fdopen(reply_fd, "w", buffering=1)
+    pending = b""
+    while True:
+        try:
+            ready, _, _ = select.select([req_fd, wake_r], [], [])
+        except InterruptedError:
+            continue
+        if wake_r in ready:
+            os.read(wake_r, 4096)
+            while True:
+                try:
+                    pid, raw = os.waitpid(-1, os.WNOHANG)
+                except ChildProcessError:
+                    break
+                if pid == 0:
+                    break
+                reply.write(json.dumps({"pid": pid, "exit": _status(raw)}) + "\n")
+        if req_fd in ready:
+            data = os.read(req_fd, 1 << 16)
+            if not data:
+                return  # the agent is done
+            pending += data
+            while b"\n" in pending:
+                line, pending = pending.split(b"\n", 1)
+                req = json.loads(line)
+                pid = os.fork()
+                if pid == 0:
+                    _child(req, (req_fd, reply_fd, wake_r, wake_w))
+                reply.write(json.dumps({"id": req["id"], "pid": pid}) + "\n")
+
+
+def _child(req: dict[str, Any], inherited: tuple[int, ...]) -> None:
+    forked = time.time()
+    code = 1
+    try:
+        signal.set_wakeup_fd(-1)
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+        for fd in inherited:
+            os.close(fd)
+        if req["idle"]:
+            background()
+        os.environ.clear()
+        os.environ.update(req["env"])
+        fd = os.open(req["log"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        os.dup2(fd, 2)
+        if req["quiet"]:
+            os.dup2(fd, 1)
+        os.close(fd)
+        from liver.runtime import member
+        # its imports were done once, in the template: it started and was ready to run at once
+        member.main(req["spec"], {"process_start": forked, "imported": forked})
+        code = 0
+    except SystemExit as e:
+        code = 0 if e.code is None else e.code if isinstance(e.code, int) else 1
+    except BaseException:
+        traceback.print_exc()
+    finally:
+        try:
+            sys.stdout.flush()
+            sys.stderr.flush()
+        finally:
+            os._exit(code)
+
+
+if __name__ == "__main__":
+    _serve(int(sys.argv[1]), int(sys.argv[2]))
