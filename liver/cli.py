@@ -111,6 +111,16 @@ def _bench_reconfig(args: argparse.Namespace) -> int:
         f"ratio {r['ratio']:.1f}x  prepare {r['prepare_s']:.2f} s  steady overhead {r['steady_overhead']:+.2%}"))
 
 
+def _bench_boot(args: argparse.Namespace) -> int:
+    from liver.bench.boot import run
+
+    rows = run(repeats=args.repeats, model=args.model, parallel=args.parallel, warmup_steps=args.warmup_steps,
+               run_dir=Path(args.run_dir) if args.run_dir else None)
+    return _print_rows(rows, args.json, lambda r: (
+        f"{r['start']:<24} CPU {r['cpu_s']:.3f} s  wall {r['wall_s']:.3f} s  "
+        f"fresh/this: CPU {r['cpu_ratio_fresh_over_this']:.1f}x, wall {r['wall_ratio_fresh_over_this']:.1f}x"))
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="liver", description=__doc__)
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -173,6 +183,15 @@ def main(argv: list[str] | None = None) -> int:
                          "with a core per process)")
     br.add_argument("--run-dir", default=None)
     br.set_defaults(fn=_bench_reconfig)
+    bb = bsub.add_parser("boot", help="a cold joiner's cost before its Shadow World: fresh interpreter vs "
+                                      "forked from the zygote")
+    bb.add_argument("--json", action="store_true")
+    bb.add_argument("--repeats", type=int, default=5, help="workers per way of starting (median taken)")
+    bb.add_argument("--model", default="tiny", help="preset: tiny, 1b, 3b")
+    bb.add_argument("--parallel", default="1,1,2", help="the joiner's configuration tp,pp,dp (rank 0)")
+    bb.add_argument("--warmup-steps", type=int, default=2, help="mock-world warm-up steps")
+    bb.add_argument("--run-dir", default=None)
+    bb.set_defaults(fn=_bench_boot)
     args = p.parse_args(argv)
     try:
         return args.fn(args)

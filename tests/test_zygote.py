@@ -47,3 +47,15 @@ def test_closing_ends_the_template(tmp_path):
     z = Zygote()
     z.close()
     assert z.process.returncode == 0
+
+
+def test_the_boot_bench_starts_joiners_both_ways(tmp_path):
+    from liver.bench.boot import run
+    rows = run(repeats=1, run_dir=tmp_path)
+    assert [r["start"] for r in rows] == ["fresh interpreter", "forked from the zygote"]
+    assert all(r["cpu_s"] > 0 and r["wall_s"] > 0 and len(r["samples"]) == 1 for r in rows)
+
+
+def test_ready_once_the_template_has_imported(zygote):
+    zygote.wait_ready()
+    assert zygote.process.poll() is None

@@ -8,14 +8,15 @@ The template stays single-threaded (a fork copies only the calling thread; a loc
 would stay held in the child). It serves two pipes: requests from the agent, one JSON line each
 (spec, environment, log file, idle priority), and replies to it: each new worker's pid, and each
 worker's exit status once it is reaped (as ``subprocess`` reports it: the code, or -signal).
-Each worker applies its own environment, priority and log file before it runs
-``liver.runtime.member``. The template exits when the agent closes the request pipe.
+Each worker applies its own environment, priority and log file before it runs its entry point
+(``liver.runtime.member``). The template exits when the agent closes the request pipe.
 
 ``Zygote`` (below) is the agent's side; ``python -m liver.agent.zygote REQ_FD REPLY_FD`` the template.
 """
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import select
@@ -53,6 +54,7 @@ class Zygote:
         self._exits: dict[int, int] = {}  # pid -> exit status
         self._next = 0
         self._gone = False  # the template ended (its pipe closed)
+        self._ready = False  # its imports are done
         threading.Thread(target=self._read, name="zygote-replies", daemon=True).start()
 
     def _read(self) -> None:
@@ -62,6 +64,8 @@ class Zygote:
                 with self._cond:
                     if "exit" in msg:
                         self._exits[msg["pid"]] = msg["exit"]
+                    elif "ready" in msg:
+                        self._ready = True
                     else:
                         self._pids[msg["id"]] = msg["pid"]
                     self._cond.notify_all()
@@ -69,14 +73,22 @@ class Zygote:
             self._gone = True
             self._cond.notify_all()
 
-    def fork(self, spec_path: str, env: dict[str, str], log_path: str, quiet: bool, idle: bool) -> int:
-        """A new worker running ``liver.runtime.member`` on ``spec_path``: stderr (and stdout when
-        ``quiet``) to ``log_path``, environment exactly ``env``, idle priority when ``idle``.
-        Returns its pid."""
+    def wait_ready(self, timeout_s: float = START_TIMEOUT_S) -> None:
+        """Until the template has done its imports (a fork waits for them anyway)."""
+        with self._cond:
+            if not self._cond.wait_for(lambda: self._ready or self._gone, timeout_s) or not self._ready:
+                raise RuntimeError(f"the zygote (pid {self.process.pid}) is not ready after {timeout_s:g} s: "
+                                   f"exit {self.process.poll()}; its output is on the agent's stderr")
+
+    def fork(self, spec_path: str, env: dict[str, str], log_path: str, quiet: bool, idle: bool,
+             entry: str = "liver.runtime.member:main") -> int:
+        """A new worker running ``entry`` (``module:function``, called with ``spec_path`` and its
+        start times) : stderr (and stdout when ``quiet``) to ``log_path``, environment exactly
+        ``env``, idle priority when ``idle``. Returns its pid."""
         with self._cond:
             rid, self._next = self._next, self._next + 1
         line = json.dumps({"id": rid, "spec": spec_path, "env": env, "log": log_path, "quiet": quiet,
-                           "idle": idle}) + "\n"
+                           "idle": idle, "entry": entry}) + "\n"
         try:
             os.write(self._req_w, line.encode())
         except BrokenPipeError:
@@ -129,6 +141,7 @@ def _serve(req_fd: int, reply_fd: int) -> None:
     signal.signal(signal.SIGCHLD, lambda *_: None)
     signal.set_wakeup_fd(wake_w)
     reply = os.fdopen(reply_fd, "w", buffering=1)
+    reply.write(json.dumps({"ready": os.getpid()}) + "\n")
     pending = b""
     while True:
         try:
@@ -176,9 +189,9 @@ def _child(req: dict[str, Any], inherited: tuple[int, ...]) -> None:
         if req["quiet"]:
             os.dup2(fd, 1)
         os.close(fd)
-        from liver.runtime import member
+        module, function = req["entry"].split(":")
         # its imports were done once, in the template: it started and was ready to run at once
-        member.main(req["spec"], {"process_start": forked, "imported": forked})
+        getattr(importlib.import_module(module), function)(req["spec"], {"process_start": forked, "imported": forked})
         code = 0
     except SystemExit as e:
         code = 0 if e.code is None else e.code if isinstance(e.code, int) else 1
