@@ -136,12 +136,16 @@ def main() -> int:
         of_kind = [e for e in live["events"] if e["event"]["kind"] == kind]
         ratios, _ = rep.preparing_ratios(live["steps"], of_kind)
         placebo = rep.placebo_ratios(live["steps"], of_kind)  # the same estimate, nothing prepared
+        windows = [rep.preparing_ratios(live["steps"], [e])[0] for e in of_kind]  # one per event
         by_kind[kind] = {"steady_overhead": statistics.median(ratios) - 1 if ratios else None,
+                         "steady_overhead_ci95": rep.median_ci95(windows), "events": len(of_kind),
                          "steps_preparing": len(ratios),
                          "steady_overhead_placebo": statistics.median(placebo) - 1 if placebo else None,
+                         "steady_overhead_placebo_ci95": rep.median_ci95(
+                             [rep.placebo_ratios(live["steps"], [e]) for e in of_kind]),
                          "steps_placebo": len(placebo)}
     if os.environ.get("LIVE_ONLY"):  # the steady-state overhead over many events: no restart run
-        keys = ("old", "new", "downtime_s", "transfer_s", "prepare_s", "prepare_cpu_s", "steady_overhead", "steps_preparing",
+        keys = ("old", "new", "downtime_s", "transfer_s", "prepare_s", "prepare_cpu_s", "joiner_cpu_s", "steady_overhead", "steps_preparing",
                 "prepare_stall_s", "comms_created", "digest_equal", "deadline_met", "peak_extra_bytes")
         rows = [{"event": e["event"]["kind"], **{k: e.get(k) for k in keys}} for e in live["events"]]
         result = {**info, "live_only": True, "events": rows, "steady_overhead_by_kind": by_kind,
@@ -162,7 +166,7 @@ def main() -> int:
             "transfer_s": el.get("transfer_s"), "switch_s": el.get("switch_s"), "transfer_floor_s": floor,
             "target_downtime_s(2*floor+0.5)": 2 * floor + 0.5 if floor else None,
             "bytes_moved": el.get("bytes_moved"), "max_rank_bytes": max(el["max_rank_bytes_in"], el["max_rank_bytes_out"]),
-            "prepare_s": el.get("prepare_s"), "mock_warmup_s": el.get("mock_warmup_s"), "groups_s": el.get("groups_s"),
+            "prepare_s": el.get("prepare_s"), "mock_warmup_s": el.get("mock_warmup_s"), "joiner_cpu_s": el.get("joiner_cpu_s"), "groups_s": el.get("groups_s"),
             "steady_overhead": el.get("steady_overhead"), "steps_preparing": el.get("steps_preparing"),
             "steady_overhead_generation": el.get("steady_overhead_generation"),
             "prepare_stall_s": el.get("prepare_stall_s"), "prepare_cpu_s": el.get("prepare_cpu_s"), "comms_created": el.get("comms_created"), "comms_shared": el.get("comms_shared"),

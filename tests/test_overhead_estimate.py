@@ -46,9 +46,9 @@ def test_placebo_needs_a_baseline_before_it():
 
 
 def test_interval_resamples_windows():
-    lo, hi = reconfig._ci95([[1.0, 1.0], [1.1, 1.1], [1.2, 1.2]])
+    lo, hi = report.median_ci95([[1.0, 1.0], [1.1, 1.1], [1.2, 1.2]])
     assert -1e-9 <= lo <= hi <= 0.2 + 1e-9
-    assert reconfig._ci95([[1.0]]) is None
+    assert report.median_ci95([[1.0]]) is None
 
 
 @pytest.mark.parametrize("kw, field", [({"repeats": 0}, "--repeats"), ({"steps": 1}, "--steps"),

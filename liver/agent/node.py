@@ -32,6 +32,8 @@ class Worker:
 
 class NodeAgent:
     def __init__(self, run_dir: Path, slots: int, base_spec: dict[str, Any], quiet: bool = False) -> None:
+        """``base_spec``: what every worker's spec holds (its ``backend`` says whether workers use
+        GPUs, which the zygote must not touch)."""
         self.run_dir = run_dir
         self.quiet = quiet  # worker output to its log file only
         self.slots = slots
@@ -40,7 +42,8 @@ class NodeAgent:
         self._next_proc = 0
         (run_dir / "specs").mkdir(parents=True, exist_ok=True)
         (run_dir / "logs").mkdir(parents=True, exist_ok=True)
-        self.zygote = Zygote()  # the workers' imports, done once, before any worker is needed
+        # the workers' imports, done once, before any worker is needed
+        self.zygote = Zygote(cpu_step=base_spec.get("backend", "gloo") == "gloo")
 
     def busy_slots(self) -> set[int]:
         return {w.slot for w in self.workers.values() if w.returncode is None}

@@ -11,7 +11,8 @@ worker's exit status once it is reaped (as ``subprocess`` reports it: the code, 
 Each worker applies its own environment, priority and log file before it runs its entry point
 (``liver.runtime.member``). The template exits when the agent closes the request pipe.
 
-``Zygote`` (below) is the agent's side; ``python -m liver.agent.zygote REQ_FD REPLY_FD`` the template.
+``Zygote`` (below) is the agent's side; ``python -m liver.agent.zygote REQ_FD REPLY_FD [no-]cpu-step``
+the template.
 """
 
 from __future__ import annotations
@@ -42,10 +43,13 @@ def background() -> None:
 class Zygote:
     """The agent's handle: starts the template, forks workers from it, learns their exits."""
 
-    def __init__(self) -> None:
+    def __init__(self, cpu_step: bool = True) -> None:
+        """``cpu_step``: the template rehearses a training step on the CPU (CPU workers only: see
+        ``liver.agent.preload``)."""
         req_r, self._req_w = os.pipe()
         self._reply_r, reply_w = os.pipe()
-        self.process = subprocess.Popen([sys.executable, "-m", "liver.agent.zygote", str(req_r), str(reply_w)],
+        self.process = subprocess.Popen([sys.executable, "-m", "liver.agent.zygote", str(req_r), str(reply_w),
+                                         "cpu-step" if cpu_step else "no-cpu-step"],
                                         pass_fds=(req_r, reply_w), stdin=subprocess.DEVNULL)
         os.close(req_r)
         os.close(reply_w)
@@ -134,8 +138,9 @@ def _status(raw: int) -> int:
     return -os.WTERMSIG(raw) if os.WIFSIGNALED(raw) else os.WEXITSTATUS(raw)
 
 
-def _serve(req_fd: int, reply_fd: int) -> None:
-    import liver.agent.preload  # noqa: F401  (the imports every worker shares)
+def _serve(req_fd: int, reply_fd: int, cpu_step: bool) -> None:
+    from liver.agent.preload import warm_template
+    warm_template(cpu_step)  # the imports every worker shares
     wake_r, wake_w = os.pipe()
     os.set_blocking(wake_w, False)
     signal.signal(signal.SIGCHLD, lambda *_: None)
@@ -206,4 +211,4 @@ def _child(req: dict[str, Any], inherited: tuple[int, ...]) -> None:
 
 
 if __name__ == "__main__":
-    _serve(int(sys.argv[1]), int(sys.argv[2]))
+    _serve(int(sys.argv[1]), int(sys.argv[2]), sys.argv[3] == "cpu-step")

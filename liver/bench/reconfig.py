@@ -13,7 +13,6 @@ The scenarios keep a core per process (``--world``), as a GPU run keeps a GPU pe
 from __future__ import annotations
 
 import os
-import random
 import statistics
 import tempfile
 from pathlib import Path
@@ -47,19 +46,6 @@ def default_world() -> int:
     """The largest scenario set with a core per process (2 on the 2-core CI machine)."""
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 2)
     return max(w for w in SCENARIOS if w <= max(cores, min(SCENARIOS)))
-
-
-def _ci95(runs: list[list[float]], draws: int = 2000) -> list[float] | None:
-    """Bootstrap 95% interval of the pooled median ratio minus 1, resampling whole windows (one
-    per event: step times drift together over tens of steps, so the steps of one window are not
-    independent samples)."""
-    runs = [r for r in runs if r]
-    if len(runs) < 2:
-        return None
-    rng = random.Random(0)
-    meds = sorted(statistics.median([q for r in rng.choices(runs, k=len(runs)) for q in r]) - 1
-                  for _ in range(draws))
-    return [meds[int(0.025 * draws)], meds[int(0.975 * draws) - 1]]
 
 
 def _once(name: str, first: str, action: str, mode: str, steps: int, calm: int, run_dir: Path,
@@ -128,10 +114,10 @@ def run(repeats: int = 1, steps: int = 20, run_dir: Path | None = None, calm: in
                      "joiner_cpu_s": med(live, "joiner_cpu_s"),
                      "steady_overhead": statistics.median(ratios) - 1 if ratios else None,
                      "steady_overhead_generation": statistics.median(whole) - 1 if whole else None,
-                     "steady_overhead_ci95": _ci95([w for x in live for w in x["windows"]]),
+                     "steady_overhead_ci95": report.median_ci95([w for x in live for w in x["windows"]]),
                      # the same estimate over steps with nothing prepared: what the machine resolves
                      "steady_overhead_placebo": statistics.median(placebo) - 1 if placebo else None,
-                     "steady_overhead_placebo_ci95": _ci95(placebo_windows), "steps_placebo": len(placebo),
+                     "steady_overhead_placebo_ci95": report.median_ci95(placebo_windows), "steps_placebo": len(placebo),
                      "steps_preparing": len(ratios), "steps_before_event": calm, "world": world,
                      "cycles": cycles, "live_events": sum(x["events"] for x in live),
                      "steady_overhead_per_repeat": [x["steady_overhead"] for x in live],

@@ -14,6 +14,7 @@ downtime, bytes moved), a summary table and a PNG timeline. Definitions as in DE
 from __future__ import annotations
 
 import json
+import random
 import statistics
 from pathlib import Path
 from typing import Any
@@ -112,6 +113,19 @@ def placebo_ratios(steps: list[dict[str, Any]], events: list[dict[str, Any]],
             base = statistics.median(before[-n - baseline_steps:-n])
             out += [x / base for x in before[-n:]]
     return out
+
+
+def median_ci95(windows: list[list[float]], draws: int = 2000) -> list[float] | None:
+    """Bootstrap 95% interval of the pooled median ratio minus 1, resampling whole windows (one
+    per event: step times drift together over tens of steps, so the steps of one window are not
+    independent samples). None with fewer than two windows."""
+    windows = [w for w in windows if w]
+    if len(windows) < 2:
+        return None
+    rng = random.Random(0)
+    meds = sorted(statistics.median([q for w in rng.choices(windows, k=len(windows)) for q in w]) - 1
+                  for _ in range(draws))
+    return [meds[int(0.025 * draws)], meds[int(0.975 * draws) - 1]]
 
 
 def steady_overhead(steps: list[dict[str, Any]], events: list[dict[str, Any]]) -> dict[str, Any]:
