@@ -108,7 +108,7 @@ def _bench_reconfig(args: argparse.Namespace) -> int:
                calm=args.calm_steps, world=args.world, cycles=args.cycles)
     return _print_rows(rows, args.json, lambda r: (
         f"{r['scenario']:<40} live {r['downtime_live_s']:.3f} s  restart {r['downtime_restart_s']:.2f} s  "
-        f"ratio {r['ratio']:.1f}x  prepare {r['prepare_s']:.2f} s  steady overhead {r['steady_overhead']:+.2%}"))
+        f"ratio {r['ratio']:.1f}x (forked restart {r['downtime_restart_forked_s']:.2f} s: {r['ratio_forked']:.1f}x)  prepare {r['prepare_s']:.2f} s  steady overhead {r['steady_overhead']:+.2%}"))
 
 
 def _bench_boot(args: argparse.Namespace) -> int:
@@ -130,7 +130,9 @@ def main(argv: list[str] | None = None) -> int:
     src.add_argument("--trace", help="spot trace time_ms,add|remove,nodeNAME")
     r.add_argument("--compress", type=float, default=600.0, help="trace time divided by this factor")
     r.add_argument("--notice", type=float, default=120.0, help="preemption notice before a removal (s, trace time)")
-    r.add_argument("--mode", choices=["live", "restart"], default="live")
+    r.add_argument("--mode", choices=["live", "restart", "restart-forked"], default="live",
+                   help="live handoffs; or the baseline, stop-and-restart through DCP with new processes as "
+                        "fresh interpreters (restart) or forked from the agent's zygote (restart-forked)")
     r.add_argument("--model", default="tiny", help="preset: tiny, 1b, 3b")
     r.add_argument("--gpus", type=int, default=2, help="GPUs (processes) at the start")
     r.add_argument("--slots", type=int, default=None, help="GPUs this node can give (default: 4 on CPU)")

@@ -114,13 +114,14 @@ def test_live_equals_restart_and_digests_hold(tmp_path):
     actions = ["scale-out 4 as 2,1,2", "reshape 1,2,2:3/1", "scale-in 2 deadline 60s as 2,1,1"]
     events2 = tmp_path / "events2.txt"
     events2.write_text("".join(f"at step {c}: {a}\n" for c, a in zip(cuts, actions)))
-    restart = liver(tmp_path / "restart", "--events", str(events2), "--parallel", "1,2,1", "--steps", str(total),
-                    "--ckpt-every", "0", "--mode", "restart")
-    assert restart["rc"] == 0
-    assert [e["last_old_step"] for e in restart["events"]] == cuts
-    assert [(s["step"], s["parallel"], s["loss"], s["digest"]) for s in live["steps"]] == \
-        [(s["step"], s["parallel"], s["loss"], s["digest"]) for s in restart["steps"]]
-    assert all(e["digest_equal"] for e in restart["events"])
+    for mode in ("restart", "restart-forked"):  # new processes: fresh interpreters, or forked from the zygote
+        restart = liver(tmp_path / mode, "--events", str(events2), "--parallel", "1,2,1", "--steps", str(total),
+                        "--ckpt-every", "0", "--mode", mode)
+        assert restart["rc"] == 0
+        assert [e["last_old_step"] for e in restart["events"]] == cuts
+        assert [(s["step"], s["parallel"], s["loss"], s["digest"]) for s in live["steps"]] == \
+            [(s["step"], s["parallel"], s["loss"], s["digest"]) for s in restart["steps"]]
+        assert all(e["digest_equal"] for e in restart["events"])
 
 
 @pytest.mark.timeout(600)

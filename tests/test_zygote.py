@@ -18,7 +18,7 @@ def zygote():
 
 def test_a_failing_worker_reports_its_exit_status_and_its_traceback(zygote, tmp_path):
     log = tmp_path / "w.log"
-    pid = zygote.fork(str(tmp_path / "no-such-spec.json"), {"PATH": os.environ.get("PATH", "")}, str(log),
+    pid = zygote.start(str(tmp_path / "no-such-spec.json"), {"PATH": os.environ.get("PATH", "")}, str(log),
                       quiet=True, idle=False)
     assert pid > 0 and pid != zygote.process.pid
     assert zygote.exit_status(pid, 60) == 1
@@ -26,7 +26,7 @@ def test_a_failing_worker_reports_its_exit_status_and_its_traceback(zygote, tmp_
 
 
 def test_workers_are_forked_from_one_template_and_exit_statuses_are_not_mixed(zygote, tmp_path):
-    pids = [zygote.fork(str(tmp_path / f"missing{i}.json"), {}, str(tmp_path / f"w{i}.log"), quiet=True,
+    pids = [zygote.start(str(tmp_path / f"missing{i}.json"), {}, str(tmp_path / f"w{i}.log"), quiet=True,
                         idle=i == 1) for i in range(3)]
     assert len(set(pids)) == 3
     assert [zygote.exit_status(p, 60) for p in pids] == [1, 1, 1]
@@ -39,7 +39,7 @@ def test_a_dead_template_is_a_clear_error_not_a_hang(tmp_path):
     os.kill(z.process.pid, signal.SIGKILL)
     z.process.wait()
     with pytest.raises(RuntimeError, match="zygote .* ended"):
-        z.fork(str(tmp_path / "s.json"), {}, str(tmp_path / "w.log"), quiet=True, idle=False)
+        z.start(str(tmp_path / "s.json"), {}, str(tmp_path / "w.log"), quiet=True, idle=False)
     z.close()
 
 

@@ -13,9 +13,18 @@ import signal
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
-from liver.agent.zygote import Zygote
+
+class Starter(Protocol):
+    """How the agent makes worker processes: ``liver.agent.zygote.Zygote`` (forked from a template
+    that imported everything once) or ``liver.agent.interpreter.FreshInterpreters``."""
+
+    def start(self, spec_path: str, env: dict[str, str], log_path: str, quiet: bool, idle: bool) -> int: ...
+
+    def exit_status(self, pid: int, timeout_s: float | None = 0.0) -> int | None: ...
+
+    def close(self) -> None: ...
 
 
 @dataclass
@@ -24,16 +33,16 @@ class Worker:
     slot: int
     role: str
     generation: int
-    pid: int  # forked from the agent's zygote
+    pid: int
     started: float
     leaving: bool = False     # told to go: its exit is expected
     returncode: int | None = None
 
 
 class NodeAgent:
-    def __init__(self, run_dir: Path, slots: int, base_spec: dict[str, Any], quiet: bool = False) -> None:
-        """``base_spec``: what every worker's spec holds (its ``backend`` says whether workers use
-        GPUs, which the zygote must not touch)."""
+    def __init__(self, run_dir: Path, slots: int, base_spec: dict[str, Any], starter: Starter,
+                 quiet: bool = False) -> None:
+        """``base_spec``: what every worker's spec holds; ``starter``: how it makes processes."""
         self.run_dir = run_dir
         self.quiet = quiet  # worker output to its log file only
         self.slots = slots
@@ -42,8 +51,7 @@ class NodeAgent:
         self._next_proc = 0
         (run_dir / "specs").mkdir(parents=True, exist_ok=True)
         (run_dir / "logs").mkdir(parents=True, exist_ok=True)
-        # the workers' imports, done once, before any worker is needed
-        self.zygote = Zygote(cpu_step=base_spec.get("backend", "gloo") == "gloo")
+        self.starter = starter
 
     def busy_slots(self) -> set[int]:
         return {w.slot for w in self.workers.values() if w.returncode is None}
@@ -65,7 +73,7 @@ class NodeAgent:
         env = dict(os.environ, OMP_NUM_THREADS="1", LOCAL_RANK=str(slot))
         # a cold joiner boots at background priority: it must not slow the training it joins
         # (it restores its priority, where allowed, once it holds a rank)
-        p = self.zygote.fork(str(path), env, str(self.run_dir / "logs" / f"proc{proc}.log"),
+        p = self.starter.start(str(path), env, str(self.run_dir / "logs" / f"proc{proc}.log"),
                              quiet=self.quiet, idle=role == "joiner")
         w = Worker(proc, slot, role, generation, p, time.time())
         self.workers[proc] = w
@@ -77,7 +85,7 @@ class NodeAgent:
         out = []
         for w in self.workers.values():
             if w.returncode is None:
-                rc = self.zygote.exit_status(w.pid)
+                rc = self.starter.exit_status(w.pid)
                 if rc is not None:
                     w.returncode = rc
                     out.append(w)
@@ -95,14 +103,14 @@ class NodeAgent:
                 os.kill(w.pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
-            w.returncode = self.zygote.exit_status(w.pid, None)
+            w.returncode = self.starter.exit_status(w.pid, None)
             self._write_procs()
 
     def wait(self, procs: list[int], timeout_s: float) -> bool:
         end = time.time() + timeout_s
         for p in procs:
             w = self.workers[p]
-            w.returncode = self.zygote.exit_status(w.pid, max(0.0, end - time.time()))
+            w.returncode = self.starter.exit_status(w.pid, max(0.0, end - time.time()))
             if w.returncode is None:
                 return False
         self._write_procs()
@@ -118,9 +126,9 @@ class NodeAgent:
             self.kill(w.proc)
 
     def shutdown(self) -> None:
-        """Kill every live worker and end the zygote: the agent is done."""
+        """Kill every live worker and let go of the starter: the agent is done."""
         self.stop_all()
-        self.zygote.close()
+        self.starter.close()
 
     def _write_procs(self) -> None:
         rows = [{"proc": w.proc, "slot": w.slot, "pid": w.pid, "role": w.role,

@@ -29,19 +29,14 @@ import time
 import traceback
 from typing import Any
 
+from liver.agent.priority import background
+
 START_TIMEOUT_S = 120.0  # the first fork waits for the template's imports
 
 
-def background() -> None:
-    """Idle-only CPU priority (SCHED_IDLE where there is one), for a cold joiner's boot."""
-    try:
-        os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
-    except (AttributeError, OSError):
-        os.nice(19)
-
-
 class Zygote:
-    """The agent's handle: starts the template, forks workers from it, learns their exits."""
+    """The agent's handle: starts the template, forks workers from it, learns their exits. A
+    ``Starter`` (``liver.agent.node``), like ``FreshInterpreters``."""
 
     def __init__(self, cpu_step: bool = True) -> None:
         """``cpu_step``: the template rehearses a training step on the CPU (CPU workers only: see
@@ -84,7 +79,7 @@ class Zygote:
                 raise RuntimeError(f"the zygote (pid {self.process.pid}) is not ready after {timeout_s:g} s: "
                                    f"exit {self.process.poll()}; its output is on the agent's stderr")
 
-    def fork(self, spec_path: str, env: dict[str, str], log_path: str, quiet: bool, idle: bool,
+    def start(self, spec_path: str, env: dict[str, str], log_path: str, quiet: bool, idle: bool,
              entry: str = "liver.runtime.member:main") -> int:
         """A new worker running ``entry`` (``module:function``, called with ``spec_path`` and its
         start times) : stderr (and stdout when ``quiet``) to ``log_path``, environment exactly

@@ -47,7 +47,7 @@ def _fresh(spec: Path, log: Path) -> None:
 
 
 def _forked(z: Zygote, spec: Path, log: Path) -> None:
-    pid = z.fork(str(spec), dict(os.environ, OMP_NUM_THREADS="1"), str(log), quiet=True, idle=False,
+    pid = z.start(str(spec), dict(os.environ, OMP_NUM_THREADS="1"), str(log), quiet=True, idle=False,
                  entry="liver.bench.boot:joiner_warmup")
     if z.exit_status(pid, None) != 0:
         raise RuntimeError(f"forked joiner failed: {log.read_text()[-2000:]}")

@@ -1,6 +1,7 @@
 """``liver bench reconfig``: the same events applied live and by stop-and-restart, side by side in
 one run, on the tiny model over CPU processes (gloo). For each scenario: downtime of each mode,
-their ratio, the live prepare time, and the steady-state overhead of the live runs: the median,
+their ratio (restart with fresh interpreters, as torchrun starts processes; and "forked": the
+restart given the agent's zygote too), the live prepare time, and the steady-state overhead of the live runs: the median,
 over the steps of every repeat that ran while a Shadow World was prepared, of the step's time over
 the median of the 20 steps of the same configuration just before the event, minus 1
 ("steady_overhead_generation": against all of the generation's other steps). The event comes after ``calm``
@@ -98,18 +99,21 @@ def run(repeats: int = 1, steps: int = 20, run_dir: Path | None = None, calm: in
     base = run_dir or Path(tempfile.mkdtemp(prefix="liver-bench-reconfig-"))
     rows = []
     for i, (name, first, action, back, gap) in enumerate(SCENARIOS[world]):
-        live, restart = [], []
-        for r in range(repeats):  # interleaved, so both modes see the same machine state
+        live, restart, forked = [], [], []
+        for r in range(repeats):  # interleaved, so every mode sees the same machine state
             live.append(_once(name, first, action, "live", steps, calm, base / f"s{i}-live-{r}", back, gap, cycles))
             restart.append(_once(name, first, action, "restart", steps, calm, base / f"s{i}-restart-{r}"))
+            forked.append(_once(name, first, action, "restart-forked", steps, calm, base / f"s{i}-forked-{r}"))
         med = lambda xs, k: statistics.median(x[k] for x in xs)  # noqa: E731
-        dl, dr = med(live, "downtime_s"), med(restart, "downtime_s")
+        dl, dr, df = med(live, "downtime_s"), med(restart, "downtime_s"), med(forked, "downtime_s")
         ratios = [q for x in live for q in x["preparing_ratios"]]  # every repeat's preparing steps
         whole = [q for x in live for q in x["preparing_ratios_generation"]]
         placebo_windows = [w for x in live for w in x["placebo_windows"]]
         placebo = [q for w in placebo_windows for q in w]
         rows.append({"scenario": name, "event": action, "first": first, "steps_after_event": steps, "repeats": repeats,
                      "downtime_live_s": dl, "downtime_restart_s": dr, "ratio": dr / dl if dl > 0 else None,
+                     # the baseline given the agent's zygote too (no interpreter boot, no imports)
+                     "downtime_restart_forked_s": df, "ratio_forked": df / dl if dl > 0 else None,
                      "prepare_s": med(live, "prepare_s"), "prepare_cpu_s": med(live, "prepare_cpu_s"),
                      "joiner_cpu_s": med(live, "joiner_cpu_s"),
                      "steady_overhead": statistics.median(ratios) - 1 if ratios else None,
@@ -122,5 +126,5 @@ def run(repeats: int = 1, steps: int = 20, run_dir: Path | None = None, calm: in
                      "cycles": cycles, "live_events": sum(x["events"] for x in live),
                      "steady_overhead_per_repeat": [x["steady_overhead"] for x in live],
                      "bytes_moved": live[0]["bytes_moved"], "transfer_s": med(live, "transfer_s"),
-                     "run_dirs": [x["run_dir"] for x in live + restart]})
+                     "run_dirs": [x["run_dir"] for x in live + restart + forked]})
     return rows

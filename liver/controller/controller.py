@@ -22,7 +22,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from liver.agent.node import NodeAgent, Worker
+from liver.agent.interpreter import FreshInterpreters
+from liver.agent.node import NodeAgent, Starter, Worker
+from liver.agent.zygote import Zygote
 from liver.checkpoint.periodic import latest
 from liver.controller import target
 from liver.controller.endpoint import ControlEndpoint
@@ -86,8 +88,19 @@ def _least(records, key: str) -> float:
     return min((r[key] for r in records if key in r), default=0.0)
 
 
+def forked_workers(backend: str) -> Zygote:
+    """Workers forked from the agent's zygote: a cold joiner's imports were done before it was
+    needed (a CPU training step rehearsed too, for CPU workers; GPU workers make their own CUDA
+    context after the fork)."""
+    return Zygote(cpu_step=backend == "gloo")
+
+
 class Controller:
     mode = "base"
+
+    def starter(self, backend: str) -> Starter:
+        """How this mode's node agent makes worker processes."""
+        raise NotImplementedError
 
     def __init__(self, job: JobConfig, opts: RunOptions, events: list[Event], run_dir: Path,
                  log: Callable[[str], None] = print) -> None:
@@ -103,7 +116,8 @@ class Controller:
             store_addr=self.store_addr, run_dir=str(run_dir), job=job.to_dict(), backend=opts.backend,
             total_steps=opts.steps, digest=opts.digest, ckpt_every=opts.ckpt_every,
             budget_bytes=opts.budget_bytes, warmup_steps=opts.warmup_steps, warm=opts.warm,
-            companion_share=opts.companion_share, timeout_s=opts.group_timeout_s), quiet=opts.quiet)
+            companion_share=opts.companion_share, timeout_s=opts.group_timeout_s), self.starter(opts.backend),
+            quiet=opts.quiet)
         self.queue: collections.deque[Event] = collections.deque(events)
         self.lock = threading.Lock()
         self.records: list[dict[str, Any]] = []
@@ -375,6 +389,9 @@ class LiveController(Controller):
 
     mode = "live"
 
+    def starter(self, backend: str) -> Starter:
+        return forked_workers(backend)
+
     def tick(self) -> None:
         if self.phase == "stable":
             with self.lock:
@@ -577,9 +594,13 @@ class LiveController(Controller):
 
 
 class RestartController(Controller):
-    """The baseline: each event by stop (DCP save at a boundary), new processes, DCP load."""
+    """The baseline: each event by stop (DCP save at a boundary), new processes, DCP load. New
+    processes as torchrun starts them: fresh interpreters (boot, imports, first use)."""
 
     mode = "restart"
+
+    def starter(self, backend: str) -> Starter:
+        return FreshInterpreters()
 
     def tick(self) -> None:
         if self.phase == "stable":
@@ -657,4 +678,14 @@ class RestartController(Controller):
         self.phase_log("start", generation=self.gen, load_s=round(rec["load_s"], 4))
 
 
-CONTROLLERS = {"live": LiveController, "restart": RestartController}
+class ForkedRestartController(RestartController):
+    """The baseline given the agent's zygote too: its new processes are forked from a template
+    that imported everything once, so a restart pays no interpreter boot and imports."""
+
+    mode = "restart-forked"
+
+    def starter(self, backend: str) -> Starter:
+        return forked_workers(backend)
+
+
+CONTROLLERS = {"live": LiveController, "restart": RestartController, "restart-forked": ForkedRestartController}
