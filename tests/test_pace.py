@@ -52,20 +52,44 @@ def _drive(w: _Work, step_s: float, max_steps: int = 1000) -> int:
 def test_cpu_per_step_stays_within_the_share():
     # 60 units of 3 ms against a budget of 10 ms per step (share 1% of a 1 s step)
     w = _Work(0.01, 1.0, units=60, unit_s=0.003)
-    _drive(w, 1.0)
-    # the share, overshot by at most one unit (the pace is asked between units)
+    steps = _drive(w, 1.0)
+    # a step: the share, overshot by at most one unit (the pace is asked between units)
     assert max(w.per_step) <= 0.01 + 0.003 + 1e-9
+    # the whole preparation: the share of the steps it ran beside, give or take one unit
     assert sum(w.per_step) == pytest.approx(0.18)
-    assert w.pace.waits >= 0.18 / (0.01 + 0.003) - 1
+    assert sum(w.per_step) <= 0.01 * (steps + 1) + 0.003 + 1e-9
     assert w.pace.largest_unit_s == pytest.approx(0.003)
+
+
+@pytest.mark.timeout(60)
+def test_a_unit_larger_than_the_share_is_paid_back_from_later_steps():
+    # units of 25 ms against 10 ms per step: one unit, then the steps it overshot are waited out
+    w = _Work(0.01, 1.0, units=8, unit_s=0.025)
+    steps = _drive(w, 1.0)
+    assert max(w.per_step) <= 0.025 + 1e-9
+    assert steps >= 0.2 / 0.01 - 3  # 200 ms of CPU at 10 ms a step
+    assert w.pace.waits >= steps - 3
 
 
 @pytest.mark.timeout(60)
 def test_budget_follows_the_step_time():
     w = _Work(0.01, 1.0, units=40, unit_s=0.001)
     w.pace.boundary(0.1)  # steps of 0.1 s: 1 ms per step, one unit per step
-    _drive(w, 0.1)
+    steps = _drive(w, 0.1)
     assert max(w.per_step) <= 0.001 + 0.001 + 1e-9
+    assert steps >= 40 - 3
+
+
+def test_a_forgiven_unit_is_not_charged():
+    w = _Work(0.01, 1.0, units=0, unit_s=0.0)
+    w.pace()
+    w.cpu += 5.0  # a unit without the GIL (NCCL's communicator set-up)
+    w.pace.forgive()
+    w.pace()
+    assert w.pace.credit == pytest.approx(0.01)  # untouched: no wait for a boundary
+    w.cpu += 0.004
+    w.pace()
+    assert w.pace.credit == pytest.approx(0.006)  # a charged unit
 
 
 @pytest.mark.timeout(30)

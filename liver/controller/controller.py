@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from liver.agent.interpreter import FreshInterpreters
+from liver.agent.priority import background
 from liver.agent.node import NodeAgent, Starter, Worker
 from liver.agent.zygote import Zygote
 from liver.checkpoint.periodic import latest
@@ -130,6 +131,7 @@ class Controller:
         self.progress: dict[str, Any] | None = None
         self.t_start: float | None = None
         self.finished = False
+        self.interrupted = False  # the caller was interrupted (Ctrl-C): stop the job
         self.end_at = 0  # set when the job ends early (end_after_events)
         self.endpoint: ControlEndpoint | None = None
         self.started_at = time.time()
@@ -142,7 +144,7 @@ class Controller:
         try:
             parallel = self.opts.initial or target.choose(self.job, self.opts.gpus, self.opts.hardware)
             self._start_generation(parallel, slots=list(range(self.opts.gpus)), load_from=None, kind="start")
-            while not self.finished:
+            while not self.finished and not self.interrupted:
                 # one round trip a tick once the key exists (it is never deleted)
                 self.progress = json.loads(self.store.get("progress")) if self.progress \
                     else get(self.store, "progress", self.progress)
@@ -391,6 +393,32 @@ class LiveController(Controller):
 
     def starter(self, backend: str) -> Starter:
         return forked_workers(backend)
+
+    def run(self) -> dict[str, Any]:
+        """The loop in a thread of its own at idle CPU priority: on a node whose cores the ranks
+        keep busy, its polling and planning take only the time they leave (the store it serves
+        runs in a thread made before, at normal priority). The caller's thread keeps its own."""
+        box: dict[str, Any] = {}
+
+        def loop() -> None:
+            background()
+            try:
+                box["report"] = Controller.run(self)
+            except BaseException as e:  # raised again in the caller's thread
+                box["error"] = e
+
+        t = threading.Thread(target=loop, name="liver-controller")
+        t.start()
+        try:
+            while t.is_alive():
+                t.join(0.2)
+        except KeyboardInterrupt:
+            self.interrupted = True  # the loop ends, stopping the workers
+            t.join()
+            raise
+        if "error" in box:
+            raise box["error"]
+        return box["report"]
 
     def tick(self) -> None:
         if self.phase == "stable":

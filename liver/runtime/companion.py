@@ -142,6 +142,7 @@ class Preparation:
                                       self.proc, self.backend, self.device, self.timeout)
         if self.defer_warm:  # the communicators now, beside training; their connections at the boundary
             init_once([*(self.world.every_group() if self.world else []), self.transfer])
+            self.pace.forgive()  # ncclCommInitRank releases the GIL: it takes a spare core, not a step
         self.timings["build_s"] = time.perf_counter() - t1
         self.timings["comms_created"], self.timings["comms_shared"] = sharing.created, sharing.shared
         t2 = time.perf_counter()  # which slice goes in which message, worked out now, not in the switch
