@@ -6,7 +6,7 @@ import signal
 
 import pytest
 
-from liver.agent.zygote import Zygote
+from liver.agent.zygote import ForkedWorkers, Zygote
 
 
 @pytest.fixture
@@ -59,3 +59,19 @@ def test_the_boot_bench_starts_joiners_both_ways(tmp_path):
 def test_ready_once_the_template_has_imported(zygote):
     zygote.wait_ready()
     assert zygote.process.poll() is None
+
+
+@pytest.mark.skipif(not hasattr(os, "SCHED_IDLE"), reason="no SCHED_IDLE here")
+def test_cold_joiners_fork_from_an_idle_priority_template_ranks_from_a_normal_one(tmp_path):
+    w = ForkedWorkers()
+    try:
+        w.ranks.wait_ready()
+        w.joiners.wait_ready()
+        assert os.sched_getscheduler(w.ranks.process.pid) == os.SCHED_OTHER
+        assert os.sched_getscheduler(w.joiners.process.pid) == os.SCHED_IDLE  # its forks' page tables too
+        rank = w.start(str(tmp_path / "a.json"), {}, str(tmp_path / "a.log"), quiet=True, idle=False)
+        joiner = w.start(str(tmp_path / "b.json"), {}, str(tmp_path / "b.log"), quiet=True, idle=True)
+        assert w.exit_status(rank, 60) == 1 and w.exit_status(joiner, 60) == 1
+        assert "a.json" in (tmp_path / "a.log").read_text() and "b.json" in (tmp_path / "b.log").read_text()
+    finally:
+        w.close()

@@ -17,8 +17,8 @@ from typing import Any, Protocol
 
 
 class Starter(Protocol):
-    """How the agent makes worker processes: ``liver.agent.zygote.Zygote`` (forked from a template
-    that imported everything once) or ``liver.agent.interpreter.FreshInterpreters``."""
+    """How the agent makes worker processes: ``liver.agent.zygote.ForkedWorkers`` (forked from
+    templates that imported everything once) or ``liver.agent.interpreter.FreshInterpreters``."""
 
     def start(self, spec_path: str, env: dict[str, str], log_path: str, quiet: bool, idle: bool) -> int: ...
 

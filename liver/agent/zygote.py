@@ -11,7 +11,8 @@ worker's exit status once it is reaped (as ``subprocess`` reports it: the code, 
 Each worker applies its own environment, priority and log file before it runs its entry point
 (``liver.runtime.member``). The template exits when the agent closes the request pipe.
 
-``Zygote`` (below) is the agent's side; ``python -m liver.agent.zygote REQ_FD REPLY_FD [no-]cpu-step``
+``Zygote`` (below) is the agent's side of one template, ``ForkedWorkers`` the agent's starter
+(a template for ranks and one at idle priority for cold joiners); ``python -m liver.agent.zygote REQ_FD REPLY_FD [no-]cpu-step``
 the template.
 """
 
@@ -38,14 +39,16 @@ class Zygote:
     """The agent's handle: starts the template, forks workers from it, learns their exits. A
     ``Starter`` (``liver.agent.node``), like ``FreshInterpreters``."""
 
-    def __init__(self, cpu_step: bool = True) -> None:
+    def __init__(self, cpu_step: bool = True, idle: bool = False) -> None:
         """``cpu_step``: the template rehearses a training step on the CPU (CPU workers only: see
-        ``liver.agent.preload``)."""
+        ``liver.agent.preload``); ``idle``: the template, and so each fork and every worker it
+        makes, runs at idle CPU priority."""
         req_r, self._req_w = os.pipe()
         self._reply_r, reply_w = os.pipe()
         self.process = subprocess.Popen([sys.executable, "-m", "liver.agent.zygote", str(req_r), str(reply_w),
                                          "cpu-step" if cpu_step else "no-cpu-step"],
-                                        pass_fds=(req_r, reply_w), stdin=subprocess.DEVNULL)
+                                        pass_fds=(req_r, reply_w), stdin=subprocess.DEVNULL,
+                                        preexec_fn=background if idle else None)
         os.close(req_r)
         os.close(reply_w)
         self._cond = threading.Condition()
@@ -125,6 +128,32 @@ class Zygote:
         except subprocess.TimeoutExpired:
             self.process.kill()
             self.process.wait()
+
+
+class ForkedWorkers:
+    """The agent's ``Starter`` for live runs: two templates, one at normal priority for ranks and
+    one at idle priority for cold joiners. A fork copies the template's page tables (about 6 ms of
+    CPU for a template that imported torch): a joiner's must come out of idle time, not out of
+    the training steps it joins; a rank's must not wait for idle time."""
+
+    def __init__(self, cpu_step: bool = True, joiners: bool = True) -> None:
+        self.ranks = Zygote(cpu_step)
+        self.joiners = Zygote(cpu_step, idle=True) if joiners else None
+        self._of: dict[int, Zygote] = {}
+
+    def start(self, spec_path: str, env: dict[str, str], log_path: str, quiet: bool, idle: bool) -> int:
+        z = self.joiners if idle and self.joiners is not None else self.ranks
+        pid = z.start(spec_path, env, log_path, quiet, idle)
+        self._of[pid] = z
+        return pid
+
+    def exit_status(self, pid: int, timeout_s: float | None = 0.0) -> int | None:
+        return self._of[pid].exit_status(pid, timeout_s)
+
+    def close(self) -> None:
+        for z in (self.ranks, self.joiners):
+            if z is not None:
+                z.close()
 
 
 # ---- the template process --------------------------------------------------------------------

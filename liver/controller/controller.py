@@ -25,7 +25,7 @@ from typing import Any, Callable
 from liver.agent.interpreter import FreshInterpreters
 from liver.agent.priority import background
 from liver.agent.node import NodeAgent, Starter, Worker
-from liver.agent.zygote import Zygote
+from liver.agent.zygote import ForkedWorkers
 from liver.checkpoint.periodic import latest
 from liver.controller import target
 from liver.controller.endpoint import ControlEndpoint
@@ -89,11 +89,11 @@ def _least(records, key: str) -> float:
     return min((r[key] for r in records if key in r), default=0.0)
 
 
-def forked_workers(backend: str) -> Zygote:
-    """Workers forked from the agent's zygote: a cold joiner's imports were done before it was
-    needed (a CPU training step rehearsed too, for CPU workers; GPU workers make their own CUDA
-    context after the fork)."""
-    return Zygote(cpu_step=backend == "gloo")
+def forked_workers(backend: str, joiners: bool) -> ForkedWorkers:
+    """Workers forked from the agent's zygote (and cold ``joiners`` from one at idle priority):
+    their imports were done before they were needed (a CPU training step rehearsed too, for CPU
+    workers; GPU workers make their own CUDA context after the fork)."""
+    return ForkedWorkers(cpu_step=backend == "gloo", joiners=joiners)
 
 
 class Controller:
@@ -392,7 +392,7 @@ class LiveController(Controller):
     mode = "live"
 
     def starter(self, backend: str) -> Starter:
-        return forked_workers(backend)
+        return forked_workers(backend, joiners=True)
 
     def run(self) -> dict[str, Any]:
         """The loop in a thread of its own at idle CPU priority: on a node whose cores the ranks
@@ -713,7 +713,7 @@ class ForkedRestartController(RestartController):
     mode = "restart-forked"
 
     def starter(self, backend: str) -> Starter:
-        return forked_workers(backend)
+        return forked_workers(backend, joiners=False)
 
 
 CONTROLLERS = {"live": LiveController, "restart": RestartController, "restart-forked": ForkedRestartController}
