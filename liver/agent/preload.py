@@ -7,7 +7,6 @@ The template must stay single-threaded and must not touch the GPU driver: a CUDA
 survive a fork. A backward pass starts the autograd engine's device threads (and with them the
 CUDA driver, on a CUDA build), so the training-step rehearsal is for CPU workers only."""
 
-import gc
 import os
 
 
@@ -15,16 +14,10 @@ def warm_template(cpu_step: bool) -> None:
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     import torch
 
-    import liver.runtime.member  # noqa: F401
-    from liver.runtime.companion import rehearse
-    from liver.runtime.mock import rehearse_step
+    from liver.runtime.member import warm_process
 
     torch.set_num_threads(1)
-    rehearse()
-    if cpu_step:
-        rehearse_step()
-    gc.collect()
-    gc.freeze()
+    warm_process(cpu_step)
     threads = len(os.listdir("/proc/self/task")) if os.path.isdir("/proc/self/task") else 1
     if threads != 1:
         raise RuntimeError(f"the zygote has {threads} threads after its warm-up; a fork would copy only "

@@ -24,8 +24,7 @@ def joiner_warmup(spec_path: str, boot: dict[str, float] | None = None) -> None:
     """The worker: a joiner's work up to its Shadow World (``liver.runtime.member`` ``join``)."""
     import torch
 
-    from liver.engine.trainer import Engine
-    from liver.runtime.mock import MockWorld
+    from liver.runtime.mock import warm_up
     from liver.topology import Layout, ParallelConfig
     from liver.topology.presets import preset
 
@@ -33,9 +32,7 @@ def joiner_warmup(spec_path: str, boot: dict[str, float] | None = None) -> None:
     torch.set_num_threads(1)
     job = preset(spec["model"])
     layout = Layout(job.model, ParallelConfig.parse(spec["parallel"]), job.train)
-    engine = Engine(job, MockWorld.build_mock(1, layout, 0, "gloo", torch.device("cpu")), torch.device("cpu"))
-    for _ in range(spec["warmup_steps"]):
-        engine.train_step()
+    warm_up(job, layout, 0, "gloo", torch.device("cpu"), spec["warmup_steps"], generation=1)
     Path(spec["out"]).write_text(json.dumps({"cpu_s": time.process_time(), "done": time.time()}))
 
 

@@ -32,7 +32,7 @@ from liver.engine.state import state_digest  # noqa: E402
 from liver.engine.trainer import Engine  # noqa: E402
 from liver.runtime import protocol  # noqa: E402
 from liver.runtime.companion import Companion, Preparation, rehearse  # noqa: E402
-from liver.runtime.mock import MockWorld  # noqa: E402
+from liver.runtime.mock import rehearse_step, warm_up  # noqa: E402
 from liver.runtime.pace import Pace  # noqa: E402
 from liver.runtime.protocol import GenerationSpec, agree, put  # noqa: E402
 from liver.runtime.switch import switch  # noqa: E402
@@ -73,13 +73,6 @@ class Member:
         # the companions' store connection (made now, not beside the first preparation's steps)
         self._side = protocol.run_store(connect_store(spec["store_addr"]))
         self._side_user: Companion | None = None  # the last companion that used it
-        rehearse()  # the companion's code paths, warm before any preparation runs beside training
-        # The interpreter's objects so far (torch and its modules: ~250k) leave the cyclic garbage
-        # collector's view: a full collection then takes 0.01 ms instead of 110-118 ms, during
-        # which it holds the GIL (bench/results/issue4-prepare-first-use). A companion's burst of
-        # allocations (a transfer schedule) would otherwise set one off and stall training.
-        gc.collect()
-        gc.freeze()
 
     # ---- entering a generation -----------------------------------------------------------
     def start(self) -> None:
@@ -113,10 +106,8 @@ class Member:
         spec = GenerationSpec.fetch(self.store, g)
         layout = Layout(self.job.model, ParallelConfig.from_dict(spec.parallel), self.job.train)
         t0 = time.perf_counter()
-        mock = MockWorld.build_mock(g, layout, spec.procs.index(self.proc), self.backend, self.device)
-        warm = Engine(self.job, mock, self.device)
-        for _ in range(self.cfg.get("warmup_steps", 2)):
-            warm.train_step()
+        warm = warm_up(self.job, layout, spec.procs.index(self.proc), self.backend, self.device,
+                       self.cfg.get("warmup_steps", 2), generation=g)
         if self.device.type == "cuda":
             torch.cuda.synchronize()
         self.into = warm.state  # already in the new layout: the transfer writes into it
@@ -310,10 +301,28 @@ class Member:
         self.engine = None
 
 
+def warm_process(cpu_step: bool = False) -> None:
+    """Once per interpreter, before it trains: the companion's code paths rehearsed (and, with
+    ``cpu_step``, a CPU training step), so that no preparation beside training pays first-use
+    costs; then the interpreter's objects so far (torch and its modules: ~250k) leave the cyclic
+    garbage collector's view: a full collection takes 0.01 ms instead of 110-118 ms, during which
+    it holds the GIL (bench/results/issue4-prepare-first-use). A companion's burst of allocations
+    (a transfer schedule) would otherwise set one off and stall training. The zygote does it
+    before it forks (liver/agent/preload.py); a worker on its own interpreter, in ``main``."""
+    rehearse()
+    if cpu_step:
+        rehearse_step()
+    gc.collect()
+    gc.freeze()
+
+
 def main(spec_path: str | None = None, boot: dict[str, float] | None = None) -> None:
-    """``boot``: when the process started and finished its imports (forked from the zygote: both
-    the fork's time); by default this module's import times."""
+    """``boot``: when the process started and finished its imports, given by the zygote that
+    forked it (both the fork's time: its template did the imports and ``warm_process``); without
+    it, a worker on its own interpreter: this module's import times, and ``warm_process`` now."""
     spec = json.loads(Path(spec_path or sys.argv[1]).read_text())
+    if boot is None:
+        warm_process()
     m = Member(spec, boot or {"process_start": STARTED, "imported": IMPORTED})
     if spec["role"] == "joiner":
         m.join()

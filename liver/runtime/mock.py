@@ -13,7 +13,7 @@ from typing import Any
 import torch
 
 from liver.engine.trainer import Engine
-from liver.topology import ParallelConfig
+from liver.topology import JobConfig, ParallelConfig
 from liver.topology.layout import Layout
 from liver.topology.presets import preset
 from liver.world.group import LocalGroup, _Done
@@ -59,11 +59,20 @@ class MockWorld(World):
         raise RuntimeError("a mock world cannot be registered with torch.distributed")
 
 
+def warm_up(job: JobConfig, layout: Layout, rank: int, backend: str, device: torch.device, steps: int,
+            generation: int = 0) -> Engine:
+    """A cold worker's warm-up: ``steps`` training steps as rank ``rank`` of ``layout`` on a mock
+    world. Returns the engine: its state is already in the new layout."""
+    engine = Engine(job, MockWorld.build_mock(generation, layout, rank, backend, device), device)
+    for _ in range(steps):
+        engine.train_step()
+    return engine
+
+
 def rehearse_step() -> None:
     """One training step of the tiny model (tensor, pipeline and data parallel, rank 0) on a mock
     world: torch's first-use costs (autograd, the optimizer, the kernels' dispatch) paid once, in
     the zygote (liver/agent/preload.py). A joiner forked from it then pays 0.02 s of CPU for its
     first warm-up step instead of 0.3 s, beside the training it joins."""
     job = preset("tiny")
-    layout = Layout(job.model, ParallelConfig(tp=2, pp=2, dp=2), job.train)
-    Engine(job, MockWorld.build_mock(0, layout, 0, "gloo", torch.device("cpu")), torch.device("cpu")).train_step()
+    warm_up(job, Layout(job.model, ParallelConfig(tp=2, pp=2, dp=2), job.train), 0, "gloo", torch.device("cpu"), 1)
