@@ -73,7 +73,7 @@ def _run(args: argparse.Namespace) -> int:
     opts = RunOptions(steps=args.steps, gpus=gpus, slots=slots, backend=args.backend, initial=initial,
                       ckpt_every=args.ckpt_every, digest=args.digest, budget_bytes=args.budget_mib << 20,
                       warmup_steps=args.warmup_steps, warm=args.warm, hardware=hw, token=args.token,
-                      companion_share=args.companion_share,
+                      companion_share=args.companion_share, bind_cores=not args.no_bind_cores,
                       endpoint=not args.no_endpoint,
                       end_after_events=None if args.end_after_events < 0 else args.end_after_events)
     print(f"liver run --mode {args.mode}: model {args.model} ({job.model.num_params():,} parameters), "
@@ -151,9 +151,12 @@ def main(argv: list[str] | None = None) -> int:
                    help="first collectives of the new groups: beside training (background), or all "
                         "members at one iteration boundary; auto (default): boundary on NCCL, "
                         "background on gloo")
-    r.add_argument("--companion-share", type=float, default=0.005,
+    r.add_argument("--companion-share", type=float, default=0.0025,
                    help="at most this share of each training step goes to preparing the next "
                         "generation beside it (0: no limit; a deadline lifts it)")
+    r.add_argument("--no-bind-cores", action="store_true",
+                   help="CPU workers: leave them to the OS scheduler (default: each slot's worker bound "
+                        "to cores of its own where the node has a core per slot)")
     r.add_argument("--memory-gib", type=float, default=None, help="per-GPU memory for target choice")
     r.add_argument("--token", default=None, help="control token (default: random, in control.json)")
     r.add_argument("--no-endpoint", action="store_true")

@@ -41,8 +41,10 @@ class Worker:
 
 class NodeAgent:
     def __init__(self, run_dir: Path, slots: int, base_spec: dict[str, Any], starter: Starter,
-                 quiet: bool = False) -> None:
-        """``base_spec``: what every worker's spec holds; ``starter``: how it makes processes."""
+                 quiet: bool = False, cores: dict[int, list[int]] | None = None) -> None:
+        """``base_spec``: what every worker's spec holds; ``starter``: how it makes processes;
+        ``cores``: slot -> the cores its worker is bound to (``liver.agent.cores``), or None."""
+        self.cores = cores
         self.run_dir = run_dir
         self.quiet = quiet  # worker output to its log file only
         self.slots = slots
@@ -67,7 +69,8 @@ class NodeAgent:
     def start(self, proc: int, slot: int, role: str, generation: int) -> Worker:
         if slot in self.busy_slots():
             raise RuntimeError(f"slot {slot} is busy")
-        spec = dict(self.base_spec, proc=proc, slot=slot, role=role, generation=generation)
+        spec = dict(self.base_spec, proc=proc, slot=slot, role=role, generation=generation,
+                    cores=self.cores[slot] if self.cores else None)
         path = self.run_dir / "specs" / f"proc{proc}.json"
         path.write_text(json.dumps(spec))
         env = dict(os.environ, OMP_NUM_THREADS="1", LOCAL_RANK=str(slot))
@@ -132,6 +135,7 @@ class NodeAgent:
 
     def _write_procs(self) -> None:
         rows = [{"proc": w.proc, "slot": w.slot, "pid": w.pid, "role": w.role,
+                 "cores": self.cores[w.slot] if self.cores else None,
                  "generation": w.generation, "alive": w.returncode is None} for w in self.workers.values()]
         tmp = self.run_dir / ".procs.json"
         tmp.write_text(json.dumps(rows, indent=1))

@@ -235,4 +235,7 @@ def _child(req: dict[str, Any], inherited: tuple[int, ...]) -> None:
 
 
 if __name__ == "__main__":
-    _serve(int(sys.argv[1]), int(sys.argv[2]), sys.argv[3] == "cpu-step")
+    try:
+        _serve(int(sys.argv[1]), int(sys.argv[2]), sys.argv[3] == "cpu-step")
+    except BrokenPipeError:  # the agent went away (a job refused while the template booted): done
+        os._exit(0)

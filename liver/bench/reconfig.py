@@ -60,8 +60,10 @@ def _once(name: str, first: str, action: str, mode: str, steps: int, calm: int, 
         ev = parse_action(action if i % 2 == 0 else back, f"scenario {name!r}")
         ev.at_step = calm + i * gap
         events.append(ev)
+    # as many slots as its largest world: a core each, where the machine has them (liver/agent/cores.py)
+    slots = max([initial.world_size] + [e.gpus or e.parallel.world_size for e in events])
     opts = RunOptions(steps=calm + 2 * cycles * gap + steps + 1000, gpus=initial.world_size,
-                      slots=max(4, initial.world_size), initial=initial, ckpt_every=0,
+                      slots=slots, initial=initial, ckpt_every=0,
                       endpoint=False, quiet=True, end_after_events=steps)
     rep = run_job(job, opts, events, run_dir, mode, {"scenario": name}, log=lambda s: None)
     for e in rep["events"]:

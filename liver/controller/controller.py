@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+from liver.agent import cores
 from liver.agent.interpreter import FreshInterpreters
 from liver.agent.priority import background
 from liver.agent.node import NodeAgent, Starter, Worker
@@ -60,7 +61,7 @@ class RunOptions:
     # did: bench/results/issue4-prepare-interference), "background" on gloo (CPU sockets)
     warm: str = "auto"
     # a companion takes at most this share of each training step (liver/runtime/pace.py); 0: no limit
-    companion_share: float = 0.005
+    companion_share: float = 0.0025
     prepare_timeout_s: float = 300.0
     group_timeout_s: float = 120.0
     hardware: target.Hardware = field(default_factory=target.Hardware)
@@ -68,6 +69,9 @@ class RunOptions:
     endpoint: bool = True
     quiet: bool = False  # worker step lines to the log files, not the terminal
     end_after_events: int | None = None  # end the job this many steps after the last event
+    # CPU workers: each slot's worker bound to cores of its own where the node has a core per
+    # slot (liver/agent/cores.py); GPU workers are not bound
+    bind_cores: bool = True
 
     def __post_init__(self) -> None:
         if self.warm not in WARM_MODES:  # refused before any process starts
@@ -118,7 +122,8 @@ class Controller:
             total_steps=opts.steps, digest=opts.digest, ckpt_every=opts.ckpt_every,
             budget_bytes=opts.budget_bytes, warmup_steps=opts.warmup_steps, warm=opts.warm,
             companion_share=opts.companion_share, timeout_s=opts.group_timeout_s), self.starter(opts.backend),
-            quiet=opts.quiet)
+            quiet=opts.quiet,
+            cores=cores.per_slot(opts.slots, cores.available()) if opts.bind_cores and opts.backend == "gloo" else None)
         self.queue: collections.deque[Event] = collections.deque(events)
         self.lock = threading.Lock()
         self.records: list[dict[str, Any]] = []

@@ -26,6 +26,7 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import torch  # noqa: E402
 
+from liver.agent import cores  # noqa: E402
 from liver.checkpoint import dcp as ckpt  # noqa: E402
 from liver.checkpoint.periodic import PeriodicCheckpointer  # noqa: E402
 from liver.engine.state import state_digest  # noqa: E402
@@ -57,6 +58,9 @@ class Member:
         self.budget_bytes: int = spec.get("budget_bytes", 512 << 20)  # transfer staging per process
         self.warm: str = spec.get("warm", "background")  # when the new groups' first collectives run
         self.companion_share: float = spec.get("companion_share", 0.0)  # of each step (runtime/pace.py)
+        self.cores: list[int] | None = spec.get("cores")  # its slot's cores (liver/agent/cores.py)
+        if self.cores and spec["role"] != "joiner":
+            cores.bind(self.cores)  # a joiner boots on idle time anywhere; bound when it holds a rank
         if self.backend == "nccl":
             torch.cuda.set_device(spec["slot"])
             self.device = torch.device("cuda", spec["slot"])
@@ -93,7 +97,7 @@ class Member:
             timings["load_s"] = ckpt.load(self.engine, spec.load_from)
         rec = {"proc": self.proc, "generation": g, "kind": "start", "timings": timings,
                **self.boot, "ready": time.time(),
-               "step": self.engine.step}
+               "step": self.engine.step, "cores": cores.available()}
         if self.digest:
             t0 = time.perf_counter()
             rec["digest_after"] = state_digest(self.engine)
@@ -124,8 +128,11 @@ class Member:
         prep.timings["mock_warmup_s"] = warmup_s
         # its CPU time (every thread) from its start to holding a rank: what it took from a shared node
         prep.timings["joiner_cpu_s"] = time.process_time()
-        self._switch(prep, dict(self.boot))
+        # a rank from this handoff on: it waits in the transfer for the old ranks' boundary
         self._normal_priority()
+        if self.cores:
+            cores.bind(self.cores)
+        self._switch(prep, dict(self.boot))
 
     def _normal_priority(self) -> None:
         """A rank now: back to normal priority where the system allows it, on every thread (those
@@ -274,6 +281,7 @@ class Member:
         if new is not None:
             new.world.activate()
             rec["new_rank"] = new.world.rank
+            rec["cores"] = cores.available()
             rec["step"] = new.step
             if self.digest:
                 t0 = time.perf_counter()
