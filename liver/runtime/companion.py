@@ -26,6 +26,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from liver.agent.cores import Binding, available
 from liver.engine.trainer import state_specs
 from liver.transfer.executor import StreamingExecutor
 from liver.planner.plan import Plan, plan_transfer
@@ -203,13 +204,17 @@ class Preparation:
 class Companion(threading.Thread):
     """Runs a Preparation beside the training loop."""
 
-    def __init__(self, prep: Preparation) -> None:
+    def __init__(self, prep: Preparation, binding: Binding | None = None) -> None:
         super().__init__(name=f"companion-gen{prep.generation}", daemon=True)
         self.prep = prep
+        self.binding = binding
 
     def run(self) -> None:
         # (not at a lower OS priority: a low-priority thread that holds the GIL would stall the
         # training thread behind it)
+        if self.binding is not None:
+            self.binding.free_this_thread()  # it, and its groups' threads, on any core: a spare one too
+        self.prep.timings["cores"] = len(available())  # how many it may run on
         self.prep.run()
 
     def ready_generation(self) -> int:

@@ -58,9 +58,9 @@ class Member:
         self.budget_bytes: int = spec.get("budget_bytes", 512 << 20)  # transfer staging per process
         self.warm: str = spec.get("warm", "background")  # when the new groups' first collectives run
         self.companion_share: float = spec.get("companion_share", 0.0)  # of each step (runtime/pace.py)
-        self.cores: list[int] | None = spec.get("cores")  # its slot's cores (liver/agent/cores.py)
-        if self.cores and spec["role"] != "joiner":
-            cores.bind(self.cores)  # a joiner boots on idle time anywhere; bound when it holds a rank
+        self.binding = cores.Binding(spec.get("cores"))  # its slot's cores (liver/agent/cores.py)
+        if spec["role"] != "joiner":
+            self.binding.bind()  # a joiner boots on idle time anywhere; bound when it holds a rank
         if self.backend == "nccl":
             torch.cuda.set_device(spec["slot"])
             self.device = torch.device("cuda", spec["slot"])
@@ -130,8 +130,7 @@ class Member:
         prep.timings["joiner_cpu_s"] = time.process_time()
         # a rank from this handoff on: it waits in the transfer for the old ranks' boundary
         self._normal_priority()
-        if self.cores:
-            cores.bind(self.cores)
+        self.binding.bind()
         self._switch(prep, dict(self.boot))
 
     def _normal_priority(self) -> None:
@@ -210,7 +209,8 @@ class Member:
                                                    device=self.device, timeout_s=self.timeout_s,
                                                    budget_bytes=self.budget_bytes, warm=self.warm,
                                                    active=e.world,
-                                                   pace=Pace(self.companion_share, step_s)))
+                                                   pace=Pace(self.companion_share, step_s)),
+                                       self.binding)
             self._side_user = self.companion
             self.preparing_since = time.time()
             self.companion.start()
@@ -265,7 +265,9 @@ class Member:
             old_world.deactivate()
             self.engine = None
             # cleanup off the critical path: after any checkpoint still writing from the old World
-            threading.Thread(target=lambda: (ckpt_thread.wait(), old_world.destroy()), daemon=True).start()
+            # the new generation's threads (its groups', started by the companion) bound as well
+            threading.Thread(target=lambda: (self.binding.bind(), ckpt_thread.wait(), old_world.destroy()),
+                             daemon=True).start()
         transfer = prep.transfer
         threading.Thread(target=transfer.destroy, daemon=True).start()
         self.engine = new
