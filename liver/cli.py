@@ -151,7 +151,7 @@ def main(argv: list[str] | None = None) -> int:
                    help="first collectives of the new groups: beside training (background), or all "
                         "members at one iteration boundary; auto (default): boundary on NCCL, "
                         "background on gloo")
-    r.add_argument("--companion-share", type=float, default=0.0025,
+    r.add_argument("--companion-share", type=float, default=0.0015,
                    help="at most this share of each training step goes to preparing the next "
                         "generation beside it (0: no limit; a deadline lifts it)")
     r.add_argument("--no-bind-cores", action="store_true",

@@ -28,18 +28,19 @@ from liver.topology.presets import preset
 
 SCENARIOS = {
     # world size -> (name, first configuration, event, the event back, steps between events with
-    # --cycles: enough for the preparation, paced over 20-40 steps, and 20 steps of baseline); one
+    # --cycles: enough for the preparation, paced over 50-130 steps at the default share, and 20
+    # steps of baseline); one
     # process per core, as one per GPU.
     # The overhead is measured on the first configuration: tensor parallelism over gloo on a
     # CPU is a chain of socket round trips whose step time is mostly scheduling (tp2 on 2 cores:
     # 150 ms steps, windows of 3-4 steps varying by +-20%), so the 2-process scale-in and
     # reshape start from pp2 and still move half of the state.
-    2: [("scale-out 1->2 (cold joiner)", "1,1,1", "scale-out 2 as 1,1,2", "scale-in 1 as 1,1,1", 120),
-        ("scale-in 2->1 (deadline 60 s)", "1,2,1", "scale-in 1 deadline 60s as 1,1,1", "scale-out 2 as 1,2,1", 120),
-        ("in-place reshape pp2->dp2", "1,2,1", "reshape 1,1,2", "reshape 1,2,1", 120)],
-    4: [("scale-out 2->4 (cold joiners)", "1,2,1", "scale-out 4 as 2,1,2", "scale-in 2 as 1,2,1", 120),
-        ("scale-in 4->2 (deadline 60 s)", "2,2,1", "scale-in 2 deadline 60s as 1,2,1", "scale-out 4 as 2,2,1", 120),
-        ("in-place reshape tp2pp2dp1->tp1pp2dp2", "2,2,1", "reshape 1,2,2", "reshape 2,2,1", 120)],
+    2: [("scale-out 1->2 (cold joiner)", "1,1,1", "scale-out 2 as 1,1,2", "scale-in 1 as 1,1,1", 200),
+        ("scale-in 2->1 (deadline 60 s)", "1,2,1", "scale-in 1 deadline 60s as 1,1,1", "scale-out 2 as 1,2,1", 200),
+        ("in-place reshape pp2->dp2", "1,2,1", "reshape 1,1,2", "reshape 1,2,1", 200)],
+    4: [("scale-out 2->4 (cold joiners)", "1,2,1", "scale-out 4 as 2,1,2", "scale-in 2 as 1,2,1", 200),
+        ("scale-in 4->2 (deadline 60 s)", "2,2,1", "scale-in 2 deadline 60s as 1,2,1", "scale-out 4 as 2,2,1", 200),
+        ("in-place reshape tp2pp2dp1->tp1pp2dp2", "2,2,1", "reshape 1,2,2", "reshape 2,2,1", 200)],
 }
 
 

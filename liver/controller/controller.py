@@ -61,7 +61,7 @@ class RunOptions:
     # did: bench/results/issue4-prepare-interference), "background" on gloo (CPU sockets)
     warm: str = "auto"
     # a companion takes at most this share of each training step (liver/runtime/pace.py); 0: no limit
-    companion_share: float = 0.0025
+    companion_share: float = 0.0015
     prepare_timeout_s: float = 300.0
     group_timeout_s: float = 120.0
     hardware: target.Hardware = field(default_factory=target.Hardware)
