@@ -452,6 +452,10 @@ class LiveController(Controller):
             self.queue.popleft()
         rec, n_active = self.current, len(self.active.procs)
         notice = {"event": head.to_dict(), "arrived": self._arrival(head), "t_event": time.time()}
+        if not self._drop_pending():  # the handoff went through meanwhile: the notice is next
+            with self.lock:
+                self.queue.appendleft(head)
+            return
         if head.gpus > n_active:  # still a scale-out, to fewer GPUs
             ev: Event = rec["_event"]
             ev.gpus, ev.parallel = head.gpus, head.parallel
@@ -519,7 +523,9 @@ class LiveController(Controller):
                 self.phase = "ready"
                 self.phase_log("ready", generation=g, prepare_s=round(rec["prepare_s"], 4))
             elif now - rec["attempts"][-1]["t"] > self.opts.prepare_timeout_s:
-                return self._cancel(f"not ready after {self.opts.prepare_timeout_s:g} s", replan=False)
+                if self._drop_pending():
+                    return self._cancel(f"not ready after {self.opts.prepare_timeout_s:g} s", replan=False)
+                return  # it went through meanwhile (collected)
         ev: Event = rec["_event"]
         if ev.deadline_s is not None:
             left = rec["deadline_at"] - now
@@ -599,8 +605,40 @@ class LiveController(Controller):
         self.lost_slots.add(w.slot)
         self._cancel(f"joiner {w.proc} (slot {w.slot}) died during Prepare", replan=True)
 
+    SETTLE_TIMEOUT_S = 30.0
+
+    def _drop_pending(self) -> bool:
+        """Withdraw the pending generation and wait until the ranks have passed a boundary that
+        read the withdrawal: every rank switches when all are ready and it is still wanted, without
+        asking, so a handoff may be in flight right now, with the joiners among its members. True:
+        dropped (no handoff can start any more; its joiners may be stopped); False: the ranks
+        switched to it meanwhile (its records are collected as for any switch)."""
+        g, old = self.pending.generation, self.active.generation
+        self._wish()
+        # the last step reported now: the boundary after the next step reads the withdrawal
+        seen = json.loads(self.store.get("progress"))["step"] if self.store.check(["progress"]) else 0
+        end = time.time() + self.SETTLE_TIMEOUT_S
+        while time.time() < end:
+            done = self._collect(g, self.pending.procs)
+            if done is not None:
+                rec = self.current
+                if "t_ready" not in rec:  # it went through before this loop saw every ready key
+                    rec["t_ready"] = max(get(self.store, f"ready/{g}/{p}") for p in self.members)
+                    rec["prepare_s"] = rec["t_ready"] - rec["attempts"][-1]["t"]
+                self.phase = "ready"
+                self._switched(done)
+                return False
+            p = json.loads(self.store.get("progress")) if self.store.check(["progress"]) else None
+            if p is not None and p["generation"] == old and p["step"] >= seen + 2:
+                return True
+            if p is not None and p["generation"] == g:  # switched; its records follow
+                continue
+            time.sleep(0.005)
+        return True  # training is not moving (a rank died: the fail-stop path takes over)
+
     def _cancel(self, why: str, replan: bool) -> None:
-        """The pending generation went stale: drop it (the Active World never changed) and re-plan."""
+        """The pending generation went stale: drop it (the Active World never changed) and re-plan.
+        Only once ``_drop_pending`` said no handoff to it is in flight (or a joiner died)."""
         rec = self.current
         self._wish()
         for p in rec["joiners"]:
