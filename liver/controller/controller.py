@@ -301,7 +301,9 @@ class Controller:
     # ---- failures ------------------------------------------------------------------------
     def _exited(self, w: Worker) -> None:
         if w.returncode == 0 or w.leaving:
-            if self.active and w.proc in self.active.procs and w.returncode == 0 and not w.leaving:
+            # the job's end: every rank of the Active World done, the last one to exit checks (a
+            # rank marked to leave by a handoff that the end cut short may well be the last)
+            if self.active and w.proc in self.active.procs and w.returncode == 0:
                 step = self.progress["step"] if self.progress else 0
                 if step >= min(self.opts.steps, self.end_at or self.opts.steps) and all(
                         self.agent.workers[p].returncode == 0 for p in self.active.procs):
