@@ -22,6 +22,8 @@ from __future__ import annotations
 
 import os
 
+from liver.agent.threads import each_thread
+
 
 def available() -> list[int]:
     """The cores this process may run on."""
@@ -61,15 +63,6 @@ class Binding:
 
 def bind(cores: list[int]) -> None:
     """Every thread of this process, and any it starts later, onto ``cores``."""
-    if not hasattr(os, "sched_setaffinity"):
-        return
-    try:
-        tids = [int(t) for t in os.listdir("/proc/self/task")]
-    except OSError:
-        tids = [0]
-    for tid in tids:
-        try:
-            os.sched_setaffinity(tid, cores)
-        except ProcessLookupError:  # a thread that ended meanwhile
-            pass
+    if hasattr(os, "sched_setaffinity"):
+        each_thread(lambda tid: os.sched_setaffinity(tid, cores))
 

@@ -1,6 +1,9 @@
 """CPU priority of a worker that boots beside training."""
 
 import os
+import sys
+
+from liver.agent.threads import each_thread
 
 
 def background() -> None:
@@ -10,3 +13,15 @@ def background() -> None:
         os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
     except (AttributeError, OSError):
         os.nice(19)
+
+
+def normal() -> None:
+    """Back to normal priority where the system allows it, on every thread (those a cold joiner
+    started while it booted, the communicators' among them, inherited the idle priority)."""
+    def restore(tid: int) -> None:
+        os.sched_setscheduler(tid, os.SCHED_OTHER, os.sched_param(0))
+        os.setpriority(os.PRIO_PROCESS, tid, 0)
+    try:
+        each_thread(restore)
+    except (AttributeError, OSError) as e:
+        print(f"could not restore normal CPU priority ({e})", file=sys.stderr)

@@ -29,8 +29,7 @@ from liver.topology.presets import preset
 SCENARIOS = {
     # world size -> (name, first configuration, event, the event back, steps between events with
     # --cycles: enough for the preparation, paced over 50-130 steps at the default share, and 20
-    # steps of baseline); one
-    # process per core, as one per GPU.
+    # steps of baseline); one process per core, as one per GPU.
     # The overhead is measured on the first configuration: tensor parallelism over gloo on a
     # CPU is a chain of socket round trips whose step time is mostly scheduling (tp2 on 2 cores:
     # 150 ms steps, windows of 3-4 steps varying by +-20%), so the 2-process scale-in and

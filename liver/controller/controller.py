@@ -618,7 +618,7 @@ class LiveController(Controller):
         g, old = self.pending.generation, self.active.generation
         self._wish()
         # the last step reported now: the boundary after the next step reads the withdrawal
-        seen = json.loads(self.store.get("progress"))["step"] if self.store.check(["progress"]) else 0
+        seen = (get(self.store, "progress") or {"step": 0})["step"]
         end = time.time() + self.SETTLE_TIMEOUT_S
         while time.time() < end:
             done = self._collect(g, self.pending.procs)
@@ -630,12 +630,10 @@ class LiveController(Controller):
                 self.phase = "ready"
                 self._switched(done)
                 return False
-            p = json.loads(self.store.get("progress")) if self.store.check(["progress"]) else None
+            p = get(self.store, "progress")
             if p is not None and p["generation"] == old and p["step"] >= seen + 2:
                 return True
-            if p is not None and p["generation"] == g:  # switched; its records follow
-                continue
-            time.sleep(0.005)
+            time.sleep(0.005)  # (switched, or switching: its records follow)
         return True  # training is not moving (a rank died: the fail-stop path takes over)
 
     def _cancel(self, why: str, replan: bool) -> None:

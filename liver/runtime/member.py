@@ -26,7 +26,7 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import torch  # noqa: E402
 
-from liver.agent import cores  # noqa: E402
+from liver.agent import cores, priority  # noqa: E402
 from liver.checkpoint import dcp as ckpt  # noqa: E402
 from liver.checkpoint.periodic import PeriodicCheckpointer  # noqa: E402
 from liver.engine.state import state_digest  # noqa: E402
@@ -129,26 +129,9 @@ class Member:
         # its CPU time (every thread) from its start to holding a rank: what it took from a shared node
         prep.timings["joiner_cpu_s"] = time.process_time()
         # a rank from this handoff on: it waits in the transfer for the old ranks' boundary
-        self._normal_priority()
+        priority.normal()
         self.binding.bind()
         self._switch(prep, dict(self.boot))
-
-    def _normal_priority(self) -> None:
-        """A rank now: back to normal priority where the system allows it, on every thread (those
-        started while it booted, the communicators' among them, inherited the idle priority)."""
-        try:
-            tids = [int(t) for t in os.listdir("/proc/self/task")]
-        except OSError:
-            tids = [0]
-        for tid in tids:
-            try:
-                os.sched_setscheduler(tid, os.SCHED_OTHER, os.sched_param(0))
-                os.setpriority(os.PRIO_PROCESS, tid, 0)
-            except ProcessLookupError:  # a thread that ended meanwhile
-                pass
-            except (AttributeError, OSError) as e:
-                print(f"proc {self.proc}: could not restore normal CPU priority ({e})", file=sys.stderr)
-                return
 
     # ---- the training loop ---------------------------------------------------------------
     def train(self) -> None:
