@@ -14,10 +14,8 @@ import tempfile
 from pathlib import Path
 
 from liver.agent import cores
-from liver.controller.controller import RunOptions
+from liver.config.jobfile import build
 from liver.controller.job import run_job
-from liver.topology import ParallelConfig
-from liver.topology.presets import preset
 
 OUT = Path(os.environ.get("OUT", "/tmp/out"))
 REPEATS = int(os.environ.get("REPEATS", "3"))
@@ -26,9 +24,10 @@ SKIP = 50
 
 
 def once(bind: bool, run_dir: Path) -> list[float]:
-    opts = RunOptions(steps=STEPS, gpus=2, slots=2, initial=ParallelConfig.parse("1,2,1"), ckpt_every=0,
-                      endpoint=False, quiet=True, bind_cores=bind)
-    rep = run_job(preset("tiny"), opts, [], run_dir, "live", log=lambda s: None)
+    cfg = build({"steps": STEPS, "gpus": 2, "parallel": "1,2,1", "checkpoint": {"every": 0},
+                 "agent": {"slots": 2, "quiet": True, "bind_cores": bind},
+                 "controller": {"endpoint": False, "end_after_events": None}})
+    rep = run_job(cfg, [], run_dir, log=lambda s: None)
     return [s["step_s"] for s in rep["steps"]][SKIP:]
 
 

@@ -31,11 +31,9 @@ import torch.multiprocessing as mp
 
 from liver.bench.p2p import p2p_bandwidth
 from liver.controller import report as rep
-from liver.controller.controller import RunOptions
+from liver.config.jobfile import build
 from liver.controller.events import parse_schedule
 from liver.controller.job import run_job
-from liver.topology import ParallelConfig
-from liver.topology.presets import preset
 from liver.world.group import Group
 from liver.world.world import connect_store, make_store
 
@@ -95,13 +93,12 @@ def run(mode: str, events_text: str, steps: int, end_after: int | None) -> dict:
     d.mkdir(parents=True)
     (d / "events.txt").write_text(events_text)
     events = parse_schedule(d / "events.txt")
-    job = preset(MODEL)
-    opts = RunOptions(steps=steps, gpus=GPUS, slots=SLOTS, backend=BACKEND, initial=ParallelConfig.parse(FIRST),
-                      ckpt_every=0,
-                      digest="switch", budget_bytes=512 << 20, warmup_steps=2, endpoint=False,
-                      end_after_events=end_after, group_timeout_s=300, warm=WARM)
+    cfg = build({"preset": MODEL, "steps": steps, "gpus": GPUS, "parallel": FIRST, "backend": BACKEND,
+                 "digest": "switch", "checkpoint": {"every": 0}, "transfer": {"budget_mib": 512},
+                 "prepare": {"mock_steps": 2, "group_timeout_s": 300.0, "warm": WARM},
+                 "agent": {"slots": SLOTS}, "controller": {"mode": mode, "endpoint": False, "end_after_events": end_after}})
     t0 = time.time()
-    report = run_job(job, opts, events, d, mode, {"model": MODEL})
+    report = run_job(cfg, events, d, {"model": MODEL})
     print(rep.summary(report), flush=True)
     print(f"{mode}: {time.time() - t0:.1f} s", flush=True)
     for f in ("timeline.png",):

@@ -8,7 +8,9 @@ import sys
 import tempfile
 from pathlib import Path
 
-from liver.topology import ParallelConfig
+from dataclasses import replace
+
+from liver.config.fields import to_dict
 
 
 def _bench_plan(args: argparse.Namespace) -> int:
@@ -34,53 +36,75 @@ at step 18: scale-in 2 deadline 20s    # preemption notice for two GPUs
 """
 
 
+# `liver run` flags that set a job-file field (one owner: the field's dataclass has the default)
+FLAG_FIELDS = {"model": "preset", "gpus": "gpus", "parallel": "parallel", "steps": "steps",
+               "backend": "backend", "digest": "digest", "mode": "controller.mode",
+               "end_after_events": "controller.end_after_events", "memory_gib": "controller.memory_gib",
+               "ckpt_every": "checkpoint.every", "budget_mib": "transfer.budget_mib",
+               "mock_steps": "prepare.mock_steps", "warm": "prepare.warm",
+               "companion_share": "prepare.companion_share", "slots": "agent.slots",
+               "events": "events.schedule", "trace": "events.trace", "compress": "events.compress",
+               "notice": "events.notice_s"}
+
+
+def run_config(args: argparse.Namespace):
+    """The job file (if any), then each flag given, then each ``--set``: a checked RunConfig."""
+    from liver.config.jobfile import load, nested, override
+
+    layers = []
+    for flag, key in FLAG_FIELDS.items():
+        value = getattr(args, flag)
+        if value is None:
+            continue
+        if flag in ("events", "trace"):
+            value = str(Path(value).resolve())
+        layers.append(nested(key, value))
+    if args.no_bind_cores:
+        layers.append({"agent": {"bind_cores": False}})
+    if args.no_endpoint:
+        layers.append({"controller": {"endpoint": False}})
+    layers += [override(text) for text in args.set or ()]
+    return load(args.config, layers)
+
+
+def detected_slots(backend: str) -> int:
+    if backend == "nccl":
+        import torch
+        return torch.cuda.device_count()
+    return 4
+
+
 def _run(args: argparse.Namespace) -> int:
     from liver.controller import report as rep
-    from liver.controller.controller import RunOptions
-    from liver.controller.events import parse_schedule, parse_trace
+    from liver.controller.admission import check_schedule
+    from liver.controller.events import parse_schedule, parse_schedule_text, parse_trace
     from liver.controller.job import run_job
-    from liver.controller.target import Hardware
-    from liver.topology.presets import preset
 
-    job = preset(args.model)
-    run_dir = Path(args.run_dir or tempfile.mkdtemp(prefix=f"liver-run-{args.mode}-"))
-    run_dir.mkdir(parents=True, exist_ok=True)
-    slots = args.slots
-    if slots is None:
-        if args.backend == "nccl":
-            import torch
-            slots = torch.cuda.device_count()
-        else:
-            slots = 4
-    gpus = args.gpus
-    if args.trace:
-        events = parse_trace(args.trace, slots=slots, compress=args.compress, notice_s=args.notice)
+    cfg = run_config(args)
+    cfg = cfg.with_slots(detected_slots(cfg.backend))
+    src = cfg.events
+    if src.trace:
+        events = parse_trace(src.trace, slots=cfg.slots, compress=src.compress, notice_s=src.notice_s)
         gpus = events.pop(0).gpus
+        if cfg.parallel is not None and cfg.parallel.world_size != gpus:
+            raise ValueError(f"parallel={cfg.parallel.short()}: tp*pp*dp={cfg.parallel.world_size} but the trace "
+                             f"starts with {gpus} GPUs")
+        cfg = replace(cfg, gpus=gpus)
+    elif src.schedule:
+        events = parse_schedule(src.schedule)
     else:
-        path = args.events
-        if path is None:
-            path = run_dir / "events.txt"
-            path.write_text(DEFAULT_EVENTS)
-        events = parse_schedule(path)
-    if args.steps < 1:
-        raise ValueError(f"--steps={args.steps}: allowed a positive step count")
-    if gpus < 1 or gpus > slots:
-        raise ValueError(f"--gpus={gpus}: allowed 1 to --slots={slots}")
-    initial = ParallelConfig.parse(args.parallel) if args.parallel else None
-    if initial is not None and initial.world_size != gpus:
-        raise ValueError(f"--parallel={args.parallel}: tp*pp*dp={initial.world_size} but --gpus={gpus}")
-    hw = Hardware(memory_bytes=args.memory_gib * 2**30 if args.memory_gib else None)
-    opts = RunOptions(steps=args.steps, gpus=gpus, slots=slots, backend=args.backend, initial=initial,
-                      ckpt_every=args.ckpt_every, digest=args.digest, budget_bytes=args.budget_mib << 20,
-                      warmup_steps=args.warmup_steps, warm=args.warm, hardware=hw, token=args.token,
-                      companion_share=args.companion_share, bind_cores=not args.no_bind_cores,
-                      endpoint=not args.no_endpoint,
-                      end_after_events=None if args.end_after_events < 0 else args.end_after_events)
-    print(f"liver run --mode {args.mode}: model {args.model} ({job.model.num_params():,} parameters), "
-          f"{gpus} of {slots} slots, {args.steps} steps, {len(events)} events, backend {args.backend}, "
+        events = parse_schedule_text(DEFAULT_EVENTS, "embedded schedule")
+    check_schedule(cfg, events)  # refused here, before anything of the job exists
+    run_dir = Path(args.run_dir or tempfile.mkdtemp(prefix=f"liver-run-{cfg.controller.mode}-"))
+    run_dir.mkdir(parents=True, exist_ok=True)
+    if not (src.trace or src.schedule):
+        (run_dir / "events.txt").write_text(DEFAULT_EVENTS)
+    (run_dir / "config.json").write_text(json.dumps(to_dict(cfg), indent=1))
+    print(f"liver run --mode {cfg.controller.mode}: model {cfg.preset} ({cfg.job.model.num_params():,} parameters), "
+          f"{cfg.gpus} of {cfg.slots} slots, {cfg.steps} steps, {len(events)} events, backend {cfg.backend}, "
           f"run dir {run_dir}", flush=True)
-    report = run_job(job, opts, events, run_dir, args.mode,
-                     {"model": args.model, "events_source": str(args.trace or args.events or "embedded")})
+    report = run_job(cfg, events, run_dir, {"model": cfg.preset, "events_source": str(src.trace or src.schedule or "embedded")},
+                     token=args.token)
     print("\n" + rep.summary(report))
     print(f"report: {run_dir / 'report.json'}\ntimeline: {run_dir / 'timeline.png'}")
     bad = [e for e in report["events"] if e.get("digest_equal") is False]
@@ -92,11 +116,22 @@ def _scale(args: argparse.Namespace) -> int:
 
     url, token = args.url, args.token
     if args.run_dir:
-        info = json.loads((Path(args.run_dir) / "control.json").read_text())
-        url, token = url or info["url"], token or info["token"]
+        info_path = Path(args.run_dir) / "control.json"
+        try:
+            info = json.loads(info_path.read_text())
+            url, token = url or info["url"], token or info["token"]
+        except FileNotFoundError:
+            raise ValueError(f"--run-dir {args.run_dir}: no control.json there (not a run directory, or its "
+                             "job has no control endpoint)") from None
+        except (OSError, ValueError, KeyError, TypeError):
+            raise ValueError(f"--run-dir {args.run_dir}: control.json is unreadable or not the job's") from None
     if not url:
         raise ValueError("--run-dir or --url: the controller to talk to")
-    code, body = request(url, token, "POST", "/scale", {"action": " ".join(args.action)})
+    try:
+        code, body = request(url, token, "POST", "/scale", {"action": " ".join(args.action)})
+    except OSError as e:  # connection refused, timed out: the job has ended or is not reachable
+        raise ValueError(f"the job's control endpoint at {url} does not answer ({e.__class__.__name__}: "
+                         "the job may have ended)") from None
     print(json.dumps(body))
     return 0 if code == 202 else 1
 
@@ -124,40 +159,45 @@ def _bench_boot(args: argparse.Namespace) -> int:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="liver", description=__doc__)
     sub = p.add_subparsers(dest="cmd", required=True)
-    r = sub.add_parser("run", help="train and reconfigure live (the main job)")
+    r = sub.add_parser("run", help="train and reconfigure live (the main job)",
+                       description="Flags set fields of the job (configs/*.toml: --config); unset flags leave "
+                                   "the file's value, or the field's default.")
+    r.add_argument("--config", default=None, metavar="FILE", help="a job file (TOML, see configs/)")
+    r.add_argument("--set", action="append", metavar="SECTION.FIELD=VALUE",
+                   help="set any field of the job, e.g. --set job.model.num_layers=8 (repeatable)")
     src = r.add_mutually_exclusive_group()
     src.add_argument("--events", help="schedule file (default: the embedded schedule)")
     src.add_argument("--trace", help="spot trace time_ms,add|remove,nodeNAME")
-    r.add_argument("--compress", type=float, default=600.0, help="trace time divided by this factor")
-    r.add_argument("--notice", type=float, default=120.0, help="preemption notice before a removal (s, trace time)")
-    r.add_argument("--mode", choices=["live", "restart", "restart-forked"], default="live",
-                   help="live handoffs; or the baseline, stop-and-restart through DCP with new processes as "
-                        "fresh interpreters (restart) or forked from the agent's zygote (restart-forked)")
-    r.add_argument("--model", default="tiny", help="preset: tiny, 1b, 3b")
-    r.add_argument("--gpus", type=int, default=2, help="GPUs (processes) at the start")
-    r.add_argument("--slots", type=int, default=None, help="GPUs this node can give (default: 4 on CPU)")
-    r.add_argument("--parallel", default=None, help="first configuration tp,pp,dp (default: chosen)")
-    r.add_argument("--steps", type=int, default=5000, help="train at most this many steps")
-    r.add_argument("--end-after-events", type=int, default=20, metavar="N",
-                   help="end N steps after the last event was handled (-1: run all --steps)")
-    r.add_argument("--backend", choices=["gloo", "nccl"], default="gloo")
-    r.add_argument("--ckpt-every", type=int, default=10, help="periodic async checkpoint (0: off)")
-    r.add_argument("--digest", nargs="?", const="step", choices=["step", "switch"], default=None,
+    r.add_argument("--compress", type=float, help="trace time divided by this factor (default 600)")
+    r.add_argument("--notice", type=float, help="preemption notice before a removal (s, trace time; default 120)")
+    r.add_argument("--mode", help="live (default) handoffs; or the baseline, stop-and-restart through DCP with new "
+                                  "processes as fresh interpreters (restart) or forked from the agent's zygote "
+                                  "(restart-forked)")
+    r.add_argument("--model", help="the named job the model starts from: tiny (default), tiny8, 1b, 3b, 7b")
+    r.add_argument("--gpus", type=int, help="GPUs (processes) at the start (default 2)")
+    r.add_argument("--slots", type=int, help="GPUs this node can give (default: the GPU count on NCCL, 4 on CPU)")
+    r.add_argument("--parallel", help="first configuration tp,pp,dp[:l0/l1/..] (default: chosen)")
+    r.add_argument("--steps", type=int, help="train at most this many steps (default 5000)")
+    r.add_argument("--end-after-events", type=int, metavar="N",
+                   help="end N steps after the last event was handled (-1: run all --steps; default 20)")
+    r.add_argument("--backend", help="gloo (default) or nccl")
+    r.add_argument("--ckpt-every", type=int, help="periodic async checkpoint every K steps (0: off; default 10)")
+    r.add_argument("--digest", nargs="?", const="step",
                    help="state digests: after every step (default when given), or only right before "
-                        "and after each handoff (large models)")
-    r.add_argument("--budget-mib", type=int, default=512, help="staging budget B per rank")
-    r.add_argument("--warmup-steps", type=int, default=2, help="mock-world warm-up steps of a joiner")
-    r.add_argument("--warm", choices=["auto", "background", "boundary"], default="auto",
-                   help="first collectives of the new groups: beside training (background), or all "
-                        "members at one iteration boundary; auto (default): boundary on NCCL, "
-                        "background on gloo")
-    r.add_argument("--companion-share", type=float, default=0.0015,
+                        "and after each handoff (switch: large models)")
+    r.add_argument("--budget-mib", type=int, help="staging budget B per rank (MiB, default 512)")
+    r.add_argument("--mock-steps", "--warmup-steps", dest="mock_steps", type=int,
+                   help="a cold joiner's training steps on its mock world (default 2)")
+    r.add_argument("--warm", help="first collectives of the new groups: beside training (background), or all "
+                                  "members at one iteration boundary; auto (default): boundary on NCCL, "
+                                  "background on gloo")
+    r.add_argument("--companion-share", type=float,
                    help="at most this share of each training step goes to preparing the next "
-                        "generation beside it (0: no limit; a deadline lifts it)")
+                        "generation beside it (0: no limit; a deadline lifts it; default 0.0015)")
     r.add_argument("--no-bind-cores", action="store_true",
                    help="CPU workers: leave them to the OS scheduler (default: each slot's worker bound "
                         "to cores of its own where the node has a core per slot)")
-    r.add_argument("--memory-gib", type=float, default=None, help="per-GPU memory for target choice")
+    r.add_argument("--memory-gib", type=float, help="per-GPU memory for target choice")
     r.add_argument("--token", default=None, help="control token (default: random, in control.json)")
     r.add_argument("--no-endpoint", action="store_true")
     r.add_argument("--run-dir", default=None)

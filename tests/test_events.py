@@ -90,9 +90,9 @@ def test_target_choice_respects_memory():
 
 
 def test_warm_mode_auto_resolves_by_backend_and_bad_values_are_refused():
-    from liver.controller.controller import RunOptions
-    assert RunOptions(steps=1, gpus=1, slots=1, backend="nccl").warm == "boundary"
-    assert RunOptions(steps=1, gpus=1, slots=1, backend="gloo").warm == "background"
-    assert RunOptions(steps=1, gpus=1, slots=1, backend="nccl", warm="background").warm == "background"
-    with pytest.raises(ValueError, match="warm='soon'.*allowed 'auto'"):
-        RunOptions(steps=1, gpus=1, slots=1, warm="soon")
+    from liver.runtime.config import PrepareConfig
+    assert PrepareConfig().warm_for("nccl") == "boundary"
+    assert PrepareConfig().warm_for("gloo") == "background"
+    assert PrepareConfig(warm="background").warm_for("nccl") == "background"
+    with pytest.raises(ValueError, match="prepare.warm='soon'.*allowed 'auto'"):
+        PrepareConfig(warm="soon")

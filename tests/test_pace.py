@@ -5,7 +5,7 @@ import time
 
 import pytest
 
-from liver.controller.controller import RunOptions
+from liver.runtime.config import PrepareConfig
 from liver.runtime.pace import Pace
 
 
@@ -114,5 +114,5 @@ def test_share_zero_never_waits():
 def test_a_bad_share_is_refused_naming_it(share):
     with pytest.raises(ValueError, match="share"):
         Pace(share)
-    with pytest.raises(ValueError, match=r"companion_share=.*allowed"):
-        RunOptions(steps=10, gpus=1, slots=1, companion_share=share)
+    with pytest.raises(ValueError, match=r"prepare.companion_share=.*allowed"):
+        PrepareConfig(companion_share=share)

@@ -19,12 +19,11 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from liver.controller.controller import RunOptions
+from liver.config.jobfile import build
 from liver.controller.events import parse_action
 from liver.controller import report
 from liver.controller.job import run_job
 from liver.topology import ParallelConfig
-from liver.topology.presets import preset
 
 SCENARIOS = {
     # world size -> (name, first configuration, event, the event back, steps between events with
@@ -53,7 +52,6 @@ def _once(name: str, first: str, action: str, mode: str, steps: int, calm: int, 
           back: str = "", gap: int = 0, cycles: int = 1) -> dict[str, Any]:
     """One run; with ``cycles`` > 1 the event, then the event back, and so on, ``gap`` steps apart:
     the scenario's figures are taken over each of its events (never over the events back)."""
-    job = preset("tiny")
     initial = ParallelConfig.parse(first)
     events = []
     for i in range(2 * cycles - 1):
@@ -62,10 +60,10 @@ def _once(name: str, first: str, action: str, mode: str, steps: int, calm: int, 
         events.append(ev)
     # as many slots as its largest world: a core each, where the machine has them (liver/agent/cores.py)
     slots = max([initial.world_size] + [e.gpus or e.parallel.world_size for e in events])
-    opts = RunOptions(steps=calm + 2 * cycles * gap + steps + 1000, gpus=initial.world_size,
-                      slots=slots, initial=initial, ckpt_every=0,
-                      endpoint=False, quiet=True, end_after_events=steps)
-    rep = run_job(job, opts, events, run_dir, mode, {"scenario": name}, log=lambda s: None)
+    cfg = build({"preset": "tiny", "steps": calm + 2 * cycles * gap + steps + 1000, "gpus": initial.world_size,
+                 "parallel": first, "checkpoint": {"every": 0}, "agent": {"slots": slots, "quiet": True},
+                 "controller": {"mode": mode, "endpoint": False, "end_after_events": steps}})
+    rep = run_job(cfg, events, run_dir, {"scenario": name}, log=lambda s: None)
     for e in rep["events"]:
         if e["status"] != "done" or "downtime_s" not in e:
             raise RuntimeError(f"{name} ({mode}): event {e['status']}; see {run_dir}")

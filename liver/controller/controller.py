@@ -18,7 +18,6 @@ import pickle
 import shutil
 import threading
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
@@ -29,6 +28,7 @@ from liver.agent.node import NodeAgent, Starter, Worker
 from liver.agent.zygote import ForkedWorkers
 from liver.checkpoint.periodic import latest
 from liver.controller import target
+from liver.controller.admission import admit, hardware_of
 from liver.controller.endpoint import ControlEndpoint
 from liver.controller.events import Event, EventError, parse_action
 from liver.engine.trainer import state_specs
@@ -36,51 +36,11 @@ from liver.planner.plan import plan_transfer
 from liver.runtime import protocol
 from liver.runtime.companion import rehearse
 from liver.runtime.protocol import GenerationSpec, get, publish_plan, put
-from liver.topology import JobConfig, Layout, ParallelConfig
+from liver.config import RunConfig
+from liver.config.fields import to_dict
+from liver.protocol.worker import WorkerConfig
+from liver.topology import Layout, ParallelConfig
 from liver.world.world import make_store
-
-
-WARM_MODES = ("auto", "background", "boundary")
-
-
-@dataclass
-class RunOptions:
-    steps: int
-    gpus: int
-    slots: int
-    backend: str = "gloo"
-    initial: ParallelConfig | None = None
-    ckpt_every: int = 0
-    digest: str | None = None  # "step" or "switch"
-    budget_bytes: int = 512 << 20
-    warmup_steps: int = 2
-    # new groups' first collectives: "background" (companion thread, beside training) or
-    # "boundary" (every member at one iteration boundary: no communicator is set up while
-    # collectives of the running generation are in flight, at the price of one longer boundary).
-    # "auto": "boundary" on NCCL (NCCL operations on two communicators at once may deadlock, and
-    # did: bench/results/issue4-prepare-interference), "background" on gloo (CPU sockets)
-    warm: str = "auto"
-    # a companion takes at most this share of each training step (liver/runtime/pace.py); 0: no limit
-    companion_share: float = 0.0015
-    prepare_timeout_s: float = 300.0
-    group_timeout_s: float = 120.0
-    hardware: target.Hardware = field(default_factory=target.Hardware)
-    token: str | None = None
-    endpoint: bool = True
-    quiet: bool = False  # worker step lines to the log files, not the terminal
-    end_after_events: int | None = None  # end the job this many steps after the last event
-    # CPU workers: each slot's worker bound to cores of its own where the node has a core per
-    # slot (liver/agent/cores.py); GPU workers are not bound
-    bind_cores: bool = True
-
-    def __post_init__(self) -> None:
-        if self.warm not in WARM_MODES:  # refused before any process starts
-            raise ValueError(f"warm={self.warm!r}: allowed {' or '.join(map(repr, WARM_MODES))}")
-        if not 0.0 <= self.companion_share <= 1.0:
-            raise ValueError(f"companion_share={self.companion_share!r}: allowed a fraction of a step from 0 "
-                             "(no limit) to 1")
-        if self.warm == "auto":
-            self.warm = "boundary" if self.backend == "nccl" else "background"
 
 
 class ControllerError(RuntimeError):
@@ -107,9 +67,13 @@ class Controller:
         """How this mode's node agent makes worker processes."""
         raise NotImplementedError
 
-    def __init__(self, job: JobConfig, opts: RunOptions, events: list[Event], run_dir: Path,
-                 log: Callable[[str], None] = print) -> None:
-        self.job, self.opts, self.run_dir, self.log = job, opts, run_dir, log
+    def __init__(self, cfg: RunConfig, events: list[Event], run_dir: Path,
+                 log: Callable[[str], None] = print, token: str | None = None) -> None:
+        """``cfg`` with its slots set (``RunConfig.with_slots``); ``token``: the control endpoint's
+        (default: a random one, in the run's control.json)."""
+        self.cfg, self.run_dir, self.log, self.token = cfg, run_dir, log, token
+        self.job = cfg.job
+        self.hardware = hardware_of(cfg)
         run_dir.mkdir(parents=True, exist_ok=True)
         (run_dir / "steps.jsonl").write_text("")
         # its first event's planning and pickling, warm before any step runs beside them (on a
@@ -117,13 +81,13 @@ class Controller:
         pickle.dumps(rehearse())
         self.master, self.store_addr = make_store()
         self.store = protocol.run_store(self.master)
-        self.agent = NodeAgent(run_dir, opts.slots, dict(
-            store_addr=self.store_addr, run_dir=str(run_dir), job=job.to_dict(), backend=opts.backend,
-            total_steps=opts.steps, digest=opts.digest, ckpt_every=opts.ckpt_every,
-            budget_bytes=opts.budget_bytes, warmup_steps=opts.warmup_steps, warm=opts.warm,
-            companion_share=opts.companion_share, timeout_s=opts.group_timeout_s), self.starter(opts.backend),
-            quiet=opts.quiet,
-            cores=cores.per_slot(opts.slots, cores.available()) if opts.bind_cores and opts.backend == "gloo" else None)
+        worker = WorkerConfig(job=cfg.job, backend=cfg.backend, steps=cfg.steps, digest=cfg.digest, warm=cfg.warm,
+                              transfer=cfg.transfer, prepare=cfg.prepare, checkpoint=cfg.checkpoint)
+        bind = cfg.agent.bind_cores and cfg.backend == "gloo"
+        self.agent = NodeAgent(run_dir, cfg.slots, {"store_addr": self.store_addr, "run_dir": str(run_dir),
+                                                    "config": to_dict(worker)},
+                               self.starter(cfg.backend), quiet=cfg.agent.quiet,
+                               cores=cores.per_slot(cfg.slots, cores.available()) if bind else None)
         self.queue: collections.deque[Event] = collections.deque(events)
         self.lock = threading.Lock()
         self.records: list[dict[str, Any]] = []
@@ -143,12 +107,12 @@ class Controller:
 
     # ---- the loop ------------------------------------------------------------------------
     def run(self) -> dict[str, Any]:
-        if self.opts.endpoint:
-            self.endpoint = ControlEndpoint(self.submit, self.status, self.run_dir, token=self.opts.token)
+        if self.cfg.controller.endpoint:
+            self.endpoint = ControlEndpoint(self.submit, self.status, self.run_dir, token=self.token)
             self.log(f"control endpoint {self.endpoint.url} (token in {self.run_dir / 'control.json'})")
         try:
-            parallel = self.opts.initial or target.choose(self.job, self.opts.gpus, self.opts.hardware)
-            self._start_generation(parallel, slots=list(range(self.opts.gpus)), load_from=None, kind="start")
+            parallel = self.cfg.parallel or target.choose(self.job, self.cfg.gpus, self.hardware)
+            self._start_generation(parallel, slots=list(range(self.cfg.gpus)), load_from=None, kind="start")
             while not self.finished and not self.interrupted:
                 # one round trip a tick once the key exists (it is never deleted)
                 self.progress = json.loads(self.store.get("progress")) if self.progress \
@@ -201,7 +165,7 @@ class Controller:
                 "step": self.progress["step"] if self.progress else 0, "queued": len(self.queue)}
 
     def _projected_gpus(self) -> int:
-        n = len(self.active.procs) if self.active else self.opts.gpus
+        n = len(self.active.procs) if self.active else self.cfg.gpus
         if self.current is not None:
             n = self.current["gpus"]
         for ev in self.queue:
@@ -210,25 +174,7 @@ class Controller:
 
     def validate(self, ev: Event, n_before: int) -> ParallelConfig:
         """Refuse (ValueError naming the field) what cannot be done; returns the target."""
-        usable = self.opts.slots - len(self.lost_slots)
-        if ev.kind == "scale-out" and ev.gpus <= n_before:
-            raise EventError(f"{ev.source}: scale-out {ev.gpus}: the job will have {n_before} GPUs; "
-                             "allowed a larger total")
-        if ev.kind == "scale-in" and ev.gpus >= n_before:
-            raise EventError(f"{ev.source}: scale-in {ev.gpus}: the job will have {n_before} GPUs; "
-                             "allowed a smaller total")
-        if ev.kind == "reshape" and ev.gpus != n_before:
-            raise EventError(f"{ev.source}: reshape {ev.parallel.short()}: tp*pp*dp={ev.gpus} but the job "
-                             f"will have {n_before} GPUs; a reshape keeps the GPU count")
-        if ev.gpus > usable:
-            raise EventError(f"{ev.source}: gpus={ev.gpus} exceeds the {usable} usable slots")
-        try:
-            if ev.parallel is not None:
-                Layout(self.job.model, ev.parallel, self.job.train)
-                return ev.parallel
-            return target.choose(self.job, ev.gpus, self.opts.hardware)
-        except ValueError as e:
-            raise EventError(f"{ev.source}: {e}") from None
+        return admit(ev, n_before, self.cfg.slots - len(self.lost_slots), self.job, self.hardware)
 
     def _head_triggered(self) -> Event | None:
         if not self.queue:
@@ -288,7 +234,7 @@ class Controller:
 
     def _maybe_end(self) -> None:
         """Nothing left to do: end the job ``end_after_events`` steps from now, if asked."""
-        n = self.opts.end_after_events
+        n = self.cfg.controller.end_after_events
         if n is None or self.queue or self.current is not None or self.end_at \
                 or not self.progress or self.progress["generation"] != self.active.generation:
             return
@@ -305,7 +251,7 @@ class Controller:
             # rank marked to leave by a handoff that the end cut short may well be the last)
             if self.active and w.proc in self.active.procs and w.returncode == 0:
                 step = self.progress["step"] if self.progress else 0
-                if step >= min(self.opts.steps, self.end_at or self.opts.steps) and all(
+                if step >= min(self.cfg.steps, self.end_at or self.cfg.steps) and all(
                         self.agent.workers[p].returncode == 0 for p in self.active.procs):
                     self.finished = True
             return
@@ -333,7 +279,7 @@ class Controller:
         ck = latest(self.run_dir / "ckpt")
         n = len(survivors)
         old = ParallelConfig.from_dict(self.active.parallel)
-        parallel = old if old.world_size == n else target.choose(self.job, n, self.opts.hardware, current=old)
+        parallel = old if old.world_size == n else target.choose(self.job, n, self.hardware, current=old)
         if self.current is not None:  # the event in flight: re-queued if it still applies
             ev = self.current["_event"]
             try:
@@ -524,9 +470,9 @@ class LiveController(Controller):
                 rec["prepare_s"] = now - rec["attempts"][-1]["t"]
                 self.phase = "ready"
                 self.phase_log("ready", generation=g, prepare_s=round(rec["prepare_s"], 4))
-            elif now - rec["attempts"][-1]["t"] > self.opts.prepare_timeout_s:
+            elif now - rec["attempts"][-1]["t"] > self.cfg.controller.prepare_timeout_s:
                 if self._drop_pending():
-                    return self._cancel(f"not ready after {self.opts.prepare_timeout_s:g} s", replan=False)
+                    return self._cancel(f"not ready after {self.cfg.controller.prepare_timeout_s:g} s", replan=False)
                 return  # it went through meanwhile (collected)
         ev: Event = rec["_event"]
         if ev.deadline_s is not None:
@@ -649,7 +595,7 @@ class LiveController(Controller):
         self.phase_log("cancelled", generation=self.pending.generation, why=why)
         ev: Event = rec["_event"]
         if replan and ev.kind == "scale-out":
-            usable = self.opts.slots - len(self.lost_slots)
+            usable = self.cfg.slots - len(self.lost_slots)
             ev.gpus = min(ev.gpus, usable)
             if ev.parallel is not None and ev.parallel.world_size != ev.gpus:
                 ev.parallel = None  # the named configuration no longer fits: the controller chooses

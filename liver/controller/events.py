@@ -24,6 +24,27 @@ from liver.topology import ParallelConfig
 KINDS = ("scale-out", "scale-in", "reshape")
 
 
+@dataclass(frozen=True, kw_only=True, slots=True)
+class EventsConfig:
+    """Where a job's events come from: a ``schedule`` file, or a spot ``trace`` (its time divided
+    by ``compress``; a removal announced ``notice_s`` of trace time before it); neither: the
+    embedded schedule. Either way the control endpoint takes more while the job runs."""
+
+    schedule: str | None = None
+    trace: str | None = None
+    compress: float = 600.0
+    notice_s: float = 120.0
+
+    def __post_init__(self) -> None:
+        if self.schedule is not None and self.trace is not None:
+            raise ValueError(f"events.schedule={self.schedule!r} and events.trace={self.trace!r}: "
+                             "allowed one source of events")
+        if not 0 < self.compress <= 1e9:
+            raise ValueError(f"events.compress={self.compress!r}: allowed a positive factor")
+        if not 0 <= self.notice_s <= 1e7:
+            raise ValueError(f"events.notice_s={self.notice_s!r}: allowed 0 or more seconds")
+
+
 @dataclass
 class Event:
     kind: str                              # scale-out | scale-in | reshape
@@ -107,8 +128,13 @@ def parse_schedule(path: str | Path) -> list[Event]:
     p = Path(path)
     if not p.is_file():
         raise EventError(f"{path}: no such events file")
+    return parse_schedule_text(p.read_text(), str(path))
+
+
+def parse_schedule_text(text: str, path: str) -> list[Event]:
+    """A schedule's lines; ``path`` names it in errors."""
     events: list[Event] = []
-    for n, raw in enumerate(p.read_text().splitlines(), 1):
+    for n, raw in enumerate(text.splitlines(), 1):
         line = raw.split("#", 1)[0].strip()
         if not line:
             continue

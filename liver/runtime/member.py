@@ -35,6 +35,7 @@ from liver.runtime import protocol  # noqa: E402
 from liver.runtime.companion import Companion, Preparation, rehearse  # noqa: E402
 from liver.runtime.mock import rehearse_step, warm_up  # noqa: E402
 from liver.runtime.pace import Pace  # noqa: E402
+from liver.protocol.worker import WorkerSpec  # noqa: E402
 from liver.runtime.protocol import GenerationSpec, agree, put  # noqa: E402
 from liver.runtime.switch import switch  # noqa: E402
 from liver.topology import JobConfig, Layout, ParallelConfig  # noqa: E402
@@ -44,44 +45,47 @@ IMPORTED = time.time()
 
 
 class Member:
-    def __init__(self, spec: dict[str, Any], boot: dict[str, float]) -> None:
-        self.cfg = spec
+    def __init__(self, spec: WorkerSpec, boot: dict[str, float]) -> None:
+        self.spec = spec
         self.boot = boot
-        self.proc: int = spec["proc"]
-        self.job = JobConfig.from_dict(spec["job"])
-        self.backend: str = spec["backend"]
-        self.run_dir = Path(spec["run_dir"])
-        self.total_steps: int = spec["total_steps"]
+        self.proc: int = spec.proc
+        cfg = self.config = spec.config
+        self.job = cfg.job
+        self.backend: str = cfg.backend
+        self.run_dir = Path(spec.run_dir)
+        self.total_steps: int = cfg.steps
         # "step": a state digest after every step; "switch": right before and after each handoff
-        self.digest: str | None = spec.get("digest") or None
-        self.timeout_s: float = spec.get("timeout_s", 120.0)
-        self.budget_bytes: int = spec.get("budget_bytes", 512 << 20)  # transfer staging per process
-        self.warm: str = spec.get("warm", "background")  # when the new groups' first collectives run
-        self.companion_share: float = spec.get("companion_share", 0.0)  # of each step (runtime/pace.py)
-        self.binding = cores.Binding(spec.get("cores"))  # its slot's cores (liver/agent/cores.py)
-        if spec["role"] != "joiner":
+        self.digest: str | None = cfg.digest
+        self.binding = cores.Binding(list(spec.cores) if spec.cores is not None else None)
+        if spec.role != "joiner":
             self.binding.bind()  # a joiner boots on idle time anywhere; bound when it holds a rank
         if self.backend == "nccl":
-            torch.cuda.set_device(spec["slot"])
-            self.device = torch.device("cuda", spec["slot"])
+            torch.cuda.set_device(spec.slot)
+            self.device = torch.device("cuda", spec.slot)
         else:
             torch.set_num_threads(1)
             self.device = torch.device("cpu")
-        self.store = protocol.run_store(connect_store(spec["store_addr"]))
-        self.ckpt = PeriodicCheckpointer(self.run_dir / "ckpt", spec.get("ckpt_every", 0))
+        self.store = protocol.run_store(connect_store(spec.store_addr))
+        self.ckpt = PeriodicCheckpointer(self.run_dir / "ckpt", cfg.checkpoint.every)
         self.engine: Engine | None = None
         self.companion: Companion | None = None
         self.into: dict[str, torch.Tensor] | None = None
         self._steps = None  # a joiner's storage for the new state
         self.preparing_since: float | None = None
         # the companions' store connection (made now, not beside the first preparation's steps)
-        self._side = protocol.run_store(connect_store(spec["store_addr"]))
+        self._side = protocol.run_store(connect_store(spec.store_addr))
         self._side_user: Companion | None = None  # the last companion that used it
+
+    def _preparation(self, spec: GenerationSpec, **kw: Any) -> Preparation:
+        c = self.config
+        return Preparation(job=self.job, spec=spec, proc=self.proc, backend=self.backend, device=self.device,
+                           timeout_s=c.prepare.group_timeout_s, budget_bytes=c.transfer.budget_bytes,
+                           warm=c.warm, **kw)
 
     # ---- entering a generation -----------------------------------------------------------
     def start(self) -> None:
         """First generation, restart or recovery: build the World, create or load the state."""
-        g = self.cfg["generation"]
+        g = self.spec.generation
         spec = GenerationSpec.fetch(self.store, g)
         layout = Layout(self.job.model, ParallelConfig.from_dict(spec.parallel), self.job.train)
         t0 = time.perf_counter()
@@ -106,20 +110,18 @@ class Member:
 
     def join(self) -> None:
         """Cold joiner: warm up on a mock world, prepare the Shadow World, receive the state."""
-        g = self.cfg["generation"]
+        g = self.spec.generation
         spec = GenerationSpec.fetch(self.store, g)
         layout = Layout(self.job.model, ParallelConfig.from_dict(spec.parallel), self.job.train)
         t0 = time.perf_counter()
         warm = warm_up(self.job, layout, spec.procs.index(self.proc), self.backend, self.device,
-                       self.cfg.get("warmup_steps", 2), generation=g)
+                       self.config.prepare.mock_steps, generation=g)
         if self.device.type == "cuda":
             torch.cuda.synchronize()
         self.into = warm.state  # already in the new layout: the transfer writes into it
         del warm
         warmup_s = time.perf_counter() - t0
-        prep = Preparation(job=self.job, spec=spec, proc=self.proc, store=self.store,
-                           backend=self.backend, device=self.device, timeout_s=self.timeout_s,
-                           budget_bytes=self.budget_bytes, warm=self.warm)
+        prep = self._preparation(spec, store=self.store)
         prep.run()
         if prep.defer_warm and prep.built and not prep.ready:
             prep.warm()  # NCCL: with the old ranks, when they reach their boundary
@@ -161,7 +163,7 @@ class Member:
         the training thread's store reads behind it on one socket. Made once, and again only while
         an abandoned companion may still be blocked on the last one."""
         if self._side_user is not None and self._side_user.is_alive():
-            self._side = protocol.run_store(connect_store(self.cfg["store_addr"]))
+            self._side = protocol.run_store(connect_store(self.spec.store_addr))
         return self._side
 
     def _steps_file(self):
@@ -187,19 +189,15 @@ class Member:
             self.companion = None
         if self.companion is None and cut.wanted > e.world.generation:
             spec = GenerationSpec.fetch(self.store, cut.wanted)
-            self.companion = Companion(Preparation(job=self.job, spec=spec, proc=self.proc,
-                                                   store=self._side_store(), backend=self.backend,
-                                                   device=self.device, timeout_s=self.timeout_s,
-                                                   budget_bytes=self.budget_bytes, warm=self.warm,
-                                                   active=e.world,
-                                                   pace=Pace(self.companion_share, step_s)),
-                                       self.binding)
+            pace = Pace(self.config.prepare.companion_share, step_s)
+            self.companion = Companion(self._preparation(spec, store=self._side_store(), active=e.world,
+                                                         pace=pace), self.binding)
             self._side_user = self.companion
             self.preparing_since = time.time()
             self.companion.start()
         elif self.companion is not None and cut.force == self.companion.prep.generation \
                 and not cut.switch_to:
-            self.companion.finish(self.timeout_s)  # deadline: finish preparing, at full speed
+            self.companion.finish(self.config.prepare.group_timeout_s)  # deadline: finish preparing, at full speed
             if self.companion.prep.defer_warm and self.companion.prep.built and not self.companion.prep.ready:
                 self.companion.prep.warm()
             cut = agree(e.world.all, None, self.companion.ready_generation())
@@ -313,11 +311,11 @@ def main(spec_path: str | None = None, boot: dict[str, float] | None = None) -> 
     """``boot``: when the process started and finished its imports, given by the zygote that
     forked it (both the fork's time: its template did the imports and ``warm_process``); without
     it, a worker on its own interpreter: this module's import times, and ``warm_process`` now."""
-    spec = json.loads(Path(spec_path or sys.argv[1]).read_text())
+    spec = WorkerSpec.read(spec_path or sys.argv[1])
     if boot is None:
         warm_process()
     m = Member(spec, boot or {"process_start": STARTED, "imported": IMPORTED})
-    if spec["role"] == "joiner":
+    if spec.role == "joiner":
         m.join()
     else:
         m.start()

@@ -1,0 +1,87 @@
+"""A whole job's configuration: the components' own configs composed, checked as a whole.
+
+Each component owns its options (``TransferConfig`` in transfer/, ``PrepareConfig`` in runtime/,
+``CheckpointConfig`` in checkpoint/, ``ControllerConfig`` in controller/, ``AgentConfig`` in
+agent/, ``EventsConfig`` beside the event parsers); ``RunConfig`` adds what belongs to the job
+itself and checks what only the whole can (the first layout against the model, the GPUs against
+the slots). A named job is a TOML file (``liver.config.jobfile``); every option is checked here,
+before any process starts.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+from liver.agent.config import AgentConfig
+from liver.checkpoint.config import CheckpointConfig
+from liver.controller.config import ControllerConfig
+from liver.controller.events import EventsConfig
+from liver.runtime.config import PrepareConfig
+from liver.topology import JobConfig, Layout, ParallelConfig
+from liver.topology.presets import PRESETS
+from liver.transfer.config import TransferConfig
+
+BACKENDS = ("gloo", "nccl")
+DIGESTS = ("step", "switch")
+MAX_STEPS = 10**9
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class RunConfig:
+    """- ``preset``: the named job whose model and training options ``job`` starts from.
+    - ``steps``: train at most this many steps; ``gpus``: processes at the start.
+    - ``parallel``: the first configuration (unset: the controller chooses for ``gpus``).
+    - ``digest``: state digests after every "step", or right before and after each "switch"."""
+
+    preset: str = "tiny"
+    job: JobConfig = field(default_factory=JobConfig)
+    steps: int = 5000
+    gpus: int = 2
+    parallel: ParallelConfig | None = None
+    backend: str = "gloo"
+    digest: str | None = None
+    events: EventsConfig = field(default_factory=EventsConfig)
+    transfer: TransferConfig = field(default_factory=TransferConfig)
+    prepare: PrepareConfig = field(default_factory=PrepareConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    controller: ControllerConfig = field(default_factory=ControllerConfig)
+    agent: AgentConfig = field(default_factory=AgentConfig)
+
+    def __post_init__(self) -> None:
+        if self.preset not in PRESETS:
+            raise ValueError(f"preset={self.preset!r}: allowed {', '.join(map(repr, PRESETS))}")
+        if self.backend not in BACKENDS:
+            raise ValueError(f"backend={self.backend!r}: allowed {', '.join(map(repr, BACKENDS))}")
+        if self.digest is not None and self.digest not in DIGESTS:
+            raise ValueError(f"digest={self.digest!r}: allowed {', '.join(map(repr, DIGESTS))} or unset")
+        if isinstance(self.steps, bool) or not isinstance(self.steps, int) or not 1 <= self.steps <= MAX_STEPS:
+            raise ValueError(f"steps={self.steps!r}: allowed 1 to {MAX_STEPS}")
+        slots = self.agent.slots
+        if isinstance(self.gpus, bool) or not isinstance(self.gpus, int) or self.gpus < 1 or \
+                (slots is not None and self.gpus > slots):
+            raise ValueError(f"gpus={self.gpus!r}: allowed 1 to agent.slots={slots if slots is not None else '(unset)'}")
+        if self.parallel is not None:
+            if self.parallel.world_size != self.gpus:
+                raise ValueError(f"parallel={self.parallel.short()}: tp*pp*dp={self.parallel.world_size} "
+                                 f"but gpus={self.gpus}")
+            Layout(self.job.model, self.parallel, self.job.train)
+
+    @property
+    def slots(self) -> int:
+        """The node's worker slots (set by ``with_slots`` before a job runs)."""
+        if self.agent.slots is None:
+            raise RuntimeError("RunConfig.slots read before with_slots()")
+        return self.agent.slots
+
+    def with_slots(self, detected: int) -> "RunConfig":
+        """``agent.slots`` filled in where unset (the GPU count on NCCL, 4 on CPU: ``detected``)."""
+        if self.agent.slots is not None:
+            return self
+        return replace(self, agent=replace(self.agent, slots=detected))
+
+    @property
+    def warm(self) -> str:
+        return self.prepare.warm_for(self.backend)
+
+
+__all__ = ["RunConfig"]

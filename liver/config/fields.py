@@ -1,0 +1,91 @@
+"""Typed conversion between the configuration dataclasses and plain data (TOML tables, the JSON a
+worker process is started with): one place that knows how a field's type is checked, so every
+config class only validates its own ranges in ``__post_init__``.
+
+A value of the wrong type, or a key no field has, is refused with ``ValueError`` naming the field
+(``transfer.budget_mib='big': expected an integer``), never a ``TypeError`` from a constructor.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from typing import Any, Mapping, TypeVar
+
+T = TypeVar("T")
+
+_NAMES = {int: "an integer", float: "a number", str: "a string", bool: "true or false"}
+
+
+def _convert(tp: Any, value: Any, where: str) -> Any:
+    origin = typing.get_origin(tp)
+    if origin in (typing.Union, types.UnionType):
+        options = typing.get_args(tp)
+        if value is None and type(None) in options:
+            return None
+        errors = []
+        for opt in options:
+            if opt is type(None):
+                continue
+            try:
+                return _convert(opt, value, where)
+            except ValueError as e:
+                errors.append(str(e).split(": ", 1)[-1])
+        raise ValueError(f"{where}={value!r}: expected {' or '.join(errors)}")
+    if origin is tuple:
+        if not isinstance(value, (list, tuple)):
+            raise ValueError(f"{where}={value!r}: expected a list")
+        (item, _) = typing.get_args(tp)
+        return tuple(_convert(item, v, f"{where}[{i}]") for i, v in enumerate(value))
+    if dataclasses.is_dataclass(tp):
+        if isinstance(value, tp):
+            return value
+        if isinstance(value, str) and hasattr(tp, "parse"):  # a short form ("1,2,1" for a ParallelConfig)
+            return tp.parse(value)
+        if not isinstance(value, Mapping):
+            raise ValueError(f"{where}={value!r}: expected a table of {tp.__name__} fields")
+        return from_dict(tp, value, where)
+    if tp is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if tp in _NAMES:
+        if isinstance(value, tp) and (tp is bool or not isinstance(value, bool)):
+            return value
+        raise ValueError(f"{where}={value!r}: expected {_NAMES[tp]}")
+    if tp is Any:
+        return value
+    raise TypeError(f"{where}: field type {tp!r} has no conversion")  # a config class's own mistake
+
+
+def from_dict(cls: type[T], data: Mapping[str, Any], where: str) -> T:
+    """``cls(**data)`` with every field's type checked and nested tables converted; ``where`` is the
+    section's name in messages (``"transfer"``)."""
+    hints = typing.get_type_hints(cls)
+    names = [f.name for f in dataclasses.fields(cls) if f.init]
+    unknown = [k for k in data if k not in names]
+    if unknown:
+        raise ValueError(f"{_join(where, unknown[0])}: no such field; allowed: {', '.join(names)}")
+    return cls(**{k: _convert(hints[k], v, _join(where, k)) for k, v in data.items()})
+
+
+def _join(where: str, name: str) -> str:
+    return f"{where}.{name}" if where else name
+
+
+def to_dict(obj: Any) -> dict[str, Any]:
+    """Plain data (tuples as lists) that ``from_dict`` reads back to an equal object."""
+    def plain(v: Any) -> Any:
+        if dataclasses.is_dataclass(v):
+            return {f.name: plain(getattr(v, f.name)) for f in dataclasses.fields(v) if f.init}
+        if isinstance(v, tuple):
+            return [plain(x) for x in v]
+        return v
+    return plain(obj)
+
+
+def merge(base: Mapping[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:
+    """Tables merged key by key (``over`` wins); other values replaced."""
+    out = dict(base)
+    for k, v in over.items():
+        out[k] = merge(out[k], v) if isinstance(v, Mapping) and isinstance(out.get(k), Mapping) else v
+    return out

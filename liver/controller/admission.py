@@ -1,0 +1,55 @@
+"""Admission: whether an event can be done, and to which configuration; pure, no process needed.
+
+Every event is checked here before it is queued (control endpoint) and the whole schedule before
+the job starts (``check_schedule``), so a refused request never moves state or starts a process.
+"""
+
+from __future__ import annotations
+
+from typing import Iterable
+
+from liver.config import RunConfig
+from liver.controller import target
+from liver.controller.events import Event, EventError
+from liver.topology import JobConfig, Layout, ParallelConfig
+
+
+def hardware_of(cfg: RunConfig) -> target.Hardware:
+    """What the target choice assumes of a GPU (its memory limit from ``controller.memory_gib``)."""
+    gib = cfg.controller.memory_gib
+    return target.Hardware(memory_bytes=gib * 2**30 if gib is not None else None)
+
+
+def admit(ev: Event, n_before: int, usable_slots: int, job: JobConfig, hardware: target.Hardware) -> ParallelConfig:
+    """The target of ``ev`` for a job that will have ``n_before`` GPUs when it comes; EventError
+    (a ValueError) naming the source, the field and what is allowed."""
+    if ev.kind == "scale-out" and ev.gpus <= n_before:
+        raise EventError(f"{ev.source}: scale-out {ev.gpus}: the job will have {n_before} GPUs; "
+                         "allowed a larger total")
+    if ev.kind == "scale-in" and ev.gpus >= n_before:
+        raise EventError(f"{ev.source}: scale-in {ev.gpus}: the job will have {n_before} GPUs; "
+                         "allowed a smaller total")
+    if ev.kind == "reshape" and ev.gpus != n_before:
+        raise EventError(f"{ev.source}: reshape {ev.parallel.short()}: tp*pp*dp={ev.gpus} but the job "
+                         f"will have {n_before} GPUs; a reshape keeps the GPU count")
+    if ev.gpus > usable_slots:
+        raise EventError(f"{ev.source}: gpus={ev.gpus} exceeds the {usable_slots} usable slots")
+    try:
+        if ev.parallel is not None:
+            Layout(job.model, ev.parallel, job.train)
+            return ev.parallel
+        return target.choose(job, ev.gpus, hardware)
+    except ValueError as e:
+        raise EventError(f"{ev.source}: {e}") from None
+
+
+def check_schedule(cfg: RunConfig, events: Iterable[Event]) -> ParallelConfig:
+    """The first configuration, and every event of the schedule admitted in order (each against
+    the GPUs the ones before it leave). Returns the first configuration."""
+    hw = hardware_of(cfg)
+    first = cfg.parallel or target.choose(cfg.job, cfg.gpus, hw)
+    n = cfg.gpus
+    for ev in events:
+        admit(ev, n, cfg.slots, cfg.job, hw)
+        n = ev.gpus
+    return first

@@ -1,0 +1,39 @@
+"""The controller's options."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+MODES = ("live", "restart", "restart-forked")
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ControllerConfig:
+    """- ``mode``: "live" handoffs, or the baseline: stop-and-restart through DCP with new processes
+      as fresh interpreters ("restart") or forked from the agent's zygote ("restart-forked").
+    - ``prepare_timeout_s``: a pending generation not ready after this is cancelled.
+    - ``end_after_events``: the job ends this many steps after its last event; unset (or -1, as a
+      job file writes it): it trains all of its steps.
+    - ``endpoint``: serve the control endpoint (loopback HTTP, token in the run's control.json).
+    - ``memory_gib``: per-GPU memory for the target choice; unset: no limit."""
+
+    mode: str = "live"
+    prepare_timeout_s: float = 300.0
+    end_after_events: int | None = 20
+    endpoint: bool = True
+    memory_gib: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.end_after_events == -1 and not isinstance(self.end_after_events, bool):
+            object.__setattr__(self, "end_after_events", None)
+        if self.mode not in MODES:
+            raise ValueError(f"controller.mode={self.mode!r}: allowed {', '.join(map(repr, MODES))}")
+        if not 0.1 <= self.prepare_timeout_s <= 86400.0:
+            raise ValueError(f"controller.prepare_timeout_s={self.prepare_timeout_s!r}: allowed 0.1 to 86400 s")
+        if self.end_after_events is not None and (isinstance(self.end_after_events, bool)
+                                                  or not isinstance(self.end_after_events, int)
+                                                  or self.end_after_events < 0):
+            raise ValueError(f"controller.end_after_events={self.end_after_events!r}: allowed 0 or more steps, "
+                             "or -1 (train every step)")
+        if self.memory_gib is not None and not 0 < self.memory_gib < 1 << 20:
+            raise ValueError(f"controller.memory_gib={self.memory_gib!r}: allowed a positive size in GiB")

@@ -1,0 +1,1 @@
+"""The contract between the controller and its workers: neither side owns it, both import it."""

@@ -1,0 +1,129 @@
+"""Configuration: every component's options typed and checked where they are owned, job files
+read with tomllib, overrides field by field, and bad input refused before any process starts."""
+
+import json
+from dataclasses import fields
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from liver.cli import main
+from liver.config import RunConfig
+from liver.config.fields import from_dict, to_dict
+from liver.config.jobfile import build, load, override
+from liver.protocol.worker import WorkerConfig, WorkerSpec
+
+CONFIGS = Path(__file__).resolve().parent.parent / "configs"
+
+
+@pytest.mark.parametrize("path", sorted(CONFIGS.glob("*.toml")), ids=lambda p: p.name)
+def test_every_shipped_job_file_loads_and_checks(path):
+    cfg = load(path).with_slots(4)
+    assert isinstance(cfg, RunConfig)
+    if cfg.events.schedule:
+        assert Path(cfg.events.schedule).is_file()  # relative to the file
+
+
+def test_custom_shape_from_the_file_and_overrides():
+    cfg = load(CONFIGS / "custom-shape.toml", [override("job.model.num_layers=6"), override("parallel=2,1,2"),
+                                               override("transfer.budget_mib=64")])
+    assert cfg.job.model.num_layers == 6 and cfg.job.model.num_heads == 8 and cfg.job.model.seq_len == 48
+    assert (cfg.parallel.tp, cfg.parallel.pp, cfg.parallel.dp) == (2, 1, 2)
+    assert cfg.transfer.budget_bytes == 64 << 20
+    assert cfg.job.train.global_batch == 16
+
+
+@settings(max_examples=60, deadline=None)
+@given(layers=st.integers(1, 12), heads=st.sampled_from([1, 2, 4, 8]), head_dim=st.sampled_from([2, 4, 8]),
+       ffn=st.integers(1, 64), vocab=st.integers(1, 600), seq=st.integers(1, 64), budget=st.integers(1, 4096),
+       share=st.floats(0, 1), every=st.integers(0, 100), mock=st.integers(0, 5),
+       warm=st.sampled_from(["auto", "background", "boundary"]))
+def test_round_trip_through_plain_data_is_exact(layers, heads, head_dim, ffn, vocab, seq, budget, share, every,
+                                                 mock, warm):
+    cfg = build({"job": {"model": {"num_layers": layers, "num_heads": heads, "hidden_size": heads * head_dim,
+                                   "ffn_size": ffn, "vocab_size": vocab, "seq_len": seq}},
+                 "transfer": {"budget_mib": budget}, "prepare": {"companion_share": share, "mock_steps": mock,
+                                                                 "warm": warm},
+                 "checkpoint": {"every": every}, "parallel": "1,1,1", "gpus": 1})
+    assert from_dict(RunConfig, json.loads(json.dumps(to_dict(cfg))), "") == cfg
+    worker = WorkerConfig(job=cfg.job, backend=cfg.backend, steps=cfg.steps, warm=cfg.warm, transfer=cfg.transfer,
+                          prepare=cfg.prepare, checkpoint=cfg.checkpoint)
+    spec = WorkerSpec(proc=3, slot=1, role="joiner", generation=2, store_addr="127.0.0.1:1", run_dir="/r",
+                      config=worker, cores=(0, 1))
+    assert from_dict(WorkerSpec, json.loads(json.dumps(to_dict(spec))), "worker") == spec
+
+
+@pytest.mark.parametrize("text, message", [
+    ("transfer.budget_mib=0", r"transfer.budget_mib=0: allowed an integer from 1"),
+    ("transfer.budget_mib=1.5", r"transfer.budget_mib=1.5: expected an integer"),
+    ("checkpoint.every=-1", r"checkpoint.every=-1: allowed 0 \(off\)"),
+    ("prepare.warm=soon", r"prepare.warm='soon': allowed 'auto'"),
+    ("prepare.companion_share=1.5", r"prepare.companion_share=1.5: allowed a fraction"),
+    ("prepare.mock_steps=-1", r"prepare.mock_steps=-1"),
+    ("agent.slots=0", r"agent.slots=0: allowed 1"),
+    ("controller.mode=fast", r"controller.mode='fast': allowed 'live'"),
+    ("controller.end_after_events=-2", r"controller.end_after_events=-2"),
+    ("steps=0", r"steps=0: allowed 1"),
+    ("gpus=9", r"gpus=9: allowed 1 to agent.slots=4"),
+    ("backend=mpi", r"backend='mpi': allowed 'gloo', 'nccl'"),
+    ("digest=always", r"digest='always'"),
+    ("preset=huge", r"preset='huge': allowed 'tiny'"),
+    ("parallel=3,1,1", r"parallel=tp3pp1dp1: tp\*pp\*dp=3 but gpus=2"),
+    ("job.model.num_heads=3", r"num_heads=3 does not divide hidden_size=64"),
+    ("job.model.num_layers=many", r"job.model.num_layers='many': expected an integer"),
+    ("job.model.depth=3", r"job.model.depth: no such field; allowed: num_layers"),
+    ("transfer=3", r"transfer=3: expected a table"),
+    ("events.compress=0", r"events.compress=0.0: allowed a positive factor"),
+])
+def test_bad_fields_are_refused_naming_field_value_and_what_is_allowed(text, message):
+    with pytest.raises(ValueError, match=message):
+        build({"agent": {"slots": 4}}, override(text))
+
+
+def test_one_default_per_option():
+    """The worker's options come from the same dataclasses as the job's: no second default."""
+    cfg = build({})
+    worker_fields = {f.name for f in fields(WorkerConfig)}
+    for name in ("transfer", "prepare", "checkpoint"):
+        assert name in worker_fields
+        assert type(getattr(cfg, name))() == getattr(cfg, name)
+
+
+def test_malformed_job_files_and_overrides_are_refused(tmp_path, capsys):
+    bad = tmp_path / "bad.toml"
+    bad.write_text("gpus = [")
+    assert main(["run", "--config", str(bad), "--run-dir", str(tmp_path / "r")]) == 2
+    assert "bad.toml: not a TOML job file" in capsys.readouterr().err
+    binary = tmp_path / "bin.toml"
+    binary.write_bytes(b"\xff\xfe\x00g")
+    assert main(["run", "--config", str(binary), "--run-dir", str(tmp_path / "r")]) == 2
+    assert "bin.toml: not a TOML job file" in capsys.readouterr().err
+    assert main(["run", "--config", str(tmp_path / "none.toml"), "--run-dir", str(tmp_path / "r")]) == 2
+    assert "none.toml: no such job file" in capsys.readouterr().err
+    assert main(["run", "--set", "steps", "--run-dir", str(tmp_path / "r")]) == 2
+    assert "expected section.field=value" in capsys.readouterr().err
+    assert not (tmp_path / "r").exists()  # nothing started, nothing written
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--budget-mib", "0"], "transfer.budget_mib=0"),
+    (["--ckpt-every", "-1"], "checkpoint.every=-1"),
+    (["--slots", "0"], "agent.slots=0"),
+    (["--gpus", "3", "--parallel", "3,1,1"], "tp=3 does not divide"),
+    (["--warm", "later"], "prepare.warm='later'"),
+    (["--events", "/nonexistent/events.txt"], "no such events file"),
+])
+def test_cli_refuses_before_any_process_starts(tmp_path, capsys, argv, message):
+    run_dir = tmp_path / "run"
+    assert main(["run", "--run-dir", str(run_dir), *argv]) == 2
+    assert message in capsys.readouterr().err
+    assert not run_dir.exists()
+
+
+def test_scale_without_a_running_job_is_a_clear_error(tmp_path, capsys):
+    assert main(["scale", "--run-dir", str(tmp_path), "scale-in", "1"]) == 2
+    assert "no control.json there" in capsys.readouterr().err
+    (tmp_path / "control.json").write_text(json.dumps({"url": "http://127.0.0.1:9", "token": "x"}))
+    assert main(["scale", "--run-dir", str(tmp_path), "scale-in", "1"]) == 2
+    assert "does not answer" in capsys.readouterr().err
