@@ -45,7 +45,8 @@ from liver.engine.trainer import Engine, state_specs
 from liver.planner import plan_transfer
 from liver.runtime.companion import Preparation, layouts
 from liver.runtime.mock import MockGroup
-from liver.runtime.protocol import GenerationSpec, publish_plan
+from liver.protocol.messages import GenerationSpec
+from liver.protocol.store import publish_plan
 from liver.topology import Layout, ParallelConfig
 from liver.topology.presets import preset
 from liver.transfer import StreamingExecutor
@@ -150,9 +151,9 @@ class Parts:
         self.keep.append(g)
 
     def preparation(self) -> None:
-        spec = GenerationSpec(generation=100 + self.count, parallel=ParallelConfig(dp=2).to_dict(),
-                              procs=[0, 1], old_generation=0, old_parallel=ParallelConfig(tp=2).to_dict(),
-                              old_procs=[0, 1], kind="reshape")
+        spec = GenerationSpec(generation=100 + self.count, parallel=ParallelConfig(dp=2),
+                              procs=(0, 1), old_generation=0, old_parallel=ParallelConfig(tp=2),
+                              old_procs=(0, 1), kind="reshape")
         old, new = layouts(self.job, spec)  # the plan, as the controller publishes it in a run
         publish_plan(self.store, spec.generation, plan_transfer(old, new, state_specs(self.job), [0, 1], [0, 1],
                                                                 placement=[0, 1]))

@@ -34,6 +34,7 @@ from liver.controller import report as rep
 from liver.config.jobfile import build
 from liver.controller.events import parse_schedule
 from liver.controller.job import run_job
+from liver.topology.presets import preset
 from liver.world.group import Group
 from liver.world.world import connect_store, make_store
 

@@ -9,7 +9,7 @@ from typing import Any, Callable
 from liver.config import RunConfig
 from liver.controller import report as rep
 from liver.controller.admission import check_schedule
-from liver.controller.controller import CONTROLLERS
+from liver.controller.modes import CONTROLLERS
 from liver.controller.events import Event
 
 

@@ -21,7 +21,6 @@ from __future__ import annotations
 import threading
 import time
 from datetime import timedelta
-from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -32,7 +31,8 @@ from liver.transfer.executor import StreamingExecutor
 from liver.planner.plan import Plan, plan_transfer
 from liver.runtime.mock import MockGroup
 from liver.runtime.pace import Pace
-from liver.runtime.protocol import GenerationSpec, fetch_plan, put
+from liver.protocol.messages import Failure, GenerationSpec, write
+from liver.protocol.store import fetch_plan, put
 from liver.topology import JobConfig, Layout, ParallelConfig
 from liver.topology.presets import preset
 from liver.world.group import Group, init_once, warm_once
@@ -41,9 +41,7 @@ from liver.world.world import World
 
 
 def layouts(job: JobConfig, spec: GenerationSpec) -> tuple[Layout, Layout]:
-    old = Layout(job.model, ParallelConfig.from_dict(spec.old_parallel), job.train)
-    new = Layout(job.model, ParallelConfig.from_dict(spec.parallel), job.train)
-    return old, new
+    return Layout(job.model, spec.old_parallel, job.train), Layout(job.model, spec.parallel, job.train)
 
 
 def rehearse() -> Plan:
@@ -98,8 +96,8 @@ class Preparation:
     def run(self) -> None:
         try:
             self._run()
-        except BaseException as e:  # reported through ready=False; the controller decides
-            self.error = e
+        except BaseException as e:
+            self._failed(e)
         finally:
             if self.abandoned:
                 self.release()
@@ -124,9 +122,9 @@ class Preparation:
         t0, c0 = time.perf_counter(), time.thread_time()
         s = self.spec
         old, new = layouts(self.job, s)
-        self.plan = fetch_plan(self.store, s.generation)  # the controller's (runtime/protocol.py)
+        self.plan = fetch_plan(self.store, s.generation)  # the controller's (protocol/store.py)
         if (self.plan.old.parallel, self.plan.new.parallel, self.plan.placement, self.plan.old_procs) != \
-                (old.parallel, new.parallel, s.procs, s.old_procs):
+                (old.parallel, new.parallel, list(s.procs), list(s.old_procs)):
             raise RuntimeError(f"plan/{s.generation} in the store does not match gen/{s.generation}")
         self.timings["plan_s"] = time.perf_counter() - t0
         self._pause()
@@ -196,8 +194,20 @@ class Preparation:
                 return
             self.ready = True
             put(self.store, f"ready/{self.spec.generation}/{self.proc}", time.time())
-        except BaseException as e:  # reported through ready=False; the controller decides
-            self.error = e
+        except BaseException as e:
+            self._failed(e)
+
+    def _failed(self, e: BaseException) -> None:
+        """Reported at once (``error/{g}/{proc}``): the controller cancels the handoff with this
+        reason; an abandoned preparation's end is no failure."""
+        self.error = e
+        if self.abandoned or isinstance(e, Abandoned):
+            return
+        try:
+            write(self.store, Failure.key(self.generation, self.proc),
+                  Failure(proc=self.proc, generation=self.generation, error=f"{type(e).__name__}: {e}"))
+        except Exception:  # the store is gone: the job is ending
+            pass
 
 
 
@@ -233,7 +243,3 @@ class Companion(threading.Thread):
         self.prep.pace.unleash()  # a paced thread wakes up and stops at its next pause
         if not self.is_alive():  # else its thread lets go when it ends
             self.prep.release()
-
-    def describe(self) -> dict[str, Any]:
-        return {"generation": self.prep.generation, "ready": self.prep.ready,
-                "error": repr(self.prep.error) if self.prep.error else None}

@@ -31,14 +31,18 @@ from liver.checkpoint import dcp as ckpt  # noqa: E402
 from liver.checkpoint.periodic import PeriodicCheckpointer  # noqa: E402
 from liver.engine.state import state_digest  # noqa: E402
 from liver.engine.trainer import Engine  # noqa: E402
-from liver.runtime import protocol  # noqa: E402
+from liver.protocol import store as protocol  # noqa: E402
+from liver.protocol.cut import agree, confirm  # noqa: E402
+from liver.protocol.messages import GenerationSpec, Progress, Wish, read, write  # noqa: E402
+from liver.protocol.store import COMMIT, decide as decide_key, put  # noqa: E402
+from liver.runtime.boundary import Local, after_force, decide  # noqa: E402
 from liver.runtime.companion import Companion, Preparation, rehearse  # noqa: E402
 from liver.runtime.mock import rehearse_step, warm_up  # noqa: E402
 from liver.runtime.pace import Pace  # noqa: E402
+from liver.config.fields import to_dict  # noqa: E402
 from liver.protocol.worker import WorkerSpec  # noqa: E402
-from liver.runtime.protocol import GenerationSpec, agree, put  # noqa: E402
 from liver.runtime.switch import switch  # noqa: E402
-from liver.topology import JobConfig, Layout, ParallelConfig  # noqa: E402
+from liver.topology import Layout  # noqa: E402
 from liver.world.world import World, connect_store  # noqa: E402
 
 IMPORTED = time.time()
@@ -87,7 +91,7 @@ class Member:
         """First generation, restart or recovery: build the World, create or load the state."""
         g = self.spec.generation
         spec = GenerationSpec.fetch(self.store, g)
-        layout = Layout(self.job.model, ParallelConfig.from_dict(spec.parallel), self.job.train)
+        layout = Layout(self.job.model, spec.parallel, self.job.train)
         t0 = time.perf_counter()
         world = World.build(self.store, g, layout, spec.procs.index(self.proc), self.backend,
                             self.device, cpu_groups=True, procs=spec.procs)
@@ -112,7 +116,7 @@ class Member:
         """Cold joiner: warm up on a mock world, prepare the Shadow World, receive the state."""
         g = self.spec.generation
         spec = GenerationSpec.fetch(self.store, g)
-        layout = Layout(self.job.model, ParallelConfig.from_dict(spec.parallel), self.job.train)
+        layout = Layout(self.job.model, spec.parallel, self.job.train)
         t0 = time.perf_counter()
         warm = warm_up(self.job, layout, spec.procs.index(self.proc), self.backend, self.device,
                        self.config.prepare.mock_steps, generation=g)
@@ -147,14 +151,13 @@ class Member:
                 digest = state_digest(e)
                 digest_s = time.perf_counter() - t0
             if e.world.rank == 0:
-                rec = {"step": st.step, "generation": e.world.generation, "loss": st.loss,
-                       "step_s": st.step_s, "time": end, "parallel": e.layout.parallel.short(),
-                       "preparing": self.companion is not None, "tokens_per_s": st.tokens_per_s,
-                       "digest": digest, "digest_s": digest_s}
-                put(self.store, "progress", rec)
-                self._steps_file().write(json.dumps(rec) + "\n")
-                print(f"step {st.step:5d}  gen {e.world.generation}  {e.layout.parallel.short():<12} "
-                      f"loss {st.loss:.4f}  {st.step_s * 1e3:7.1f} ms", flush=True)
+                rec = Progress(step=st.step, generation=e.world.generation, loss=st.loss, step_s=st.step_s,
+                               time=end, parallel=e.layout.parallel.short(), preparing=self.companion is not None,
+                               tokens_per_s=st.tokens_per_s, grad_norm=st.grad_norm, digest=digest,
+                               digest_s=digest_s)
+                write(self.store, Progress.KEY, rec)
+                self._steps_file().write(json.dumps(to_dict(rec)) + "\n")
+                print(step_line(rec, st.mfu, self.device), flush=True)
             self.boundary(st.step_s)
         self.ckpt.wait()
 
@@ -173,47 +176,58 @@ class Member:
         return self._steps
 
     def boundary(self, step_s: float) -> None:
-        """The consistent cut: every rank takes the same decisions here, from one all-reduce."""
-        e = self.engine
-        if self.companion is not None:
-            self.companion.prep.pace.boundary(step_s)  # its next slice
-        ready = self.companion.ready_generation() if self.companion else 0
-        built = self.companion.built_generation() if self.companion else 0
-        cut = agree(e.world.all, self.store if e.world.rank == 0 else None, ready, self.ckpt.busy(), built)
-        if cut.stop_at and e.step >= cut.stop_at:
+        """The consistent cut: every rank takes the same decision here (``runtime/boundary.py``)."""
+        e, c = self.engine, self.companion
+        if c is not None:
+            c.prep.pace.boundary(step_s)  # its next slice
+        wish = read(self.store, Wish.KEY, Wish) if e.world.rank == 0 else None
+        cut = agree(e.world.all, wish, c.ready_generation() if c else 0, self.ckpt.busy(),
+                    c.built_generation() if c else 0)
+        me = Local(step=e.step, generation=e.world.generation, preparing=c.prep.generation if c else 0,
+                   built=bool(c and c.prep.built), ready=bool(c and c.prep.ready),
+                   defer_warm=bool(c and c.prep.defer_warm), checkpoint_due=self.ckpt.due(e))
+        act = decide(cut, me)
+        if act.stop:
             return self._stop_for_restart()
-        if cut.end_at:
-            self.total_steps = min(self.total_steps, max(cut.end_at, e.step))
-        if self.companion is not None and cut.wanted != self.companion.prep.generation:
-            self.companion.abandon()  # cancelled or superseded: the Active World was never touched
-            self.companion = None
-        if self.companion is None and cut.wanted > e.world.generation:
-            spec = GenerationSpec.fetch(self.store, cut.wanted)
-            pace = Pace(self.config.prepare.companion_share, step_s)
-            self.companion = Companion(self._preparation(spec, store=self._side_store(), active=e.world,
-                                                         pace=pace), self.binding)
-            self._side_user = self.companion
-            self.preparing_since = time.time()
-            self.companion.start()
-        elif self.companion is not None and cut.force == self.companion.prep.generation \
-                and not cut.switch_to:
-            self.companion.finish(self.config.prepare.group_timeout_s)  # deadline: finish preparing, at full speed
-            if self.companion.prep.defer_warm and self.companion.prep.built and not self.companion.prep.ready:
-                self.companion.prep.warm()
-            cut = agree(e.world.all, None, self.companion.ready_generation())
-            cut.wanted = self.companion.prep.generation
-        elif self.companion is not None and self.companion.prep.defer_warm and \
-                not self.companion.prep.ready and cut.warm_now == self.companion.prep.generation:
-            self.companion.prep.warm()  # NCCL: every member creates the communicators now, together
-        switching = self.companion is not None and cut.switch_to == self.companion.prep.generation
-        # periodic checkpoint: not when the state is handed over right now, and never while any
-        # rank still writes the previous one (the decision must be the same on every rank)
-        if not switching and not cut.ckpt_busy and self.ckpt.due(e):
+        if act.end_at:
+            self.total_steps = min(self.total_steps, max(act.end_at, e.step))
+        if act.abandon:
+            self._abandon()  # cancelled or superseded: the Active World was never touched
+        if act.prepare:
+            self._prepare(act.prepare, step_s)
+        if act.force:
+            c.finish(self.config.prepare.group_timeout_s)  # deadline: the rest at full speed, waited for
+            if c.prep.defer_warm and c.prep.built and not c.prep.ready:
+                c.prep.warm()
+            act = after_force(agree(e.world.all, None, c.ready_generation()), c.prep.generation,
+                              me.checkpoint_due, bool(cut.ckpt_busy))
+        elif act.warm:
+            c.prep.warm()  # every member creates the communicators' connections now, together
+        if act.checkpoint:
             self.ckpt.start(e)
-        if switching:
-            prep = self.companion.prep
-            self.companion = None
-            self._switch(prep, {})
+        if act.propose:
+            # rank 0 commits unless the controller withdrew first (one compare-and-set); every rank
+            # learns which from one more all-reduce
+            mine = act.propose if e.world.rank == 0 and decide_key(self.store, act.propose, COMMIT) == COMMIT else 0
+            if confirm(e.world.all, mine) == act.propose:
+                prep = self.companion.prep
+                self.companion = None
+                self._switch(prep, {})
+            else:
+                self._abandon()
+
+    def _abandon(self) -> None:
+        self.companion.abandon()
+        self.companion = None
+
+    def _prepare(self, g: int, step_s: float) -> None:
+        spec = GenerationSpec.fetch(self.store, g)
+        pace = Pace(self.config.prepare.companion_share, step_s)
+        self.companion = Companion(self._preparation(spec, store=self._side_store(), active=self.engine.world,
+                                                     pace=pace), self.binding)
+        self._side_user = self.companion
+        self.preparing_since = time.time()
+        self.companion.start()
 
     def _switch(self, prep: Preparation, extra: dict[str, Any]) -> None:
         old = self.engine
@@ -290,6 +304,17 @@ class Member:
             put(self.store, f"saved/{g}", {"path": str(path), "step": e.step})
         e.world.destroy()
         self.engine = None
+
+
+def step_line(p: Progress, mfu: float | None, device: torch.device) -> str:
+    """One line per step, as torchtitan prints it (memory and MFU where there is a GPU)."""
+    line = (f"step: {p.step:<5d} loss: {p.loss:.4f}  grad_norm: {p.grad_norm:.4f}  "
+            f"tps: {p.tokens_per_s:,.0f}  time: {p.step_s * 1e3:.1f}ms")
+    if device.type == "cuda":
+        line += f"  memory: {torch.cuda.max_memory_reserved(device) / 2**30:.2f}GiB"
+    if mfu is not None:
+        line += f"  mfu: {mfu:.1%}"
+    return line + f"  gen: {p.generation} {p.parallel}" + ("  (preparing)" if p.preparing else "")
 
 
 def warm_process(cpu_step: bool = False) -> None:

@@ -1,0 +1,282 @@
+"""Live handoffs: joiners warm up on a mock world, companions build the Shadow World, and the
+ranks switch at the first iteration boundary after every one is ready, unless the controller
+withdrew the generation first: rank 0's commit and the controller's withdrawal are one
+compare-and-set on ``decision/{g}`` (``liver.protocol.store.decide``), so whichever comes first
+holds and neither side waits to learn it.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+from liver.agent.node import Starter, Worker
+from liver.agent.priority import background
+from liver.controller.base import Controller, forked_workers
+from liver.controller.events import Event
+from liver.controller.phases import PENDING, Phase, Trigger
+from liver.controller.records import switch_metrics
+from liver.engine.trainer import state_specs
+from liver.planner.plan import plan_transfer
+from liver.protocol.messages import Failure, GenerationSpec, read_if
+from liver.protocol.store import COMMIT, WITHDRAW, decide, decided, get, publish_plan
+from liver.topology import Layout
+
+
+class LiveController(Controller):
+    mode = "live"
+
+    def starter(self, backend: str) -> Starter:
+        return forked_workers(backend, joiners=True)
+
+    def __init__(self, *args: Any, **kw: Any) -> None:
+        super().__init__(*args, **kw)
+        self.pending: GenerationSpec | None = None
+        self.members: list[int] = []  # every process of the old and the pending generation
+
+    def run(self) -> dict[str, Any]:
+        """The loop in a thread of its own at idle CPU priority: on a node whose cores the ranks
+        keep busy, its polling and planning take only the time they leave (the store it serves
+        runs in a thread made before, at normal priority). The caller's thread keeps its own."""
+        box: dict[str, Any] = {}
+
+        def loop() -> None:
+            background()
+            try:
+                box["report"] = Controller.run(self)
+            except BaseException as e:  # raised again in the caller's thread
+                box["error"] = e
+
+        t = threading.Thread(target=loop, name="liver-controller")
+        t.start()
+        try:
+            while t.is_alive():
+                t.join(0.2)
+        except KeyboardInterrupt:
+            self.interrupted = True  # the loop ends, stopping the workers, and reports
+            t.join()
+        if "error" in box:
+            raise box["error"]
+        return box["report"]
+
+    def tick(self) -> None:
+        if self.phase is Phase.STABLE:
+            with self.lock:
+                ev = self._head_triggered()
+                if ev is not None:
+                    self.queue.popleft()
+            if ev is not None:
+                self._begin(ev)
+        elif self.phase in PENDING:
+            self._notice_during_prepare()
+            if self.phase in PENDING:
+                self._watch_prepare()
+        elif self.phase is Phase.SWITCH:
+            self._watch_switch()
+        elif self.phase is Phase.CLEANUP:
+            self._watch_cleanup()
+
+    # ---- starting a handoff ----------------------------------------------------------------
+    def _begin(self, ev: Event) -> None:
+        if ev.kind == "scale-out":
+            self.lost_slots.clear()  # the event reports capacity: slots lost earlier may be back
+        try:
+            h = self._handling(ev)
+        except ValueError as e:
+            return self._refuse(ev, e)
+        self.current = h
+        self.go(Trigger.BEGIN)
+        self._launch()
+
+    def _launch(self) -> None:
+        h, old = self.current, self.active
+        rec = h.record
+        h.joiners = self.agent.new_proc_ids(len(h.join_slots))
+        for p, s in zip(h.joiners, h.join_slots):
+            self.slot_of[p] = s
+        new_procs = [p for p in old.procs if p not in h.leaving] + h.joiners
+        t0 = time.perf_counter()
+        plan = plan_transfer(Layout(self.job.model, old.parallel, self.job.train),
+                             Layout(self.job.model, h.target, self.job.train),
+                             state_specs(self.job), list(old.procs), new_procs)
+        self.gen += 1
+        spec = GenerationSpec(generation=self.gen, parallel=h.target, procs=tuple(plan.placement),
+                              old_generation=old.generation, old_parallel=old.parallel,
+                              old_procs=old.procs, kind=h.event.kind)
+        publish_plan(self.store, self.gen, plan)  # before the spec: a worker that sees one finds both
+        spec.publish(self.store)
+        rec.update(generation=self.gen, plan_s=time.perf_counter() - t0, bytes_moved=plan.bytes_moved,
+                   bytes_moved_identity_placement=plan.bytes_moved_identity,
+                   max_rank_bytes_in=max(plan.rank_bytes_in.values(), default=0),
+                   max_rank_bytes_out=max(plan.rank_bytes_out.values(), default=0),
+                   joiners=h.joiners, leaving=h.leaving, procs=plan.placement)
+        rec.setdefault("attempts", []).append({"generation": self.gen, "t": time.time(), "joiners": h.joiners})
+        for p in h.joiners:
+            self.agent.start(p, self.slot_of[p], "joiner", self.gen)
+        for p in h.leaving:
+            self.agent.workers[p].leaving = True
+        self.pending = spec
+        self.members = sorted(set(old.procs) | set(plan.placement))
+        self._wish(wanted=self.gen)
+        self.phase_log("prepare", generation=self.gen, event=h.event.kind, old=rec["old"], new=rec["new"],
+                       joiners=h.joiners, leaving=h.leaving, bytes_moved=plan.bytes_moved)
+
+    # ---- while it prepares -----------------------------------------------------------------
+    def _watch_prepare(self) -> None:
+        h, g, now = self.current, self.pending.generation, time.time()
+        rec = h.record
+        if decided(self.store, g) == COMMIT:  # rank 0 committed: the ranks are switching
+            return self._committed()
+        failure = self._failure(g)
+        if failure is not None:
+            return self._withdraw_then(lambda: self._cancel(f"process {failure.proc} could not prepare generation "
+                                                            f"{g}: {failure.error}", replan=False))
+        if self.phase is Phase.PREPARE:
+            if self.store.check([f"ready/{g}/{p}" for p in self.members]):  # one round trip
+                self._mark_ready(now)
+            elif now - h.attempt_started > self.cfg.controller.prepare_timeout_s:
+                why = f"not ready after {self.cfg.controller.prepare_timeout_s:g} s"
+                return self._withdraw_then(lambda: self._cancel(why, replan=False))
+        if h.event.deadline_s is not None:
+            left = h.deadline_at - now
+            if left < max(0.25 * h.event.deadline_s, self._expected_handoff_s()) and not h.forced:
+                h.forced = True  # the fastest safe path: finish preparing in the foreground
+                self._wish(wanted=g, force=g)
+                self.phase_log("deadline-near", generation=g, seconds_left=round(left, 3))
+            if left < 0:
+                rec["deadline_met"] = False
+                for p in h.leaving:  # the provider takes the GPUs now
+                    if self.agent.workers[p].returncode is None:
+                        self.agent.workers[p].leaving = False
+                        self.agent.kill(p)
+                        self.phase_log("preempted", proc=p)
+                        return self._fail_stop([self.agent.workers[p]])
+
+    def _mark_ready(self, now: float) -> None:
+        rec = self.current.record
+        rec["t_ready"] = now
+        rec["prepare_s"] = now - self.current.attempt_started
+        self.go(Trigger.READY)
+        self.phase_log("ready", generation=self.pending.generation, prepare_s=round(rec["prepare_s"], 4))
+
+    def _failure(self, g: int) -> Failure | None:
+        for p in self.members:
+            f = read_if(self.store, Failure.key(g, p), Failure)
+            if f is not None:
+                return f
+        return None
+
+    def _expected_handoff_s(self) -> float:
+        """Time a handoff without cold processes took before (prepare + switch); 1 s if none yet."""
+        past = [r["prepare_s"] + r["switch_s"] for r in self.records
+                if r.get("status") == "done" and not r.get("joiners") and "switch_s" in r]
+        return max(past) if past else 1.0
+
+    def _committed(self) -> None:
+        """Rank 0 committed the pending generation: from here it is the switch, whatever comes."""
+        if self.phase is Phase.PREPARE:  # committed between two polls of the ready keys
+            g = self.pending.generation
+            self._mark_ready(max(get(self.store, f"ready/{g}/{p}") for p in self.members))
+        self.go(Trigger.COMMIT)
+        self.phase_log("commit", generation=self.pending.generation)
+
+    def _withdraw_then(self, dropped) -> bool:
+        """Withdraw the pending generation: True (and ``dropped()`` called) where the withdrawal
+        holds, so no rank can switch to it any more; False where rank 0 had committed it first:
+        the switch goes on, and whatever wanted the withdrawal waits for its end."""
+        g = self.pending.generation
+        if decide(self.store, g, WITHDRAW) == WITHDRAW:
+            self._wish()
+            dropped()
+            return True
+        self._committed()
+        return False
+
+    def _notice_during_prepare(self) -> None:
+        """A preemption notice must not wait behind a scale-out that has not switched yet: the
+        pending scale-out is re-planned to the smaller total (or dropped, and the scale-in goes
+        first). Nothing was committed, so nothing is lost."""
+        with self.lock:
+            head = self._head_triggered()
+            if head is None or head.kind != "scale-in" or self.current is None \
+                    or self.current.event.kind != "scale-out":
+                return
+            self.queue.popleft()
+        h, n_active = self.current, len(self.active.procs)
+        notice = {"event": head.to_dict(), "arrived": self._arrival(head), "t_event": time.time()}
+        if decide(self.store, self.pending.generation, WITHDRAW) != WITHDRAW:
+            with self.lock:  # the scale-out is switching: the notice is next
+                self.queue.appendleft(head)
+            return self._committed()
+        self._wish()
+        if head.gpus > n_active:  # still a scale-out, to fewer GPUs
+            h.event.gpus, h.event.parallel = head.gpus, head.parallel
+            self.records.append({**notice, "status": f"merged into the pending scale-out (now to {head.gpus})"})
+            return self._cancel(f"scale-in notice to {head.gpus} GPUs", replan=True)
+        self._cancel(f"scale-in notice to {head.gpus} GPUs", replan=False)
+        if head.gpus < n_active:
+            self._begin(head)
+        else:
+            self.records.append({**notice, "status": "done: the job already has that many GPUs once the pending "
+                                 "scale-out is dropped"})
+
+    def _cancel(self, why: str, replan: bool) -> None:
+        """The pending generation went stale and its withdrawal holds: drop it (the Active World
+        never changed) and re-plan, or close the event."""
+        h = self.current
+        for p in h.joiners:
+            self.agent.kill(p)
+        for p in h.leaving:
+            self.agent.workers[p].leaving = False
+        h.record["attempts"][-1]["cancelled"] = why
+        self.phase_log("cancelled", generation=self.pending.generation, why=why)
+        ev = h.event
+        if replan and ev.kind == "scale-out":
+            ev.gpus = min(ev.gpus, self.cfg.slots - len(self.lost_slots))
+            if ev.parallel is not None and ev.parallel.world_size != ev.gpus:
+                ev.parallel = None  # the named configuration no longer fits: the controller chooses
+        try:
+            if not replan:
+                raise ValueError(why)
+            fresh = self._handling(ev)
+        except ValueError as e:
+            return self._close(f"cancelled: {why}; {e}" if replan else f"cancelled: {why}", Trigger.CANCEL)
+        h.target, h.leaving, h.join_slots, h.forced = fresh.target, fresh.leaving, fresh.join_slots, False
+        h.record["new"], h.record["gpus"] = fresh.target.short(), ev.gpus
+        self.go(Trigger.REPLAN)
+        self._launch()
+
+    def _joiner_died(self, w: Worker) -> None:
+        super()._joiner_died(w)
+        if self.current is None or self.phase not in PENDING or w.proc not in self.pending.procs:
+            return  # (during the switch, the old ranks' transfer fails: a fail-stop follows)
+        self.lost_slots.add(w.slot)
+        self._withdraw_then(lambda: self._cancel(f"joiner {w.proc} (slot {w.slot}) died during Prepare", replan=True))
+
+    # ---- the switch and after ----------------------------------------------------------------
+    def _watch_switch(self) -> None:
+        g = self.pending.generation
+        done = self._collect(g, list(self.pending.procs))
+        if done is None:
+            return
+        h = self.current
+        rec = h.record
+        old_procs = [p for p in self.members if p not in self.pending.procs]
+        leavers = {p: r for p in old_procs if (r := get(self.store, f"switch/{g}/{p}"))}
+        rec.update(switch_metrics(done, leavers))
+        if h.event.deadline_s is not None:
+            rec["deadline_met"] = rec["switch_end"] <= h.deadline_at
+        self.active, self.pending = self.pending, None
+        self.go(Trigger.SWITCHED)
+        self.phase_log("switch", generation=self.active.generation, switch_s=round(rec["switch_s"], 4),
+                       transfer_s=round(rec["transfer_s"], 4))
+
+    def _watch_cleanup(self) -> None:
+        h = self.current
+        leaving = [self.agent.workers[p] for p in h.leaving]
+        if all(w.returncode is not None for w in leaving) or time.time() - h.record["switch_end"] > 30:
+            for w in leaving:
+                self.agent.kill(w.proc)
+            self._close("done", Trigger.CLEANED)
+            self.phase_log("cleanup", generation=self.active.generation)

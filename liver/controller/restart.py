@@ -1,0 +1,105 @@
+"""The stop-and-restart baseline: each event by stop (DCP save at a boundary), new processes,
+DCP load with resharding. New processes as torchrun starts them: fresh interpreters (boot,
+imports, first use); ``restart-forked`` gives them the agent's zygote too."""
+
+from __future__ import annotations
+
+import shutil
+import threading
+import time
+
+from liver.agent.interpreter import FreshInterpreters
+from liver.agent.node import Starter
+from liver.controller.base import Controller, forked_workers
+from liver.controller.events import Event
+from liver.controller.phases import Phase, Trigger
+from liver.controller.records import least
+from liver.protocol.store import get
+
+
+class RestartController(Controller):
+    mode = "restart"
+
+    def starter(self, backend: str) -> Starter:
+        return FreshInterpreters()
+
+    def tick(self) -> None:
+        if self.phase is Phase.STABLE:
+            with self.lock:
+                head = self.queue[0] if self.queue else None
+                if head is not None and head.at_step is not None and head.at_step > self.step \
+                        and not head.announced:
+                    # a step trigger is known ahead: stop exactly after that step
+                    self._wish(stop_at=head.at_step)
+                    head.announced = True
+                ev = self._head_triggered()
+                if ev is not None:
+                    self.queue.popleft()
+            if ev is not None:
+                self._begin(ev)
+        elif self.phase is Phase.STOP:
+            self._watch_stop()
+        elif self.phase is Phase.START:
+            self._watch_start()
+
+    def _begin(self, ev: Event) -> None:
+        try:
+            h = self._handling(ev)
+        except ValueError as e:
+            self._wish()
+            return self._refuse(ev, e)
+        self.current = h
+        if not ev.announced:
+            self._wish(stop_at=self.step + 1)
+        for p in h.leaving:
+            self.agent.workers[p].leaving = True
+        self.go(Trigger.STOP)
+        self.phase_log("stop", event=ev.kind, old=h.record["old"], new=h.record["new"])
+
+    def _watch_stop(self) -> None:
+        g = self.active.generation
+        saved = get(self.store, f"saved/{g}")
+        if saved is None or any(self.agent.workers[p].returncode is None for p in self.active.procs):
+            return
+        h = self.current
+        rec = h.record
+        stops = self._collect(g, list(self.active.procs), "stopped") or {}
+        rec["save_s"] = max((r["save_s"] for r in stops.values()), default=0.0)
+        rec["digest_before"] = next((r["digest_before"] for r in stops.values() if "digest_before" in r), None)
+        rec["digest_before_s"] = least(stops.values(), "digest_before_s")
+        rec["stopped_at"] = time.time()
+        rec["checkpoint"] = saved["path"]
+        slots = [self.slot_of[p] for p in self.active.procs if p not in h.leaving] + h.join_slots
+        self.go(Trigger.SAVED)
+        self._start_generation(h.target, sorted(slots), saved["path"], "restart")
+        rec["generation"] = self.gen
+
+    def _watch_start(self) -> None:
+        done = self._collect(self.gen, list(self.active.procs))
+        if done is None:
+            return
+        h = self.current
+        rec = h.record
+        rec["digest_after"] = next((r["digest_after"] for r in done.values() if "digest_after" in r), None)
+        rec["digest_after_s"] = least(done.values(), "digest_after_s")
+        rec["process_start_s"] = max(r["imported"] for r in done.values()) - rec["stopped_at"]
+        rec["group_init_s"] = max(r["timings"]["group_init_s"] for r in done.values())
+        rec["load_s"] = max(r["timings"].get("load_s", 0.0) + r["timings"]["build_s"] for r in done.values())
+        if h.event.deadline_s is not None:
+            rec["deadline_met"] = rec["stopped_at"] <= h.deadline_at
+        # every new process has loaded it: the handoff checkpoint is not needed any more (one
+        # model's state on disk at a time; off the critical path)
+        threading.Thread(target=shutil.rmtree, args=(rec["checkpoint"],), kwargs={"ignore_errors": True},
+                         daemon=True).start()
+        self._close("done", Trigger.STARTED)
+        self.phase_log("start", generation=self.gen, load_s=round(rec["load_s"], 4))
+
+
+class ForkedRestartController(RestartController):
+    """The baseline given the agent's zygote too: its new processes are forked from a template
+    that imported everything once, so a restart pays no interpreter boot and imports."""
+
+    mode = "restart-forked"
+
+    def starter(self, backend: str) -> Starter:
+        return forked_workers(backend, joiners=False)

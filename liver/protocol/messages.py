@@ -1,0 +1,110 @@
+"""The messages of the control protocol, typed; converted to and from JSON at the store only
+(``write``/``read``), with ``liver.config.fields`` checking every field's type on the way in."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import TypeVar
+
+import torch.distributed as dist
+
+from liver.config.fields import from_dict, to_dict
+from liver.topology import ParallelConfig
+
+GENERATION_KINDS = ("start", "restart", "recover", "scale-out", "scale-in", "reshape")
+
+M = TypeVar("M")
+
+
+def write(store: dist.Store, key: str, message: object) -> None:
+    store.set(key, json.dumps(to_dict(message)))
+
+
+def read(store: dist.Store, key: str, cls: type[M]) -> M:
+    """Blocking read of ``key`` as a ``cls`` (waits for the key up to the store's timeout)."""
+    return from_dict(cls, json.loads(store.get(key)), key)
+
+
+def read_if(store: dist.Store, key: str, cls: type[M]) -> M | None:
+    return read(store, key, cls) if store.check([key]) else None
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class GenerationSpec:
+    """One generation: its configuration, and which process holds each of its ranks. A handoff's
+    spec also names the generation it comes from; a spec started from a checkpoint names it."""
+
+    generation: int
+    parallel: ParallelConfig
+    procs: tuple[int, ...]                  # procs[r]: the process that holds rank r
+    kind: str = "start"
+    old_generation: int | None = None
+    old_parallel: ParallelConfig | None = None
+    old_procs: tuple[int, ...] | None = None
+    load_from: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.kind not in GENERATION_KINDS:
+            raise ValueError(f"generation.kind={self.kind!r}: allowed {', '.join(GENERATION_KINDS)}")
+        if len(self.procs) != self.parallel.world_size:
+            raise ValueError(f"generation {self.generation}: {len(self.procs)} processes for "
+                             f"{self.parallel.short()} ({self.parallel.world_size} ranks)")
+
+    @property
+    def key(self) -> str:
+        return f"gen/{self.generation}"
+
+    @staticmethod
+    def fetch(store: dist.Store, g: int) -> "GenerationSpec":
+        return read(store, f"gen/{g}", GenerationSpec)
+
+    def publish(self, store: dist.Store) -> None:
+        write(store, self.key, self)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Wish:
+    """The controller's wish, read by rank 0 at every boundary (``ctl``): prepare ``wanted``
+    (0: nothing), finish preparing ``force`` in the foreground (a deadline), restart mode's stop
+    after step ``stop_at``, the job's end after step ``end_at`` (0: none of these)."""
+
+    wanted: int = 0
+    stop_at: int = 0
+    force: int = 0
+    end_at: int = 0
+
+    KEY = "ctl"
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Progress:
+    """The latest finished step, from rank 0 of the Active World (``progress``)."""
+
+    step: int
+    generation: int
+    loss: float
+    step_s: float
+    time: float
+    parallel: str
+    preparing: bool = False
+    tokens_per_s: float = 0.0
+    grad_norm: float | None = None
+    digest: str | None = None
+    digest_s: float = 0.0
+
+    KEY = "progress"
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Failure:
+    """A process could not prepare a generation (``error/{g}/{proc}``): the pending handoff is
+    cancelled with this reason at once, not at the prepare timeout."""
+
+    proc: int
+    generation: int
+    error: str
+
+    @staticmethod
+    def key(generation: int, proc: int) -> str:
+        return f"error/{generation}/{proc}"

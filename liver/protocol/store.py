@@ -1,0 +1,68 @@
+"""The keys the controller and the workers share, in the job's TCPStore, under ``run/``.
+
+- ``gen/{g}``           the generation spec (``messages.GenerationSpec``)
+- ``plan/{g}``          the transfer plan into generation g (a pickled ``Plan``), made once by the
+                        controller: every process reads it instead of working it out again beside training
+- ``ctl``               the controller's current wish (``messages.Wish``)
+- ``progress``          the latest finished step (``messages.Progress``, rank 0 of the Active World)
+- ``ready/{g}/{proc}``  a process has built and warmed its part of generation g (time)
+- ``error/{g}/{proc}``  a process could not prepare generation g (``messages.Failure``)
+- ``decision/{g}``      whether pending generation g is switched to: "commit" (rank 0 of the Active
+                        World, once every rank is ready) or "withdraw" (the controller); whichever is
+                        written first holds (one compare-and-set), so both sides know, without
+                        waiting, whether a handoff can still happen
+- ``switch/{g}/{proc}`` a process's report of entering generation g (``messages.SwitchReport``,
+                        ``messages.StartReport``)
+- ``stopped/{g}/{proc}``, ``saved/{g}``  restart mode: each process's stop, and the checkpoint written
+"""
+
+from __future__ import annotations
+
+import json
+import pickle
+from typing import Any
+
+import torch.distributed as dist
+
+PREFIX = "run/"
+COMMIT = "commit"
+WITHDRAW = "withdraw"
+
+
+def run_store(store: dist.Store) -> dist.Store:
+    return dist.PrefixStore(PREFIX, store)
+
+
+def put(store: dist.Store, key: str, value: Any) -> None:
+    store.set(key, json.dumps(value))
+
+
+def get(store: dist.Store, key: str, default: Any = None) -> Any:
+    """Non-blocking read: ``default`` when the key does not exist."""
+    if not store.check([key]):
+        return default
+    return json.loads(store.get(key))
+
+
+def decide(store: dist.Store, generation: int, decision: str) -> str:
+    """Propose ``decision`` (COMMIT or WITHDRAW) for pending ``generation``; returns the decision
+    that holds: this one if it was first, else the one written before it."""
+    if decision not in (COMMIT, WITHDRAW):
+        raise ValueError(f"decision={decision!r}: allowed {COMMIT!r}, {WITHDRAW!r}")
+    return store.compare_set(f"decision/{generation}", "", decision).decode()
+
+
+def decided(store: dist.Store, generation: int) -> str | None:
+    """The decision on ``generation`` so far (None: none yet)."""
+    key = f"decision/{generation}"
+    return store.get(key).decode() if store.check([key]) else None
+
+
+def publish_plan(store: dist.Store, g: int, plan: Any) -> None:
+    """The job's own store is written only by its controller and workers (the control endpoint
+    never writes it), so what is unpickled here comes from the controller."""
+    store.set(f"plan/{g}", pickle.dumps(plan, protocol=pickle.HIGHEST_PROTOCOL))
+
+
+def fetch_plan(store: dist.Store, g: int) -> Any:
+    return pickle.loads(store.get(f"plan/{g}"))

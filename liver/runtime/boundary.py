@@ -1,0 +1,67 @@
+"""The worker's decision at an iteration boundary, as a pure function of the consistent cut (the
+same on every rank) and of what this rank's companion has done; ``Member.boundary`` carries it out.
+
+Two decisions need a second step, each again pure: a deadline's forced preparation is followed
+by a second cut (``after_force``), and a proposed switch by rank 0's compare-and-set on the
+decision key, confirmed to every rank (``protocol.cut.confirm``): the controller may have
+withdrawn the generation first.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from liver.protocol.cut import Cut
+
+
+@dataclass(frozen=True, slots=True)
+class Local:
+    """What this rank knows at the boundary, besides the cut."""
+
+    step: int                 # the step just finished
+    generation: int           # its Active World's
+    preparing: int = 0        # the generation its companion prepares (0: none)
+    built: bool = False       # the companion built that generation's groups
+    ready: bool = False       # ... and warmed them: it reported ready
+    defer_warm: bool = False  # the groups' first collectives wait for a boundary (warm = "boundary")
+    checkpoint_due: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Action:
+    stop: bool = False        # restart mode: save a checkpoint here and stop
+    end_at: int = 0           # the controller ends the job after this step (0: not now)
+    abandon: bool = False     # drop the companion's preparation (cancelled or superseded)
+    prepare: int = 0          # start preparing this generation
+    force: bool = False       # a deadline: finish preparing in the foreground, then ``after_force``
+    warm: bool = False        # warm the built groups now, every member together
+    propose: int = 0          # every rank is ready for this generation: propose the switch
+    checkpoint: bool = False  # start a periodic checkpoint
+
+
+def decide(cut: Cut, me: Local) -> Action:
+    if cut.stop_at and me.step >= cut.stop_at:
+        return Action(stop=True)
+    abandon = bool(me.preparing) and cut.wanted != me.preparing
+    preparing = 0 if abandon else me.preparing
+    prepare = force = warm = False
+    if not preparing:
+        prepare = cut.wanted > me.generation
+    elif cut.force == preparing and not cut.switch_to:
+        force = True
+    elif me.defer_warm and me.built and not me.ready and cut.warm_now == preparing:
+        warm = True
+    propose = preparing if preparing and not force and cut.switch_to == preparing else 0
+    # never while the state is handed over, nor while any rank still writes the last one; a forced
+    # boundary decides it after its second cut
+    checkpoint = me.checkpoint_due and not cut.ckpt_busy and not propose and not force
+    return Action(end_at=cut.end_at, abandon=abandon, prepare=cut.wanted if prepare else 0, force=force,
+                  warm=warm, propose=propose, checkpoint=checkpoint)
+
+
+def after_force(second: Cut, preparing: int, checkpoint_due: bool, ckpt_busy: bool) -> Action:
+    """After a forced preparation: ``second`` is the cut of every rank's readiness alone (the
+    controller's wish is the one of the first cut: ``preparing`` is still wanted)."""
+    ready = second.ready_min == second.ready_max == preparing
+    propose = preparing if ready else 0
+    return Action(propose=propose, checkpoint=checkpoint_due and not ckpt_busy and not propose)
