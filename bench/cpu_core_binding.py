@@ -13,7 +13,7 @@ import statistics
 import tempfile
 from pathlib import Path
 
-from liver.agent import cores
+from liver.host import cores
 from liver.config.jobfile import build
 from liver.controller.job import run_job
 
@@ -27,7 +27,7 @@ def once(bind: bool, run_dir: Path) -> list[float]:
     cfg = build({"steps": STEPS, "gpus": 2, "parallel": "1,2,1", "checkpoint": {"every": 0},
                  "agent": {"slots": 2, "quiet": True, "bind_cores": bind},
                  "controller": {"endpoint": False, "end_after_events": None}})
-    rep = run_job(cfg, [], run_dir, log=lambda s: None)
+    rep = run_job(cfg, [], run_dir)
     return [s["step_s"] for s in rep["steps"]][SKIP:]
 
 

@@ -11,7 +11,7 @@ import pickle
 import time
 from pathlib import Path
 
-from liver.engine.trainer import state_specs
+from liver.engine.reference.trainer import state_specs
 from liver.planner.plan import plan_transfer
 from liver.topology import Layout, ParallelConfig
 from liver.topology.presets import preset

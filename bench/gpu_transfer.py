@@ -19,7 +19,7 @@ import torch
 import torch.multiprocessing as mp
 
 from liver.bench.p2p import p2p_bandwidth
-from liver.engine.trainer import state_specs
+from liver.engine.reference.trainer import state_specs
 from liver.planner import plan_transfer
 from liver.resource_view import view
 from liver.resource_view.view import local_shape
@@ -57,7 +57,7 @@ def worker(rank, addr, out_path):
         plan_s = time.perf_counter() - t0
         src = None
         if rank == 0:
-            src = {s.name: reference_shard(s, view(s, old, 0), model, dev) for s in specs}
+            src = {s.name: reference_shard(s, view(s, old, 0), dev) for s in specs}
         state_bytes = sum(s.nbytes for s in specs)
         runs, bad = [], []
         # rep 0 warms the allocator and NCCL's buffers and is left out of the median; reps 1-3
@@ -89,7 +89,7 @@ def worker(rank, addr, out_path):
                          "peak_extra_allocated_bytes": peak_extra})
             if rep in (0, 4, 7):  # each way of running checked against the reference
                 r = plan.placement.index(rank)
-                bad += [s.name for s in specs if not torch.equal(dst[s.name], reference_shard(s, view(s, new, r), model, dev))]
+                bad += [s.name for s in specs if not torch.equal(dst[s.name], reference_shard(s, view(s, new, r), dev))]
             del dst, into, executor
             torch.cuda.empty_cache()
         moved = plan.bytes_moved

@@ -38,7 +38,7 @@ at step 18: scale-in 2 deadline 20s    # preemption notice for two GPUs
 
 # `liver run` flags that set a job-file field (one owner: the field's dataclass has the default)
 FLAG_FIELDS = {"model": "preset", "gpus": "gpus", "parallel": "parallel", "steps": "steps",
-               "backend": "backend", "digest": "digest", "mode": "controller.mode",
+               "backend": "backend", "digest": "digest", "log_rank": "log_rank", "mode": "controller.mode",
                "end_after_events": "controller.end_after_events", "memory_gib": "controller.memory_gib",
                "ckpt_every": "checkpoint.every", "budget_mib": "transfer.budget_mib",
                "mock_steps": "prepare.mock_steps", "warm": "prepare.warm",
@@ -80,6 +80,8 @@ def _run(args: argparse.Namespace) -> int:
     from liver.controller.events import parse_schedule, parse_schedule_text, parse_trace
     from liver.controller.job import run_job
 
+    from liver import logs
+
     cfg = run_config(args)
     cfg = cfg.with_slots(detected_slots(cfg.backend))
     src = cfg.events
@@ -100,6 +102,7 @@ def _run(args: argparse.Namespace) -> int:
     if not (src.trace or src.schedule):
         (run_dir / "events.txt").write_text(DEFAULT_EVENTS)
     (run_dir / "config.json").write_text(json.dumps(to_dict(cfg), indent=1))
+    logs.setup()
     print(f"liver run --mode {cfg.controller.mode}: model {cfg.preset} ({cfg.job.model.num_params():,} parameters), "
           f"{cfg.gpus} of {cfg.slots} slots, {cfg.steps} steps, {len(events)} events, backend {cfg.backend}, "
           f"run dir {run_dir}", flush=True)
@@ -107,6 +110,10 @@ def _run(args: argparse.Namespace) -> int:
                      token=args.token)
     print("\n" + rep.summary(report))
     print(f"report: {run_dir / 'report.json'}\ntimeline: {run_dir / 'timeline.png'}")
+    if report.get("interrupted"):
+        print(f"liver: interrupted (Ctrl-C) at step {report['steps'][-1]['step'] if report['steps'] else 0}; "
+              f"every process stopped, report written", file=sys.stderr)
+        return 130
     bad = [e for e in report["events"] if e.get("digest_equal") is False]
     return 1 if bad else 0
 
@@ -185,6 +192,7 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--digest", nargs="?", const="step",
                    help="state digests: after every step (default when given), or only right before "
                         "and after each handoff (switch: large models)")
+    r.add_argument("--log-rank", type=int, help="the rank whose step line is printed (default 0; -1: every rank)")
     r.add_argument("--budget-mib", type=int, help="staging budget B per rank (MiB, default 512)")
     r.add_argument("--mock-steps", "--warmup-steps", dest="mock_steps", type=int,
                    help="a cold joiner's training steps on its mock world (default 2)")
@@ -243,9 +251,12 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as e:
         print(f"liver: error: {e}", file=sys.stderr)
         return 2
-    except RuntimeError as e:  # the job could not go on (ControllerError, a failed segment)
+    except RuntimeError as e:  # the job could not go on (ControllerError)
         print(f"liver: job failed: {e}", file=sys.stderr)
         return 3
+    except KeyboardInterrupt:  # before the job started, or after it ended
+        print("liver: interrupted", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

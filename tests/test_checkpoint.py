@@ -2,7 +2,7 @@
 
 import pytest
 
-from liver.engine.segment import run_segment
+from segments import run_segment
 from liver.topology import ParallelConfig as P
 
 PAIRS = [

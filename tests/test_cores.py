@@ -10,7 +10,7 @@ import threading
 import pytest
 from hypothesis import given, strategies as st
 
-from liver.agent import cores
+from liver.host import cores
 from liver.cli import main
 
 

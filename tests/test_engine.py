@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import torch
 
-from liver.engine.segment import run_segment
+from segments import run_segment
 from liver.topology import ParallelConfig
 
 CONFIGS = [(1, 1, 1), (2, 1, 1), (1, 2, 1), (1, 1, 2), (2, 2, 1), (2, 1, 2), (1, 2, 2), (2, 2, 2)]
@@ -64,7 +64,7 @@ def test_initial_state_is_layout_independent(pool, tiny_job):
 def test_row_hashes_see_every_bit_and_not_the_split():
     """A row hash changes when any one bit of the row changes; hashing the shards of a split
     tensor gives the rows of the whole, whatever the split."""
-    from liver.engine.state import row_hashes
+    from liver.engine.digest import row_hashes
     g = torch.Generator().manual_seed(3)
     t = torch.randn(6, 10, generator=g)
     whole = row_hashes(t, 1)

@@ -4,8 +4,9 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from liver.controller.events import EventError, parse_schedule, parse_trace
+from liver.engine.reference import ADAPTER
 from liver.controller.target import Hardware, candidates, choose, state_bytes_per_rank
-from liver.topology import JobConfig, Layout, ModelConfig, ParallelConfig, TrainConfig
+from liver.topology import JobConfig, ModelConfig, ParallelConfig, TrainConfig
 
 TRACES = "/work/shared/traces/bamboo"
 
@@ -70,23 +71,23 @@ JOB = JobConfig(model=ModelConfig(num_layers=4, hidden_size=64, num_heads=4, ffn
 @settings(max_examples=30, deadline=None)
 @given(st.integers(1, 16))
 def test_target_choice_is_valid_and_best_by_its_own_estimate(gpus):
-    cands = candidates(JOB, gpus)
+    cands = candidates(ADAPTER, JOB, gpus)
     if not cands:
         with pytest.raises(ValueError, match=f"gpus={gpus}"):
-            choose(JOB, gpus)
+            choose(ADAPTER, JOB, gpus)
         return
-    c = choose(JOB, gpus)
+    c = choose(ADAPTER, JOB, gpus)
     assert c.world_size == gpus
-    Layout(JOB.model, c, JOB.train)
+    ADAPTER.layout(JOB, c)
 
 
 def test_target_choice_respects_memory():
-    need = {c.parallel.short(): state_bytes_per_rank(JOB, c) for c in candidates(JOB, 4)}
+    need = {c.parallel.short(): state_bytes_per_rank(ADAPTER, JOB, c) for c in candidates(ADAPTER, JOB, 4)}
     limit = sorted(need.values())[0]
-    c = choose(JOB, 4, Hardware(memory_bytes=limit))
+    c = choose(ADAPTER, JOB, 4, Hardware(memory_bytes=limit))
     assert need[c.short()] <= limit
     with pytest.raises(ValueError, match="no configuration fits memory_bytes"):
-        choose(JOB, 4, Hardware(memory_bytes=limit - 1))
+        choose(ADAPTER, JOB, 4, Hardware(memory_bytes=limit - 1))
 
 
 def test_warm_mode_auto_resolves_by_backend_and_bad_values_are_refused():

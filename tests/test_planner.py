@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from liver.engine.trainer import state_specs
+from liver.engine.reference.trainer import state_specs
 from liver.planner import identity_placement, plan_transfer
 from liver.resource_view import intersect, view
 from liver.topology import JobConfig, Layout, ModelConfig, ParallelConfig, TrainConfig

@@ -244,3 +244,28 @@ def test_source_killed_at_the_handoff_recovers_from_the_checkpoint(tmp_path):
     assert rec["lost_steps"] == rec["failed_at_step"] - rec["restored_step"]
     assert rec["digest_after"] == [s for s in rep["steps"] if s["step"] == rec["restored_step"]][0]["digest"]
     assert rep["steps"][-1]["step"] == 60
+
+
+@pytest.mark.timeout(300)
+def test_ctrl_c_ends_the_job_with_one_line_and_its_report(tmp_path):
+    """SIGINT to the whole process group, as a terminal sends it: the job stops every process,
+    writes report.json and timeline.png, and says so in one line; no traceback anywhere."""
+    import subprocess
+    import sys
+    run_dir = tmp_path / "run"
+    p = subprocess.Popen([sys.executable, "-m", "liver.cli", "run", "--run-dir", str(run_dir), "--steps", "100000",
+                          "--end-after-events", "-1"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         env=dict(os.environ, OMP_NUM_THREADS="1"), start_new_session=True)
+    try:
+        wait_for(lambda: len(steps_of(run_dir)) > 8, what="steps")
+        os.killpg(p.pid, signal.SIGINT)
+        out, err = p.communicate(timeout=120)
+    finally:
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGKILL)
+    assert p.returncode == 130, err
+    assert err.strip().splitlines() == [err.strip()] and "interrupted (Ctrl-C)" in err
+    assert "Traceback" not in out + err
+    rep = json.loads((run_dir / "report.json").read_text())
+    assert rep["interrupted"] is True and (run_dir / "timeline.png").exists()
+    assert all(not x["alive"] for x in procs(run_dir))

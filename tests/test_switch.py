@@ -9,9 +9,10 @@ import torch
 import torch.distributed as dist
 
 from liver.checkpoint import dcp as ckpt
-from liver.engine.segment import run_segment
-from liver.engine.state import state_digest
-from liver.engine.trainer import Engine, state_specs
+from segments import run_segment
+from liver.engine.digest import state_digest
+from liver.engine.reference import ADAPTER
+from liver.engine.reference.trainer import Engine, state_specs
 from liver.planner import plan_transfer
 from liver.runtime.switch import switch
 from liver.transfer import StreamingExecutor
@@ -41,7 +42,7 @@ def handoff(*, store_addr, namespace, rank, job, old, new, old_procs, new_procs,
     transfer = Group.create(store, "gen1/transfer", members, rank, "gloo", cpu, timedelta(seconds=60))
     w1 = World.build(store, 1, new_l, plan.placement.index(rank)) if rank in plan.placement else None
     executor = StreamingExecutor(plan, state_specs(jc), rank, transfer, 1 << 16, cpu)
-    new_engine, info = switch(job=jc, old=engine, new_world=w1, executor=executor, device=cpu)
+    new_engine, info = switch(adapter=ADAPTER, job=jc, old=engine, new_world=w1, executor=executor, device=cpu)
     if engine is not None:
         engine.world.destroy()
     if new_engine is not None:

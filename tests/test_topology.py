@@ -4,6 +4,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from liver.engine.reference import ADAPTER
 from liver.topology import JobConfig, Layout, ModelConfig, ParallelConfig, TrainConfig, default_split
 
 
@@ -70,10 +71,11 @@ T = TrainConfig(global_batch=8, micro_batch=2)
 
 
 @pytest.mark.parametrize("build, words", [
-    (lambda: Layout(M, ParallelConfig(tp=3), T), ["tp=3", "num_heads=4"]),
-    (lambda: Layout(ModelConfig(num_layers=2, hidden_size=32, num_heads=8, ffn_size=36, vocab_size=64),
-                    ParallelConfig(tp=8), T), ["tp=8", "ffn_size=36"]),
-    (lambda: Layout(M, ParallelConfig(tp=8), T), ["tp=8"]),
+    (lambda: ADAPTER.layout(JobConfig(model=M, train=T), ParallelConfig(tp=3)), ["tp=3", "num_heads=4"]),
+    (lambda: ADAPTER.layout(JobConfig(model=ModelConfig(num_layers=2, hidden_size=32, num_heads=8, ffn_size=36,
+                                                        vocab_size=64), train=T), ParallelConfig(tp=8)),
+     ["tp=8", "ffn_size=36"]),
+    (lambda: ADAPTER.layout(JobConfig(model=M, train=T), ParallelConfig(tp=8)), ["tp=8"]),
     (lambda: Layout(M, ParallelConfig(pp=5), T), ["pp=5", "num_layers=4"]),
     (lambda: Layout(M, ParallelConfig(pp=2, layers_per_stage=(1, 2)), T), ["layers_per_stage", "sums to 3"]),
     (lambda: Layout(M, ParallelConfig(tp=2, pp=2, dp=1), T, world_size=8), ["world_size=8", "tp*pp*dp"]),

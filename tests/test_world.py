@@ -12,7 +12,7 @@ from datetime import timedelta
 import pytest
 import torch
 
-from liver.engine.trainer import Engine
+from liver.engine.reference.trainer import Engine
 from liver.topology import JobConfig, Layout, ModelConfig, ParallelConfig, TrainConfig
 from liver.world.world import World, connect_store, make_store
 
@@ -86,3 +86,35 @@ def test_shadow_generation_builds_while_old_one_trains():
     assert [o["gen1_sum"] for o in outs] == [60.0, 60.0, 60.0]
     assert [o["gen0_sum"] for o in outs[:2]] == [3.0, 3.0]
     assert all(o["steps_during_build"] >= 1 for o in outs[:2])
+
+
+def _mesh_case(*, store_addr, namespace, rank, placement):
+    """Generation 1 renumbers the processes (process p holds rank placement.index(p)); its mesh's
+    coordinates are the generation's, its axes are the World's groups, and a DTensor works on it."""
+    import torch.distributed as dist
+    from torch.distributed.tensor import DTensor, Replicate, Shard
+
+    torch.set_num_threads(1)
+    store = dist.PrefixStore(namespace + "/", connect_store(store_addr))
+    layout = Layout(JOB.model, ParallelConfig(tp=2, dp=2), TrainConfig(global_batch=4, micro_batch=1))
+    r = placement.index(rank)
+    w = World.build(store, 1, layout, r, procs=placement)
+    mesh = w.mesh()
+    c = layout.coord(r)
+    out = {"coordinate": tuple(mesh.get_coordinate()), "expected": (c.pp, c.dp, c.tp),
+           "tp_is_world_tp": mesh.get_group("tp") is w.tp.pg, "dp_is_world_dp": mesh.get_group("dp") is w.dp.pg}
+    local = torch.tensor([float(r)])
+    full = DTensor.from_local(local, mesh, [Replicate(), Replicate(), Shard(0)], run_check=False).full_tensor()
+    out["full"] = full.tolist()
+    out["tp_peers"] = [float(m) for m in layout.tp_group(r)]
+    w.destroy()
+    return out
+
+
+def test_world_mesh_has_the_generations_coordinates_and_groups(pool):
+    placement = [2, 0, 3, 1]  # new rank -> process
+    out = pool.run(_mesh_case, [dict(rank=p, placement=placement) for p in range(4)])
+    for o in out:
+        assert o["coordinate"] == o["expected"]
+        assert o["tp_is_world_tp"] and o["dp_is_world_dp"]
+        assert o["full"] == o["tp_peers"]  # gathered over the World's own tp group

@@ -7,11 +7,13 @@ import signal
 import pytest
 
 from liver.agent.zygote import ForkedWorkers, Zygote
+from liver.engine.interface import DEFAULT_ENGINE
+from liver.runtime.preload import CPU_PRELOAD, ENTRY
 
 
 @pytest.fixture
 def zygote():
-    z = Zygote()
+    z = Zygote(CPU_PRELOAD, (DEFAULT_ENGINE,))
     yield z
     z.close()
 
@@ -19,7 +21,7 @@ def zygote():
 def test_a_failing_worker_reports_its_exit_status_and_its_traceback(zygote, tmp_path):
     log = tmp_path / "w.log"
     pid = zygote.start(str(tmp_path / "no-such-spec.json"), {"PATH": os.environ.get("PATH", "")}, str(log),
-                      quiet=True, idle=False)
+                      quiet=True, idle=False, entry=ENTRY)
     assert pid > 0 and pid != zygote.process.pid
     assert zygote.exit_status(pid, 60) == 1
     assert "no-such-spec.json" in log.read_text()
@@ -27,7 +29,7 @@ def test_a_failing_worker_reports_its_exit_status_and_its_traceback(zygote, tmp_
 
 def test_workers_are_forked_from_one_template_and_exit_statuses_are_not_mixed(zygote, tmp_path):
     pids = [zygote.start(str(tmp_path / f"missing{i}.json"), {}, str(tmp_path / f"w{i}.log"), quiet=True,
-                        idle=i == 1) for i in range(3)]
+                        idle=i == 1, entry=ENTRY) for i in range(3)]
     assert len(set(pids)) == 3
     assert [zygote.exit_status(p, 60) for p in pids] == [1, 1, 1]
     for i in range(3):
@@ -35,16 +37,16 @@ def test_workers_are_forked_from_one_template_and_exit_statuses_are_not_mixed(zy
 
 
 def test_a_dead_template_is_a_clear_error_not_a_hang(tmp_path):
-    z = Zygote()
+    z = Zygote(CPU_PRELOAD, (DEFAULT_ENGINE,))
     os.kill(z.process.pid, signal.SIGKILL)
     z.process.wait()
     with pytest.raises(RuntimeError, match="zygote .* ended"):
-        z.start(str(tmp_path / "s.json"), {}, str(tmp_path / "w.log"), quiet=True, idle=False)
+        z.start(str(tmp_path / "s.json"), {}, str(tmp_path / "w.log"), quiet=True, idle=False, entry=ENTRY)
     z.close()
 
 
 def test_closing_ends_the_template(tmp_path):
-    z = Zygote()
+    z = Zygote(CPU_PRELOAD, (DEFAULT_ENGINE,))
     z.close()
     assert z.process.returncode == 0
 
@@ -63,7 +65,7 @@ def test_ready_once_the_template_has_imported(zygote):
 
 @pytest.mark.skipif(not hasattr(os, "SCHED_IDLE"), reason="no SCHED_IDLE here")
 def test_cold_joiners_fork_from_an_idle_priority_template_ranks_from_a_normal_one(tmp_path):
-    w = ForkedWorkers()
+    w = ForkedWorkers(CPU_PRELOAD, ENTRY, (DEFAULT_ENGINE,))
     try:
         w.ranks.wait_ready()
         w.joiners.wait_ready()

@@ -1,4 +1,4 @@
-"""Fresh interpreters: each worker a new ``python -m liver.runtime.member SPEC`` process, as torchrun
+"""Fresh interpreters: each worker a new ``python -m MODULE SPEC`` process, as torchrun
 starts them, paying the interpreter's boot, its imports and first-use costs. The way the restart
 baseline starts processes (``liver run --mode restart``: stop-and-restart as done today); the node
 agent's own way is the zygote (``liver.agent.zygote``), which ``--mode restart-forked`` gives the
@@ -9,17 +9,19 @@ from __future__ import annotations
 import subprocess
 import sys
 
-from liver.agent.priority import background
+from liver.host.priority import background
 
 
 class FreshInterpreters:
-    def __init__(self) -> None:
+    def __init__(self, module: str) -> None:
+        """``module``: what each worker runs (``python -m module SPEC``)."""
+        self.module = module
         self._procs: dict[int, subprocess.Popen] = {}
 
     def start(self, spec_path: str, env: dict[str, str], log_path: str, quiet: bool, idle: bool) -> int:
-        """A new interpreter running ``liver.runtime.member`` on ``spec_path``; returns its pid."""
+        """A new interpreter running the worker module on ``spec_path``; returns its pid."""
         with open(log_path, "w") as log:
-            p = subprocess.Popen([sys.executable, "-m", "liver.runtime.member", spec_path], env=env,
+            p = subprocess.Popen([sys.executable, "-m", self.module, spec_path], env=env,
                                  stdout=log if quiet else None, stderr=log, preexec_fn=background if idle else None)
         self._procs[p.pid] = p
         return p.pid

@@ -43,7 +43,7 @@ class NodeAgent:
     def __init__(self, run_dir: Path, slots: int, base_spec: dict[str, Any], starter: Starter,
                  quiet: bool = False, cores: dict[int, list[int]] | None = None) -> None:
         """``base_spec``: what every worker's spec holds; ``starter``: how it makes processes;
-        ``cores``: slot -> the cores its worker is bound to (``liver.agent.cores``), or None."""
+        ``cores``: slot -> the cores its worker is bound to (``liver.host.cores``), or None."""
         self.cores = cores
         self.run_dir = run_dir
         self.quiet = quiet  # worker output to its log file only

@@ -1,5 +1,5 @@
 """Zygote: the node agent's template worker. When the agent starts, one process imports torch and
-the worker's modules (``liver.agent.preload``); every worker is then forked from it, so a worker's
+the worker's modules (its preload, an import string: ``liver.runtime.preload``); every worker is then forked from it, so a worker's
 start costs a fork instead of an interpreter boot and its imports (about 2 s of CPU on the CI
 machine). A cold joiner thus spends next to nothing beside the training it joins on a shared node,
 and a restart's new processes start as fast as the agent can make them.
@@ -12,7 +12,7 @@ Each worker applies its own environment, priority and log file before it runs it
 (``liver.runtime.member``). The template exits when the agent closes the request pipe.
 
 ``Zygote`` (below) is the agent's side of one template, ``ForkedWorkers`` the agent's starter
-(a template for ranks and one at idle priority for cold joiners); ``python -m liver.agent.zygote REQ_FD REPLY_FD [no-]cpu-step``
+(a template for ranks and one at idle priority for cold joiners); ``python -m liver.agent.zygote REQ_FD REPLY_FD MODULE:PRELOAD [ARG ...]``
 the template.
 """
 
@@ -30,7 +30,7 @@ import time
 import traceback
 from typing import Any
 
-from liver.agent.priority import background
+from liver.host.priority import background
 
 START_TIMEOUT_S = 120.0  # the first fork waits for the template's imports
 
@@ -39,14 +39,14 @@ class Zygote:
     """The agent's handle: starts the template, forks workers from it, learns their exits. A
     ``Starter`` (``liver.agent.node``), like ``FreshInterpreters``."""
 
-    def __init__(self, cpu_step: bool = True, idle: bool = False) -> None:
-        """``cpu_step``: the template rehearses a training step on the CPU (CPU workers only: see
-        ``liver.agent.preload``); ``idle``: the template, and so each fork and every worker it
-        makes, runs at idle CPU priority."""
+    def __init__(self, preload: str, args: tuple[str, ...] = (), idle: bool = False) -> None:
+        """``preload``: ``module:function`` the template runs once, with ``args``, before it forks
+        (the imports and warm-ups every worker shares; it must leave the template single-threaded); ``idle``:
+        the template, and so each fork and every worker it makes, runs at idle CPU priority."""
         req_r, self._req_w = os.pipe()
         self._reply_r, reply_w = os.pipe()
         self.process = subprocess.Popen([sys.executable, "-m", "liver.agent.zygote", str(req_r), str(reply_w),
-                                         "cpu-step" if cpu_step else "no-cpu-step"],
+                                         preload, *args],
                                         pass_fds=(req_r, reply_w), stdin=subprocess.DEVNULL,
                                         preexec_fn=background if idle else None)
         os.close(req_r)
@@ -83,7 +83,7 @@ class Zygote:
                                    f"exit {self.process.poll()}; its output is on the agent's stderr")
 
     def start(self, spec_path: str, env: dict[str, str], log_path: str, quiet: bool, idle: bool,
-             entry: str = "liver.runtime.member:main") -> int:
+              entry: str) -> int:
         """A new worker running ``entry`` (``module:function``, called with ``spec_path`` and its
         start times) : stderr (and stdout when ``quiet``) to ``log_path``, environment exactly
         ``env``, idle priority when ``idle``. Returns its pid."""
@@ -136,14 +136,18 @@ class ForkedWorkers:
     CPU for a template that imported torch): a joiner's must come out of idle time, not out of
     the training steps it joins; a rank's must not wait for idle time."""
 
-    def __init__(self, cpu_step: bool = True, joiners: bool = True) -> None:
-        self.ranks = Zygote(cpu_step)
-        self.joiners = Zygote(cpu_step, idle=True) if joiners else None
+    def __init__(self, preload: str, entry: str, args: tuple[str, ...] = (), joiners: bool = True) -> None:
+        """``preload``, ``entry``: import strings (``module:function``) of the templates' warm-up
+        (called with ``args``) and of each worker's entry point (called with its spec's path and
+        its start times)."""
+        self.entry = entry
+        self.ranks = Zygote(preload, args)
+        self.joiners = Zygote(preload, args, idle=True) if joiners else None
         self._of: dict[int, Zygote] = {}
 
     def start(self, spec_path: str, env: dict[str, str], log_path: str, quiet: bool, idle: bool) -> int:
         z = self.joiners if idle and self.joiners is not None else self.ranks
-        pid = z.start(spec_path, env, log_path, quiet, idle)
+        pid = z.start(spec_path, env, log_path, quiet, idle, self.entry)
         self._of[pid] = z
         return pid
 
@@ -162,9 +166,14 @@ def _status(raw: int) -> int:
     return -os.WTERMSIG(raw) if os.WIFSIGNALED(raw) else os.WEXITSTATUS(raw)
 
 
-def _serve(req_fd: int, reply_fd: int, cpu_step: bool) -> None:
-    from liver.agent.preload import warm_template
-    warm_template(cpu_step)  # the imports every worker shares
+def _serve(req_fd: int, reply_fd: int, preload: str, args: list[str]) -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # a Ctrl-C is the agent's to handle: it stops the workers
+    module, function = preload.split(":")
+    getattr(importlib.import_module(module), function)(*args)  # the imports every worker shares
+    threads = len(os.listdir("/proc/self/task")) if os.path.isdir("/proc/self/task") else 1
+    if threads != 1:
+        raise RuntimeError(f"the zygote has {threads} threads after its preload {preload}; a fork would copy "
+                           "only one of them")
     wake_r, wake_w = os.pipe()
     os.set_blocking(wake_w, False)
     signal.signal(signal.SIGCHLD, lambda *_: None)
@@ -236,6 +245,6 @@ def _child(req: dict[str, Any], inherited: tuple[int, ...]) -> None:
 
 if __name__ == "__main__":
     try:
-        _serve(int(sys.argv[1]), int(sys.argv[2]), sys.argv[3] == "cpu-step")
+        _serve(int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4:])
     except BrokenPipeError:  # the agent went away (a job refused while the template booted): done
         os._exit(0)

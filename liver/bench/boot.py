@@ -18,21 +18,24 @@ from pathlib import Path
 from typing import Any
 
 from liver.agent.zygote import Zygote
+from liver.engine.interface import DEFAULT_ENGINE
+from liver.runtime.preload import CPU_PRELOAD
 
 
 def joiner_warmup(spec_path: str, boot: dict[str, float] | None = None) -> None:
     """The worker: a joiner's work up to its Shadow World (``liver.runtime.member`` ``join``)."""
     import torch
 
+    from liver.engine.reference import ADAPTER
     from liver.runtime.mock import warm_up
-    from liver.topology import Layout, ParallelConfig
+    from liver.topology import ParallelConfig
     from liver.topology.presets import preset
 
     spec = json.loads(Path(spec_path).read_text())
     torch.set_num_threads(1)
     job = preset(spec["model"])
-    layout = Layout(job.model, ParallelConfig.parse(spec["parallel"]), job.train)
-    warm_up(job, layout, 0, "gloo", torch.device("cpu"), spec["warmup_steps"], generation=1)
+    layout = ADAPTER.layout(job, ParallelConfig.parse(spec["parallel"]))
+    warm_up(ADAPTER, job, layout, 0, "gloo", torch.device("cpu"), spec["warmup_steps"], generation=1)
     Path(spec["out"]).write_text(json.dumps({"cpu_s": time.process_time(), "done": time.time()}))
 
 
@@ -56,7 +59,7 @@ def run(repeats: int = 5, model: str = "tiny", parallel: str = "1,1,2", warmup_s
         raise ValueError(f"--repeats={repeats}: allowed a positive count")
     base = run_dir or Path(tempfile.mkdtemp(prefix="liver-bench-boot-"))
     base.mkdir(parents=True, exist_ok=True)
-    z = Zygote()
+    z = Zygote(CPU_PRELOAD, (DEFAULT_ENGINE,))
     z.wait_ready()  # its own imports are not a joiner's cost: the agent starts it with the job
     samples: dict[str, list[dict[str, float]]] = {"fresh interpreter": [], "forked from the zygote": []}
     try:

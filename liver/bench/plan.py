@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import time
 
-from liver.engine.trainer import state_specs
+from liver.engine.reference.trainer import state_specs
 from liver.planner.plan import plan_transfer
 from liver.topology import JobConfig, Layout, ModelConfig, ParallelConfig, TrainConfig
 

@@ -63,7 +63,7 @@ def _once(name: str, first: str, action: str, mode: str, steps: int, calm: int, 
     cfg = build({"preset": "tiny", "steps": calm + 2 * cycles * gap + steps + 1000, "gpus": initial.world_size,
                  "parallel": first, "checkpoint": {"every": 0}, "agent": {"slots": slots, "quiet": True},
                  "controller": {"mode": mode, "endpoint": False, "end_after_events": steps}})
-    rep = run_job(cfg, events, run_dir, {"scenario": name}, log=lambda s: None)
+    rep = run_job(cfg, events, run_dir, {"scenario": name})
     for e in rep["events"]:
         if e["status"] != "done" or "downtime_s" not in e:
             raise RuntimeError(f"{name} ({mode}): event {e['status']}; see {run_dir}")

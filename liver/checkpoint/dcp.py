@@ -17,7 +17,7 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Shard
 
-from liver.engine.trainer import Engine
+from liver.engine.interface import TrainingEngine as Engine
 
 SCALARS = "scalars"
 
@@ -76,5 +76,5 @@ def load(engine: Engine, path: str | Path) -> float:
         if local.data_ptr() != t.data_ptr():
             t.copy_(local)
     engine.load_scalars(sd[SCALARS])
-    engine.refresh_params()
+    engine.refresh()
     return time.perf_counter() - t0

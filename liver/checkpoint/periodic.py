@@ -19,7 +19,7 @@ from typing import Any
 import torch.distributed.checkpoint as dcp
 
 from liver.checkpoint.dcp import _state_dict
-from liver.engine.trainer import Engine
+from liver.engine.interface import TrainingEngine as Engine
 
 LATEST = "latest.json"
 

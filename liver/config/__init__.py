@@ -17,7 +17,8 @@ from liver.checkpoint.config import CheckpointConfig
 from liver.controller.config import ControllerConfig
 from liver.controller.events import EventsConfig
 from liver.runtime.config import PrepareConfig
-from liver.topology import JobConfig, Layout, ParallelConfig
+from liver.engine.interface import DEFAULT_ENGINE, EngineAdapter, load_adapter
+from liver.topology import JobConfig, ParallelConfig
 from liver.topology.presets import PRESETS
 from liver.transfer.config import TransferConfig
 
@@ -28,11 +29,14 @@ MAX_STEPS = 10**9
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class RunConfig:
-    """- ``preset``: the named job whose model and training options ``job`` starts from.
+    """- ``engine``: the training engine, by import path (``liver.engine.interface``).
+    - ``preset``: the named job whose model and training options ``job`` starts from.
     - ``steps``: train at most this many steps; ``gpus``: processes at the start.
     - ``parallel``: the first configuration (unset: the controller chooses for ``gpus``).
-    - ``digest``: state digests after every "step", or right before and after each "switch"."""
+    - ``digest``: state digests after every "step", or right before and after each "switch".
+    - ``log_rank``: the rank (of each generation) whose step line is printed; -1: every rank's."""
 
+    engine: str = DEFAULT_ENGINE
     preset: str = "tiny"
     job: JobConfig = field(default_factory=JobConfig)
     steps: int = 5000
@@ -40,6 +44,7 @@ class RunConfig:
     parallel: ParallelConfig | None = None
     backend: str = "gloo"
     digest: str | None = None
+    log_rank: int = 0
     events: EventsConfig = field(default_factory=EventsConfig)
     transfer: TransferConfig = field(default_factory=TransferConfig)
     prepare: PrepareConfig = field(default_factory=PrepareConfig)
@@ -48,6 +53,7 @@ class RunConfig:
     agent: AgentConfig = field(default_factory=AgentConfig)
 
     def __post_init__(self) -> None:
+        load_adapter(self.engine)
         if self.preset not in PRESETS:
             raise ValueError(f"preset={self.preset!r}: allowed {', '.join(map(repr, PRESETS))}")
         if self.backend not in BACKENDS:
@@ -56,6 +62,8 @@ class RunConfig:
             raise ValueError(f"digest={self.digest!r}: allowed {', '.join(map(repr, DIGESTS))} or unset")
         if isinstance(self.steps, bool) or not isinstance(self.steps, int) or not 1 <= self.steps <= MAX_STEPS:
             raise ValueError(f"steps={self.steps!r}: allowed 1 to {MAX_STEPS}")
+        if isinstance(self.log_rank, bool) or not isinstance(self.log_rank, int) or self.log_rank < -1:
+            raise ValueError(f"log_rank={self.log_rank!r}: allowed a rank (0 or more), or -1 for every rank")
         slots = self.agent.slots
         if isinstance(self.gpus, bool) or not isinstance(self.gpus, int) or self.gpus < 1 or \
                 (slots is not None and self.gpus > slots):
@@ -64,7 +72,7 @@ class RunConfig:
             if self.parallel.world_size != self.gpus:
                 raise ValueError(f"parallel={self.parallel.short()}: tp*pp*dp={self.parallel.world_size} "
                                  f"but gpus={self.gpus}")
-            Layout(self.job.model, self.parallel, self.job.train)
+            self.adapter.layout(self.job, self.parallel)
 
     @property
     def slots(self) -> int:
@@ -78,6 +86,10 @@ class RunConfig:
         if self.agent.slots is not None:
             return self
         return replace(self, agent=replace(self.agent, slots=detected))
+
+    @property
+    def adapter(self) -> EngineAdapter:
+        return load_adapter(self.engine)
 
     @property
     def warm(self) -> str:

@@ -9,6 +9,7 @@ A value of the wrong type, or a key no field has, is refused with ``ValueError``
 from __future__ import annotations
 
 import dataclasses
+import functools
 import types
 import typing
 from typing import Any, Mapping, TypeVar
@@ -57,11 +58,16 @@ def _convert(tp: Any, value: Any, where: str) -> Any:
     raise TypeError(f"{where}: field type {tp!r} has no conversion")  # a config class's own mistake
 
 
+@functools.cache
+def _fields(cls: type) -> tuple[dict[str, Any], tuple[str, ...]]:
+    """A class's resolved field types and init field names (resolving is slow: once per class)."""
+    return typing.get_type_hints(cls), tuple(f.name for f in dataclasses.fields(cls) if f.init)
+
+
 def from_dict(cls: type[T], data: Mapping[str, Any], where: str) -> T:
     """``cls(**data)`` with every field's type checked and nested tables converted; ``where`` is the
     section's name in messages (``"transfer"``)."""
-    hints = typing.get_type_hints(cls)
-    names = [f.name for f in dataclasses.fields(cls) if f.init]
+    hints, names = _fields(cls)
     unknown = [k for k in data if k not in names]
     if unknown:
         raise ValueError(f"{_join(where, unknown[0])}: no such field; allowed: {', '.join(names)}")

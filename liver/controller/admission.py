@@ -11,7 +11,8 @@ from typing import Iterable
 from liver.config import RunConfig
 from liver.controller import target
 from liver.controller.events import Event, EventError
-from liver.topology import JobConfig, Layout, ParallelConfig
+from liver.engine.interface import EngineAdapter
+from liver.topology import JobConfig, ParallelConfig
 
 
 def hardware_of(cfg: RunConfig) -> target.Hardware:
@@ -20,7 +21,8 @@ def hardware_of(cfg: RunConfig) -> target.Hardware:
     return target.Hardware(memory_bytes=gib * 2**30 if gib is not None else None)
 
 
-def admit(ev: Event, n_before: int, usable_slots: int, job: JobConfig, hardware: target.Hardware) -> ParallelConfig:
+def admit(ev: Event, n_before: int, usable_slots: int, adapter: EngineAdapter, job: JobConfig,
+          hardware: target.Hardware) -> ParallelConfig:
     """The target of ``ev`` for a job that will have ``n_before`` GPUs when it comes; EventError
     (a ValueError) naming the source, the field and what is allowed."""
     if ev.kind == "scale-out" and ev.gpus <= n_before:
@@ -36,9 +38,9 @@ def admit(ev: Event, n_before: int, usable_slots: int, job: JobConfig, hardware:
         raise EventError(f"{ev.source}: gpus={ev.gpus} exceeds the {usable_slots} usable slots")
     try:
         if ev.parallel is not None:
-            Layout(job.model, ev.parallel, job.train)
+            adapter.layout(job, ev.parallel)
             return ev.parallel
-        return target.choose(job, ev.gpus, hardware)
+        return target.choose(adapter, job, ev.gpus, hardware)
     except ValueError as e:
         raise EventError(f"{ev.source}: {e}") from None
 
@@ -46,10 +48,10 @@ def admit(ev: Event, n_before: int, usable_slots: int, job: JobConfig, hardware:
 def check_schedule(cfg: RunConfig, events: Iterable[Event]) -> ParallelConfig:
     """The first configuration, and every event of the schedule admitted in order (each against
     the GPUs the ones before it leave). Returns the first configuration."""
-    hw = hardware_of(cfg)
-    first = cfg.parallel or target.choose(cfg.job, cfg.gpus, hw)
+    hw, adapter = hardware_of(cfg), cfg.adapter
+    first = cfg.parallel or target.choose(adapter, cfg.job, cfg.gpus, hw)
     n = cfg.gpus
     for ev in events:
-        admit(ev, n, cfg.slots, cfg.job, hw)
+        admit(ev, n, cfg.slots, adapter, cfg.job, hw)
         n = ev.gpus
     return first

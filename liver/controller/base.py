@@ -11,14 +11,14 @@ the job restarts from the latest periodic checkpoint on the slots it still has.
 from __future__ import annotations
 
 import collections
-import json
 import pickle
 import threading
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
-from liver.agent import cores
+from liver import logs
+from liver.host import cores
 from liver.agent.node import NodeAgent, Starter, Worker
 from liver.agent.zygote import ForkedWorkers
 from liver.checkpoint.periodic import latest
@@ -31,11 +31,12 @@ from liver.controller.events import Event, parse_action
 from liver.controller.phases import PENDING, Phase, Trigger, advance
 from liver.controller.records import Handling, least, new_record
 from liver.protocol import store as protocol
-from liver.protocol.messages import GenerationSpec, Progress, Wish, read_if, write
+from liver.protocol.messages import GenerationSpec, Progress, Wish, read, read_if, write
 from liver.protocol.store import get
 from liver.protocol.worker import WorkerConfig
-from liver.runtime.companion import rehearse
-from liver.topology import Layout, ParallelConfig
+from liver.runtime import preload
+from liver.topology import ParallelConfig
+from liver.transfer.rehearsal import rehearse
 from liver.world.world import make_store
 
 
@@ -43,17 +44,17 @@ class ControllerError(RuntimeError):
     pass
 
 
-def forked_workers(backend: str, joiners: bool) -> ForkedWorkers:
+def forked_workers(backend: str, engine: str, joiners: bool) -> ForkedWorkers:
     """Workers forked from the agent's zygote (and cold ``joiners`` from one at idle priority):
     their imports were done before they were needed (a CPU training step rehearsed too, for CPU
     workers; GPU workers make their own CUDA context after the fork)."""
-    return ForkedWorkers(cpu_step=backend == "gloo", joiners=joiners)
+    return ForkedWorkers(preload.for_backend(backend), preload.ENTRY, (engine,), joiners=joiners)
 
 
 class Controller:
     mode = "base"
 
-    def starter(self, backend: str) -> Starter:
+    def starter(self, backend: str, engine: str) -> Starter:
         """How this mode's node agent makes worker processes."""
         raise NotImplementedError
 
@@ -61,26 +62,26 @@ class Controller:
         """One pass of the mode's handling of the current event."""
         raise NotImplementedError
 
-    def __init__(self, cfg: RunConfig, events: list[Event], run_dir: Path,
-                 log: Callable[[str], None] = print, token: str | None = None) -> None:
+    def __init__(self, cfg: RunConfig, events: list[Event], run_dir: Path, token: str | None = None) -> None:
         """``cfg`` with its slots set (``RunConfig.with_slots``); ``token``: the control endpoint's
         (default: a random one, in the run's control.json)."""
-        self.cfg, self.run_dir, self.log, self.token = cfg, run_dir, log, token
+        self.cfg, self.run_dir, self.token = cfg, run_dir, token
         self.job = cfg.job
+        self.adapter = cfg.adapter
         self.hardware = hardware_of(cfg)
         run_dir.mkdir(parents=True, exist_ok=True)
         (run_dir / "steps.jsonl").write_text("")
         # its first event's planning and pickling, warm before any step runs beside them (on a
         # machine whose cores the controller shares with the workers)
-        pickle.dumps(rehearse())
+        pickle.dumps(rehearse(self.adapter))
         self.master, self.store_addr = make_store()
         self.store = protocol.run_store(self.master)
-        worker = WorkerConfig(job=cfg.job, backend=cfg.backend, steps=cfg.steps, digest=cfg.digest, warm=cfg.warm,
+        worker = WorkerConfig(job=cfg.job, engine=cfg.engine, backend=cfg.backend, steps=cfg.steps, digest=cfg.digest, log_rank=cfg.log_rank, warm=cfg.warm,
                               transfer=cfg.transfer, prepare=cfg.prepare, checkpoint=cfg.checkpoint)
         bind = cfg.agent.bind_cores and cfg.backend == "gloo"
         self.agent = NodeAgent(run_dir, cfg.slots, {"store_addr": self.store_addr, "run_dir": str(run_dir),
                                                     "config": to_dict(worker)},
-                               self.starter(cfg.backend), quiet=cfg.agent.quiet,
+                               self.starter(cfg.backend, cfg.engine), quiet=cfg.agent.quiet,
                                cores=cores.per_slot(cfg.slots, cores.available()) if bind else None)
         self.queue: collections.deque[Event] = collections.deque(events)
         self.lock = threading.Lock()
@@ -97,6 +98,7 @@ class Controller:
         self.end_at = 0  # set when the job ends early (end_after_events)
         self.endpoint: ControlEndpoint | None = None
         self.started_at = time.time()
+        self._last_phase_t = self.started_at
 
     def go(self, trigger: Trigger) -> None:
         """The one way the phase changes (``phases.TRANSITIONS``)."""
@@ -114,12 +116,14 @@ class Controller:
     def run(self) -> dict[str, Any]:
         if self.cfg.controller.endpoint:
             self.endpoint = ControlEndpoint(self.submit, self.status, self.run_dir, token=self.token)
-            self.log(f"control endpoint {self.endpoint.url} (token in {self.run_dir / 'control.json'})")
+            logs.PHASES.info(f"control endpoint {self.endpoint.url} (token in {self.run_dir / 'control.json'})")
         try:
-            parallel = self.cfg.parallel or target.choose(self.job, self.cfg.gpus, self.hardware)
+            parallel = self.cfg.parallel or target.choose(self.adapter, self.job, self.cfg.gpus, self.hardware)
             self._start_generation(parallel, slots=list(range(self.cfg.gpus)), load_from=None, kind="start")
             while not self.finished and not self.interrupted:
-                self.progress = read_if(self.store, Progress.KEY, Progress)
+                # one round trip a tick once the key exists (it is never deleted)
+                self.progress = read(self.store, Progress.KEY, Progress) if self.progress \
+                    else read_if(self.store, Progress.KEY, Progress)
                 if self.progress and self.t_start is None:
                     self.t_start = self.progress.time
                 for w in self.agent.poll():
@@ -129,6 +133,8 @@ class Controller:
                     if self.phase is Phase.STABLE:
                         self._maybe_end()
                 time.sleep(0.01)
+        except KeyboardInterrupt:  # Ctrl-C in this thread: the job ends here, with its report
+            self.interrupted = True
         finally:
             self.agent.shutdown()
             if self.endpoint is not None:
@@ -138,12 +144,12 @@ class Controller:
                 starts = self._collect(rec["generation"], list(GenerationSpec.fetch(self.store, rec["generation"]).procs)) or {}
                 rec["digest_after"] = next((r.get("digest_after") for r in starts.values()), None)
                 rec["digest_after_s"] = least(starts.values(), "digest_after_s")
+        why = "interrupted (Ctrl-C)" if self.interrupted else "training ended"
         if self.current is not None:
-            why = "interrupted (Ctrl-C)" if self.interrupted else "training ended"
             self.current.record["status"] = f"not completed: {why} in phase {self.phase.value}"
             self.records.append(self.current.record)
         for ev in self.queue:
-            self.records.append({"event": ev.to_dict(), "status": "not reached: training ended"})
+            self.records.append({"event": ev.to_dict(), "status": f"not reached: {why}"})
         return {"mode": self.mode, "records": self.records, "wall_s": time.time() - self.started_at,
                 "interrupted": self.interrupted}
 
@@ -172,7 +178,7 @@ class Controller:
 
     def validate(self, ev: Event, n_before: int) -> ParallelConfig:
         """Refuse (ValueError naming the field) what cannot be done; returns the target."""
-        return admit(ev, n_before, self.cfg.slots - len(self.lost_slots), self.job, self.hardware)
+        return admit(ev, n_before, self.cfg.slots - len(self.lost_slots), self.adapter, self.job, self.hardware)
 
     def _head_triggered(self) -> Event | None:
         if not self.queue:
@@ -194,8 +200,7 @@ class Controller:
         old = self.active
         n_old = len(old.procs)
         tgt = self.validate(ev, n_old)
-        old_layout = Layout(self.job.model, old.parallel, self.job.train)
-        new_layout = Layout(self.job.model, tgt, self.job.train)
+        old_layout, new_layout = self.adapter.layout(self.job, old.parallel), self.adapter.layout(self.job, tgt)
         if ev.kind == "reshape" and (new_layout.tp, new_layout.pp, new_layout.dp, new_layout.layers_per_stage) \
                 == (old_layout.tp, old_layout.pp, old_layout.dp, old_layout.layers_per_stage):
             raise ValueError(f"{ev.source}: reshape {tgt.short()}: the job already runs {tgt.short()}")
@@ -240,7 +245,12 @@ class Controller:
         self._wish()
 
     def phase_log(self, what: str, **kw: Any) -> None:
-        self.log("[liver] " + json.dumps({"what": what, **kw}))
+        """A structured line for a phase event (``liver.logs``): with the generation, how long the
+        controller was in the phase it leaves, and the step the job is at."""
+        now = time.time()
+        logs.phase(what, **{"generation": self.gen, **kw, "step": self.step,
+                            "since_last_s": round(now - self._last_phase_t, 4)})
+        self._last_phase_t = now
 
     # ---- failures ------------------------------------------------------------------------
     def _exited(self, w: Worker) -> None:
@@ -260,7 +270,7 @@ class Controller:
             self._joiner_died(w)
 
     def _joiner_died(self, w: Worker) -> None:
-        self.log(f"[liver] process {w.proc} (slot {w.slot}, {w.role}) died: {self.agent.log_tail(w.proc, 300)!r}")
+        logs.PHASES.warning(f"process {w.proc} (slot {w.slot}, {w.role}) died: {self.agent.log_tail(w.proc, 300)!r}")
 
     def _fail_stop(self, dead: list[Worker]) -> None:
         """A rank vanished: stop everyone, restart from the latest checkpoint on the slots left."""
@@ -278,7 +288,7 @@ class Controller:
         ck = latest(self.run_dir / "ckpt")
         n = len(survivors)
         old = self.active.parallel
-        parallel = old if old.world_size == n else target.choose(self.job, n, self.hardware, current=old)
+        parallel = old if old.world_size == n else target.choose(self.adapter, self.job, n, self.hardware, current=old)
         if self.current is not None:  # the event in flight: re-queued if it still applies
             ev = self.current.event
             try:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from liver.config import RunConfig
 from liver.controller import report as rep
@@ -14,13 +14,14 @@ from liver.controller.events import Event
 
 
 def run_job(cfg: RunConfig, events: list[Event], run_dir: Path, meta: dict[str, Any] | None = None,
-            log: Callable[[str], None] = print, token: str | None = None) -> dict[str, Any]:
+            token: str | None = None) -> dict[str, Any]:
     """``cfg`` with its slots set. Everything is checked before any process starts."""
     check_schedule(cfg, events)
     run_dir.mkdir(parents=True, exist_ok=True)
-    ctl = CONTROLLERS[cfg.controller.mode](cfg, events, run_dir, log=log, token=token)
+    ctl = CONTROLLERS[cfg.controller.mode](cfg, events, run_dir, token=token)
     result = ctl.run()
     report = rep.build(run_dir, result, {"params": cfg.job.model.num_params(), "backend": cfg.backend,
+                                         "interrupted": result["interrupted"],
                                          "slots": cfg.slots, "job": cfg.job.to_dict(), **(meta or {})})
     (run_dir / "report.json").write_text(json.dumps(report, indent=1))
     rep.timeline(report, run_dir / "timeline.png")

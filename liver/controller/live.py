@@ -12,23 +12,21 @@ import time
 from typing import Any
 
 from liver.agent.node import Starter, Worker
-from liver.agent.priority import background
+from liver.host.priority import background
 from liver.controller.base import Controller, forked_workers
 from liver.controller.events import Event
 from liver.controller.phases import PENDING, Phase, Trigger
 from liver.controller.records import switch_metrics
-from liver.engine.trainer import state_specs
 from liver.planner.plan import plan_transfer
 from liver.protocol.messages import Failure, GenerationSpec, read_if
 from liver.protocol.store import COMMIT, WITHDRAW, decide, decided, get, publish_plan
-from liver.topology import Layout
 
 
 class LiveController(Controller):
     mode = "live"
 
-    def starter(self, backend: str) -> Starter:
-        return forked_workers(backend, joiners=True)
+    def starter(self, backend: str, engine: str) -> Starter:
+        return forked_workers(backend, engine, joiners=True)
 
     def __init__(self, *args: Any, **kw: Any) -> None:
         super().__init__(*args, **kw)
@@ -40,6 +38,7 @@ class LiveController(Controller):
         keep busy, its polling and planning take only the time they leave (the store it serves
         runs in a thread made before, at normal priority). The caller's thread keeps its own."""
         box: dict[str, Any] = {}
+        done = threading.Event()  # (not Thread.is_alive: a Ctrl-C inside join() can make it lie)
 
         def loop() -> None:
             background()
@@ -47,15 +46,15 @@ class LiveController(Controller):
                 box["report"] = Controller.run(self)
             except BaseException as e:  # raised again in the caller's thread
                 box["error"] = e
+            finally:
+                done.set()
 
-        t = threading.Thread(target=loop, name="liver-controller")
-        t.start()
-        try:
-            while t.is_alive():
-                t.join(0.2)
-        except KeyboardInterrupt:
-            self.interrupted = True  # the loop ends, stopping the workers, and reports
-            t.join()
+        threading.Thread(target=loop, name="liver-controller", daemon=True).start()
+        while not done.is_set():
+            try:
+                done.wait(0.2)
+            except KeyboardInterrupt:
+                self.interrupted = True  # the loop ends, stopping the workers, and reports
         if "error" in box:
             raise box["error"]
         return box["report"]
@@ -97,9 +96,8 @@ class LiveController(Controller):
             self.slot_of[p] = s
         new_procs = [p for p in old.procs if p not in h.leaving] + h.joiners
         t0 = time.perf_counter()
-        plan = plan_transfer(Layout(self.job.model, old.parallel, self.job.train),
-                             Layout(self.job.model, h.target, self.job.train),
-                             state_specs(self.job), list(old.procs), new_procs)
+        plan = plan_transfer(self.adapter.layout(self.job, old.parallel), self.adapter.layout(self.job, h.target),
+                             self.adapter.state_specs(self.job), list(old.procs), new_procs)
         self.gen += 1
         spec = GenerationSpec(generation=self.gen, parallel=h.target, procs=tuple(plan.placement),
                               old_generation=old.generation, old_parallel=old.parallel,

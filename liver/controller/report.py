@@ -175,7 +175,8 @@ def build(run_dir: Path, result: dict[str, Any], meta: dict[str, Any]) -> dict[s
 
 
 def summary(report: dict[str, Any]) -> str:
-    rows = [f"{'#':>2}  {'event':<28} {'old -> new':<26} {'downtime':>9} {'prepare':>8} {'moved':>10}  status"]
+    rows = [f"{'#':>2}  {'event':<28} {'old -> new':<26} {'at step':>7} {'switched':>8} {'downtime':>9} "
+            f"{'prepare':>8} {'moved':>10}  status"]
     for i, e in enumerate(report["events"], 1):
         ev = e["event"]
         what = ev["kind"] + (f" {ev['gpus']}" if ev.get("gpus") else "")
@@ -190,11 +191,18 @@ def summary(report: dict[str, Any]) -> str:
             status += ", digest " + ("equal" if e["digest_equal"] else "DIFFERENT")
         if e.get("deadline_met") is not None:
             status += ", deadline " + ("met" if e["deadline_met"] else "MISSED")
-        rows.append(f"{i:>2}  {what:<28} {move:<26} {dt:>9} {pr:>8} {mv:>10}  {status}")
+        # the step the event arrived after, and the last step on the old generation (switched after)
+        at = str(e["step_at_event"]) if e.get("step_at_event") is not None else str(e.get("failed_at_step", "-"))
+        sw = str(e["last_old_step"]) if e.get("last_old_step") is not None else "-"
+        rows.append(f"{i:>2}  {what:<28} {move:<26} {at:>7} {sw:>8} {dt:>9} {pr:>8} {mv:>10}  {status}")
     so = report.get("steady_overhead")
     rows.append(f"steps: {len(report['steps'])}, wall {report['wall_s']:.1f} s, steady-state overhead "
                 + (f"{so:+.2%} over {report.get('steps_preparing', 0)} steps while preparing"
                    if so is not None else "n/a"))
+    if so is not None and so < 0:
+        rows.append("  (negative: the steps beside a preparation ran faster than the steps before it. The "
+                    "preparation costs less than step times vary by themselves on a shared machine; "
+                    "`liver bench reconfig` measures that variation with a placebo and gives intervals)")
     cpu = max((e.get("prepare_cpu_s") or 0.0 for e in report["events"]), default=0.0)
     if cpu:  # what a preparation itself took from a training process, apart from the machine's noise
         rows.append(f"preparation's own CPU time, busiest training process: up to {cpu * 1e3:.1f} ms per event")

@@ -14,14 +14,15 @@ from liver.controller.base import Controller, forked_workers
 from liver.controller.events import Event
 from liver.controller.phases import Phase, Trigger
 from liver.controller.records import least
+from liver.runtime import preload
 from liver.protocol.store import get
 
 
 class RestartController(Controller):
     mode = "restart"
 
-    def starter(self, backend: str) -> Starter:
-        return FreshInterpreters()
+    def starter(self, backend: str, engine: str) -> Starter:
+        return FreshInterpreters(preload.FRESH_MODULE)
 
     def tick(self) -> None:
         if self.phase is Phase.STABLE:
@@ -101,5 +102,5 @@ class ForkedRestartController(RestartController):
 
     mode = "restart-forked"
 
-    def starter(self, backend: str) -> Starter:
-        return forked_workers(backend, joiners=False)
+    def starter(self, backend: str, engine: str) -> Starter:
+        return forked_workers(backend, engine, joiners=False)

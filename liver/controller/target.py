@@ -10,8 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from liver.engine.trainer import state_specs
-from liver.resource_view.view import box_numel, view
+from liver.engine.interface import EngineAdapter
 from liver.topology import JobConfig, Layout, ParallelConfig
 
 
@@ -23,18 +22,9 @@ class Hardware:
     memory_bytes: float | None = None  # per GPU; None: no limit (CPU)
 
 
-def state_bytes_per_rank(job: JobConfig, layout: Layout) -> int:
-    """fp32 master + moments, the compute copy and the gradients of the largest rank."""
-    worst = 0
-    compute = 2 if job.compute_dtype == "bf16" else 4
-    for rank in range(layout.size):
-        n = 0
-        for s in state_specs(job):
-            b = view(s, layout, rank)
-            if b is not None:
-                n += box_numel(b) * (4 + (compute + 4 if s.kind == "param" else 0))
-        worst = max(worst, n)
-    return worst
+def state_bytes_per_rank(adapter: EngineAdapter, job: JobConfig, layout: Layout) -> int:
+    """The largest rank's memory for its state and compute copies (the engine's own count)."""
+    return adapter.max_rank_bytes(job, layout)
 
 
 def step_time(job: JobConfig, layout: Layout, hw: Hardware) -> float:
@@ -51,7 +41,7 @@ def step_time(job: JobConfig, layout: Layout, hw: Hardware) -> float:
     return compute * bubble + tp_bytes / hw.tp_bandwidth + dp_bytes / hw.dp_bandwidth
 
 
-def candidates(job: JobConfig, gpus: int) -> list[Layout]:
+def candidates(adapter: EngineAdapter, job: JobConfig, gpus: int) -> list[Layout]:
     out = []
     for tp in range(1, gpus + 1):
         if gpus % tp:
@@ -60,27 +50,27 @@ def candidates(job: JobConfig, gpus: int) -> list[Layout]:
             if (gpus // tp) % pp:
                 continue
             try:
-                out.append(Layout(job.model, ParallelConfig(tp=tp, pp=pp, dp=gpus // (tp * pp)), job.train))
+                out.append(adapter.layout(job, ParallelConfig(tp=tp, pp=pp, dp=gpus // (tp * pp))))
             except ValueError:
                 continue
     return out
 
 
-def choose(job: JobConfig, gpus: int, hw: Hardware = Hardware(),
+def choose(adapter: EngineAdapter, job: JobConfig, gpus: int, hw: Hardware = Hardware(),
            current: ParallelConfig | None = None) -> ParallelConfig:
     """The best valid configuration for ``gpus`` GPUs; ValueError naming why none exists."""
     if gpus < 1:
         raise ValueError(f"gpus={gpus}: allowed a positive GPU count")
-    cands = candidates(job, gpus)
+    cands = candidates(adapter, job, gpus)
     if not cands:
         raise ValueError(f"gpus={gpus}: no tp*pp*dp={gpus} is valid for this model and batch "
                          f"(heads {job.model.num_heads}, layers {job.model.num_layers}, global batch "
                          f"{job.train.global_batch}, micro batch {job.train.micro_batch})")
     if hw.memory_bytes is not None:
-        fit = [c for c in cands if state_bytes_per_rank(job, c) <= hw.memory_bytes]
+        fit = [c for c in cands if state_bytes_per_rank(adapter, job, c) <= hw.memory_bytes]
         if not fit:
             raise ValueError(f"gpus={gpus}: no configuration fits memory_bytes={hw.memory_bytes:.3g} "
-                             f"per GPU (smallest needs {min(state_bytes_per_rank(job, c) for c in cands):.3g})")
+                             f"per GPU (smallest needs {min(state_bytes_per_rank(adapter, job, c) for c in cands):.3g})")
         cands = fit
 
     def distance(c: Layout) -> int:

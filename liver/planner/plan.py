@@ -16,6 +16,7 @@ from typing import Callable, Iterator, NamedTuple
 import numpy as np
 
 from liver.resource_view.spec import TensorSpec
+from liver.resource_view.table import LayoutView, RankView
 from liver.resource_view.view import Box, box_numel, view
 from liver.topology.layout import Layout
 
@@ -65,8 +66,8 @@ class _Columns(NamedTuple):
 
 @dataclass
 class Plan:
-    old: Layout
-    new: Layout
+    old: Layout | RankView
+    new: Layout | RankView
     placement: list[int]  # new rank -> process
     old_procs: list[int]  # old rank -> process
     by_layer: dict[int, list[_Columns]]  # columnar; TransferTasks are built on demand
@@ -223,16 +224,22 @@ def _check(old: Layout, new: Layout, old_procs: list[int], new_procs: list[int],
             raise ValueError("placement: a process hosts at most one new rank")
 
 
-def plan_transfer(old: Layout, new: Layout, specs: list[TensorSpec], old_procs: list[int],
+def plan_transfer(old: Layout | RankView, new: Layout | RankView, specs: list[TensorSpec], old_procs: list[int],
                   new_procs: list[int], *, placement: list[int] | None = None,
                   optimize_placement: bool = True, pause: Callable[[], None] | None = None) -> Plan:
-    """Plan the move of every tensor in ``specs`` from ``old`` to ``new``.
+    """Plan the move of every tensor in ``specs`` from ``old`` to ``new``: two Layouts (the
+    analytic planner, over (stage, tp) classes), or any Resource View on either side, a box table
+    (``planner.views``).
 
     ``old_procs[r]`` is the process of old rank r; ``new_procs`` the processes of the new world.
     Without an explicit ``placement`` the planner chooses the one that moves fewest bytes
     (``optimize_placement``) or the identity one. Raises ValueError before anything moves.
     ``pause``, if given, is called between geometry groups (a companion's pace).
     """
+    if not (isinstance(old, Layout) and isinstance(new, Layout)):
+        from liver.planner.views import plan_views
+        return plan_views(_as_view(old), _as_view(new), specs, old_procs, new_procs, placement=placement,
+                          optimize_placement=optimize_placement, pause=pause)
     _check(old, new, old_procs, new_procs, placement)
     groups = _geometry_groups(specs)
     overlap = _class_overlap(old, new, groups)
@@ -315,6 +322,10 @@ def plan_transfer(old: Layout, new: Layout, specs: list[TensorSpec], old_procs: 
     nz_in, nz_out = np.nonzero(received)[0], np.nonzero(sent)[0]
     return Plan(old, new, list(placement), list(old_procs), by_layer, moved, moved_ident,
                 {int(p): int(received[p]) for p in nz_in}, {int(p): int(sent[p]) for p in nz_out})
+
+
+def _as_view(v: Layout | RankView) -> RankView:
+    return LayoutView(v) if isinstance(v, Layout) else v
 
 
 def _cross(old: Layout, new: Layout, spec: TensorSpec) -> list[tuple[int, int, Box, Box, int, bool]]:

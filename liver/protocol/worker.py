@@ -13,6 +13,7 @@ from pathlib import Path
 
 from liver.checkpoint.config import CheckpointConfig
 from liver.config.fields import from_dict, to_dict
+from liver.engine.interface import DEFAULT_ENGINE, EngineAdapter, load_adapter
 from liver.runtime.config import PrepareConfig
 from liver.topology import JobConfig
 from liver.transfer.config import TransferConfig
@@ -24,12 +25,18 @@ ROLES = ("start", "joiner")
 class WorkerConfig:
     job: JobConfig
     backend: str
+    engine: str = DEFAULT_ENGINE
     steps: int
     digest: str | None = None
+    log_rank: int = 0
     warm: str = "background"  # resolved for the backend ("auto" never reaches a worker)
     transfer: TransferConfig = field(default_factory=TransferConfig)
     prepare: PrepareConfig = field(default_factory=PrepareConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+
+    @property
+    def adapter(self) -> EngineAdapter:
+        return load_adapter(self.engine)
 
     def __post_init__(self) -> None:
         if self.warm not in ("background", "boundary"):

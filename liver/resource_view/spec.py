@@ -23,7 +23,7 @@ class TensorSpec:
     dtype: str
     layer: int
     shard_dim: int | None
-    kind: str = "param"  # "param" (fp32 master), "exp_avg", "exp_avg_sq"
+    kind: str = "param"  # the engine's name for what it is: "param", or an optimizer state's kind
     param: str = ""
 
     @property
@@ -38,16 +38,3 @@ class TensorSpec:
     def itemsize(self) -> int:
         return DTYPE_BYTES[self.dtype]
 
-
-OPTIMIZER_KINDS = ("exp_avg", "exp_avg_sq")
-
-
-def with_adam_state(params: list[TensorSpec]) -> list[TensorSpec]:
-    """Parameters followed by their AdamW moments, all fp32 (master state)."""
-    out: list[TensorSpec] = []
-    for p in params:
-        out.append(p)
-        for kind in OPTIMIZER_KINDS:
-            out.append(TensorSpec(f"{p.name}.{kind}", p.shape, "float32", p.layer, p.shard_dim,
-                                  kind=kind, param=p.name))
-    return out

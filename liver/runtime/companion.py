@@ -25,39 +25,21 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from liver.agent.cores import Binding, available
-from liver.engine.trainer import state_specs
+from liver.host.cores import Binding, available
+from liver.engine.interface import EngineAdapter
 from liver.transfer.executor import StreamingExecutor
-from liver.planner.plan import Plan, plan_transfer
-from liver.runtime.mock import MockGroup
+from liver.planner.plan import Plan
 from liver.runtime.pace import Pace
 from liver.protocol.messages import Failure, GenerationSpec, write
 from liver.protocol.store import fetch_plan, put
-from liver.topology import JobConfig, Layout, ParallelConfig
-from liver.topology.presets import preset
+from liver.topology import JobConfig, Layout
 from liver.world.group import Group, init_once, warm_once
 from liver.world.sharing import Sharing
 from liver.world.world import World
 
 
-def layouts(job: JobConfig, spec: GenerationSpec) -> tuple[Layout, Layout]:
-    return Layout(job.model, spec.old_parallel, job.train), Layout(job.model, spec.parallel, job.train)
-
-
-def rehearse() -> Plan:
-    """Plan a small reshape (placement search included) and work out both processes' schedules,
-    communicating nothing: the first real preparation (or the controller's first plan) then finds
-    the planner's and the executor's code, imports and caches warm, instead of paying for them
-    beside the running steps (bench/results/issue4-prepare-first-use: the first 1B plan +
-    schedule 16 ms -> 9-12 ms). Returns the plan."""
-    job = preset("tiny")
-    specs = state_specs(job)
-    old, new = (Layout(job.model, p, job.train) for p in (ParallelConfig(tp=2), ParallelConfig(pp=2)))
-    plan = plan_transfer(old, new, specs, [0, 1], [0, 1])
-    for proc in (0, 1):
-        StreamingExecutor(plan, specs, proc, MockGroup("rehearsal", [0, 1], proc, "gloo", torch.device("cpu")),
-                          1 << 20, torch.device("cpu"))
-    return plan
+def layouts(adapter: EngineAdapter, job: JobConfig, spec: GenerationSpec) -> tuple[Layout, Layout]:
+    return adapter.layout(job, spec.old_parallel), adapter.layout(job, spec.parallel)
 
 
 class Abandoned(RuntimeError):
@@ -67,10 +49,10 @@ class Abandoned(RuntimeError):
 class Preparation:
     """Everything process ``proc`` needs, before the switch, to enter generation ``spec``."""
 
-    def __init__(self, *, job: JobConfig, spec: GenerationSpec, proc: int, store: dist.Store,
+    def __init__(self, *, adapter: EngineAdapter, job: JobConfig, spec: GenerationSpec, proc: int, store: dist.Store,
                  backend: str, device: torch.device, timeout_s: float, budget_bytes: int,
                  warm: str = "background", active: World | None = None, pace: Pace | None = None) -> None:
-        self.job, self.spec, self.proc, self.store = job, spec, proc, store
+        self.adapter, self.job, self.spec, self.proc, self.store = adapter, job, spec, proc, store
         self.active = active  # this process's Active World (None for a joiner)
         # beside training: at most a share of each step (liver/runtime/pace.py); alone: no limit
         self.pace = pace or Pace(0.0)
@@ -121,7 +103,7 @@ class Preparation:
         an iteration boundary when ``defer_warm``."""
         t0, c0 = time.perf_counter(), time.thread_time()
         s = self.spec
-        old, new = layouts(self.job, s)
+        old, new = layouts(self.adapter, self.job, s)
         self.plan = fetch_plan(self.store, s.generation)  # the controller's (protocol/store.py)
         if (self.plan.old.parallel, self.plan.new.parallel, self.plan.placement, self.plan.old_procs) != \
                 (old.parallel, new.parallel, list(s.procs), list(s.old_procs)):
@@ -145,7 +127,7 @@ class Preparation:
         self.timings["build_s"] = time.perf_counter() - t1
         self.timings["comms_created"], self.timings["comms_shared"] = sharing.created, sharing.shared
         t2 = time.perf_counter()  # which slice goes in which message, worked out now, not in the switch
-        self.executor = StreamingExecutor(self.plan, state_specs(self.job), self.proc, self.transfer,
+        self.executor = StreamingExecutor(self.plan, self.adapter.state_specs(self.job), self.proc, self.transfer,
                                           self.budget_bytes, self.device, pause=self._pause)
         self._pause()
         self.executor.reserve()  # its staging too

@@ -17,6 +17,7 @@ STARTED = time.time()
 import gc  # noqa: E402
 import json  # noqa: E402
 import os  # noqa: E402
+import signal  # noqa: E402
 import sys  # noqa: E402
 import threading  # noqa: E402
 from pathlib import Path  # noqa: E402
@@ -26,23 +27,23 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import torch  # noqa: E402
 
-from liver.agent import cores, priority  # noqa: E402
+from liver.host import cores, priority  # noqa: E402
 from liver.checkpoint import dcp as ckpt  # noqa: E402
 from liver.checkpoint.periodic import PeriodicCheckpointer  # noqa: E402
-from liver.engine.state import state_digest  # noqa: E402
-from liver.engine.trainer import Engine  # noqa: E402
+from liver.engine.digest import state_digest  # noqa: E402
+from liver.engine.interface import EngineAdapter, TrainingEngine  # noqa: E402
 from liver.protocol import store as protocol  # noqa: E402
 from liver.protocol.cut import agree, confirm  # noqa: E402
 from liver.protocol.messages import GenerationSpec, Progress, Wish, read, write  # noqa: E402
 from liver.protocol.store import COMMIT, decide as decide_key, put  # noqa: E402
 from liver.runtime.boundary import Local, after_force, decide  # noqa: E402
-from liver.runtime.companion import Companion, Preparation, rehearse  # noqa: E402
+from liver.runtime.companion import Companion, Preparation  # noqa: E402
+from liver.transfer.rehearsal import rehearse  # noqa: E402
 from liver.runtime.mock import rehearse_step, warm_up  # noqa: E402
 from liver.runtime.pace import Pace  # noqa: E402
 from liver.config.fields import to_dict  # noqa: E402
 from liver.protocol.worker import WorkerSpec  # noqa: E402
 from liver.runtime.switch import switch  # noqa: E402
-from liver.topology import Layout  # noqa: E402
 from liver.world.world import World, connect_store  # noqa: E402
 
 IMPORTED = time.time()
@@ -71,7 +72,8 @@ class Member:
             self.device = torch.device("cpu")
         self.store = protocol.run_store(connect_store(spec.store_addr))
         self.ckpt = PeriodicCheckpointer(self.run_dir / "ckpt", cfg.checkpoint.every)
-        self.engine: Engine | None = None
+        self.adapter = cfg.adapter
+        self.engine: TrainingEngine | None = None
         self.companion: Companion | None = None
         self.into: dict[str, torch.Tensor] | None = None
         self._steps = None  # a joiner's storage for the new state
@@ -82,7 +84,7 @@ class Member:
 
     def _preparation(self, spec: GenerationSpec, **kw: Any) -> Preparation:
         c = self.config
-        return Preparation(job=self.job, spec=spec, proc=self.proc, backend=self.backend, device=self.device,
+        return Preparation(adapter=self.adapter, job=self.job, spec=spec, proc=self.proc, backend=self.backend, device=self.device,
                            timeout_s=c.prepare.group_timeout_s, budget_bytes=c.transfer.budget_bytes,
                            warm=c.warm, **kw)
 
@@ -91,7 +93,7 @@ class Member:
         """First generation, restart or recovery: build the World, create or load the state."""
         g = self.spec.generation
         spec = GenerationSpec.fetch(self.store, g)
-        layout = Layout(self.job.model, spec.parallel, self.job.train)
+        layout = self.adapter.layout(self.job, spec.parallel)
         t0 = time.perf_counter()
         world = World.build(self.store, g, layout, spec.procs.index(self.proc), self.backend,
                             self.device, cpu_groups=True, procs=spec.procs)
@@ -99,7 +101,7 @@ class Member:
         world.activate()
         timings = {"group_init_s": time.perf_counter() - t0}
         t0 = time.perf_counter()
-        self.engine = Engine(self.job, world, self.device, initialise=spec.load_from is None)
+        self.engine = self.adapter.build(self.job, world, self.device, initialise=spec.load_from is None)
         timings["build_s"] = time.perf_counter() - t0
         if spec.load_from:
             timings["load_s"] = ckpt.load(self.engine, spec.load_from)
@@ -116,9 +118,9 @@ class Member:
         """Cold joiner: warm up on a mock world, prepare the Shadow World, receive the state."""
         g = self.spec.generation
         spec = GenerationSpec.fetch(self.store, g)
-        layout = Layout(self.job.model, spec.parallel, self.job.train)
+        layout = self.adapter.layout(self.job, spec.parallel)
         t0 = time.perf_counter()
-        warm = warm_up(self.job, layout, spec.procs.index(self.proc), self.backend, self.device,
+        warm = warm_up(self.adapter, self.job, layout, spec.procs.index(self.proc), self.backend, self.device,
                        self.config.prepare.mock_steps, generation=g)
         if self.device.type == "cuda":
             torch.cuda.synchronize()
@@ -150,14 +152,17 @@ class Member:
                 t0 = time.perf_counter()
                 digest = state_digest(e)
                 digest_s = time.perf_counter() - t0
-            if e.world.rank == 0:
+            if e.world.rank == 0 or self.config.log_rank in (-1, e.world.rank):
                 rec = Progress(step=st.step, generation=e.world.generation, loss=st.loss, step_s=st.step_s,
                                time=end, parallel=e.layout.parallel.short(), preparing=self.companion is not None,
                                tokens_per_s=st.tokens_per_s, grad_norm=st.grad_norm, digest=digest,
                                digest_s=digest_s)
-                write(self.store, Progress.KEY, rec)
-                self._steps_file().write(json.dumps(to_dict(rec)) + "\n")
-                print(step_line(rec, st.mfu, self.device), flush=True)
+                if e.world.rank == 0:
+                    write(self.store, Progress.KEY, rec)
+                    self._steps_file().write(json.dumps(to_dict(rec)) + "\n")
+                if self.config.log_rank in (-1, e.world.rank):
+                    who = f"[rank {e.world.rank}] " if self.config.log_rank == -1 else ""
+                    print(who + step_line(rec, st.mfu, self.device), flush=True)
             self.boundary(st.step_s)
         self.ckpt.wait()
 
@@ -247,7 +252,7 @@ class Member:
             torch.cuda.reset_peak_memory_stats(self.device)
         rec["switch_start"] = time.time()
         into, self.into = self.into, None
-        new, info = switch(job=self.job, old=old, new_world=prep.world, executor=prep.executor,
+        new, info = switch(adapter=self.adapter, job=self.job, old=old, new_world=prep.world, executor=prep.executor,
                            device=self.device, into=into)
         del into
         rec["switch_end"] = time.time()
@@ -317,17 +322,17 @@ def step_line(p: Progress, mfu: float | None, device: torch.device) -> str:
     return line + f"  gen: {p.generation} {p.parallel}" + ("  (preparing)" if p.preparing else "")
 
 
-def warm_process(cpu_step: bool = False) -> None:
+def warm_process(adapter: EngineAdapter, cpu_step: bool = False) -> None:
     """Once per interpreter, before it trains: the companion's code paths rehearsed (and, with
     ``cpu_step``, a CPU training step), so that no preparation beside training pays first-use
     costs; then the interpreter's objects so far (torch and its modules: ~250k) leave the cyclic
     garbage collector's view: a full collection takes 0.01 ms instead of 110-118 ms, during which
     it holds the GIL (bench/results/issue4-prepare-first-use). A companion's burst of allocations
     (a transfer schedule) would otherwise set one off and stall training. The zygote does it
-    before it forks (liver/agent/preload.py); a worker on its own interpreter, in ``main``."""
-    rehearse()
+    before it forks (liver/runtime/preload.py); a worker on its own interpreter, in ``main``."""
+    rehearse(adapter)
     if cpu_step:
-        rehearse_step()
+        rehearse_step(adapter)
     gc.collect()
     gc.freeze()
 
@@ -336,9 +341,10 @@ def main(spec_path: str | None = None, boot: dict[str, float] | None = None) -> 
     """``boot``: when the process started and finished its imports, given by the zygote that
     forked it (both the fork's time: its template did the imports and ``warm_process``); without
     it, a worker on its own interpreter: this module's import times, and ``warm_process`` now."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # a Ctrl-C is the controller's: it stops the workers
     spec = WorkerSpec.read(spec_path or sys.argv[1])
     if boot is None:
-        warm_process()
+        warm_process(spec.config.adapter)
     m = Member(spec, boot or {"process_start": STARTED, "imported": IMPORTED})
     if spec.role == "joiner":
         m.join()

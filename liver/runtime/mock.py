@@ -1,78 +1,42 @@
-"""Mock world: the World interface with every collective answered locally.
-
-A cold worker builds its model in the new layout and runs warm-up steps against it (allocator,
-kernels, autotuning, the CUDA context) while the old generation keeps training: nobody else is
-involved, so nothing blocks and nothing waits for it. The numbers it computes are meaningless
-and thrown away; the switch delivers the real state.
-"""
+"""A cold joiner's warm-up on a mock world (``liver.world.mock``), and the rehearsal of a training
+step that the worker template does once."""
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 
-from liver.engine.trainer import Engine
+from liver.engine.interface import EngineAdapter, TrainingEngine
 from liver.topology import JobConfig, ParallelConfig
 from liver.topology.layout import Layout
-from liver.topology.presets import preset
-from liver.world.group import LocalGroup, _Done
-from liver.world.world import World
+from liver.world.mock import MockWorld
 
 
-class MockGroup(LocalGroup):
-    """A group of ``size`` nominal members of which only this process exists."""
-
-    def isend(self, t: torch.Tensor, dst: int, tag: int = 0) -> Any:
-        return _Done()
-
-    def irecv(self, t: torch.Tensor, src: int, tag: int = 0) -> Any:
-        t.zero_()  # a peer's activations or gradients: zeros keep the warm-up arithmetic finite
-        return _Done()
-
-    def exchange(self, sends: list[tuple[torch.Tensor, int]], recvs: list[tuple[torch.Tensor, int]],
-                 tag: int = 0) -> None:
-        for w in self.post(sends, recvs, tag):
-            w.wait()
-
-    def post(self, sends: list[tuple[torch.Tensor, int]], recvs: list[tuple[torch.Tensor, int]],
-             tag: int = 0) -> list[Any]:
-        return [self.irecv(t, p, tag) for t, p in recvs]
-
-
-class MockWorld(World):
-    """Rank ``rank`` of ``layout`` with mock groups of the right sizes and members."""
-
-    @classmethod
-    def build_mock(cls, generation: int, layout: Layout, rank: int, backend: str,
-                   device: torch.device) -> "MockWorld":
-        groups = {"all": MockGroup(f"mock/gen{generation}/all", list(range(layout.size)), rank,
-                                   backend, device)}
-        for axis, members_of in (("tp", layout.tp_group), ("dp", layout.dp_group),
-                                 ("pp", layout.pp_group)):
-            members = members_of(rank)
-            groups[axis] = MockGroup(f"mock/gen{generation}/{axis}", members, members.index(rank),
-                                     backend, device)
-        return cls(generation, layout, rank, backend, device, groups, 0.0)
-
-    def activate(self) -> None:
-        raise RuntimeError("a mock world cannot be registered with torch.distributed")
-
-
-def warm_up(job: JobConfig, layout: Layout, rank: int, backend: str, device: torch.device, steps: int,
-            generation: int = 0) -> Engine:
+def warm_up(adapter: EngineAdapter, job: JobConfig, layout: Layout, rank: int, backend: str, device: torch.device,
+            steps: int, generation: int = 0) -> TrainingEngine:
     """A cold worker's warm-up: ``steps`` training steps as rank ``rank`` of ``layout`` on a mock
     world. Returns the engine: its state is already in the new layout."""
-    engine = Engine(job, MockWorld.build_mock(generation, layout, rank, backend, device), device)
+    engine = adapter.build(job, MockWorld.build_mock(generation, layout, rank, backend, device), device)
     for _ in range(steps):
         engine.train_step()
     return engine
 
 
-def rehearse_step() -> None:
-    """One training step of the tiny model (tensor, pipeline and data parallel, rank 0) on a mock
+def rehearse_step(adapter: EngineAdapter) -> None:
+    """One training step of the engine's rehearsal job (tensor, pipeline and data parallel where it
+    allows them, rank 0) on a mock
     world: torch's first-use costs (autograd, the optimizer, the kernels' dispatch) paid once, in
-    the zygote (liver/agent/preload.py). A joiner forked from it then pays 0.02 s of CPU for its
+    the zygote (liver/runtime/preload.py). A joiner forked from it then pays 0.02 s of CPU for its
     first warm-up step instead of 0.3 s, beside the training it joins."""
-    job = preset("tiny")
-    warm_up(job, Layout(job.model, ParallelConfig(tp=2, pp=2, dp=2), job.train), 0, "gloo", torch.device("cpu"), 1)
+    job = adapter.rehearsal_job()
+    warm_up(adapter, job, adapter.layout(job, rehearsal_parallel(adapter, job)), 0, "gloo", torch.device("cpu"), 1)
+
+
+def rehearsal_parallel(adapter: EngineAdapter, job: JobConfig) -> ParallelConfig:
+    """The richest of tp2pp2dp2, tp2, pp2, dp2 that the engine accepts for ``job``."""
+    for p in (ParallelConfig(tp=2, pp=2, dp=2), ParallelConfig(tp=2), ParallelConfig(pp=2), ParallelConfig(dp=2)):
+        try:
+            adapter.layout(job, p)
+            return p
+        except ValueError:
+            continue
+    return ParallelConfig()

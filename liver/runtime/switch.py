@@ -12,14 +12,15 @@ from typing import Any
 
 import torch
 
-from liver.engine.trainer import Engine
+from liver.engine.interface import EngineAdapter, TrainingEngine
 from liver.topology import JobConfig
 from liver.transfer.executor import StreamingExecutor
 from liver.world.world import World
 
 
-def switch(*, job: JobConfig, old: Engine | None, new_world: World | None, executor: StreamingExecutor,
-           device: torch.device, into: dict[str, torch.Tensor] | None = None) -> tuple[Engine | None, dict[str, Any]]:
+def switch(*, adapter: EngineAdapter, job: JobConfig, old: TrainingEngine | None, new_world: World | None,
+           executor: StreamingExecutor, device: torch.device,
+           into: dict[str, torch.Tensor] | None = None) -> tuple[TrainingEngine | None, dict[str, Any]]:
     """Returns the engine on the new generation (None if this process leaves) and timings.
     ``executor``: this process's side of the plan, made before the switch, on the transfer group
     over every process of both generations. ``into``: new-layout storage allocated before the
@@ -29,11 +30,11 @@ def switch(*, job: JobConfig, old: Engine | None, new_world: World | None, execu
     scalars = transfer.broadcast_object(old.scalars() if old is not None and proc == plan.old_procs[0] else None,
                                         src=transfer.members.index(plan.old_procs[0]))
     if old is not None:  # the old engine ends here: its compute copies go first, its shards
-        old.params = {}  # layer by layer as they are sent (bounded extra memory, invariant I2)
+        old.release_compute()  # layer by layer as they are sent (bounded extra memory, invariant I2)
     shards, stats = executor.run(old.state if old is not None else None, release=old is not None, into=into)
     engine = None
     if new_world is not None:
-        engine = Engine(job, new_world, device, state=shards)
+        engine = adapter.build(job, new_world, device, state=shards)
         engine.load_scalars(scalars)
-        engine.refresh_params()
+        engine.refresh()
     return engine, {"switch_s": time.perf_counter() - t0, **stats.to_dict()}

@@ -28,7 +28,9 @@ def default_split(num_layers: int, pp: int) -> tuple[int, ...]:
 
 @dataclass(frozen=True)
 class Layout:
-    """A validated parallel layout of one model. Construction raises ValueError on any mismatch."""
+    """A validated parallel layout of one model. Construction raises ValueError on any mismatch of
+    the degrees with the layers and the batch; what an engine adds (the TP degree against its
+    shapes) its adapter checks (``EngineAdapter.layout``)."""
 
     model: ModelConfig
     parallel: ParallelConfig
@@ -40,10 +42,6 @@ class Layout:
         if self.world_size is not None and p.world_size != self.world_size:
             raise ValueError(f"parallel: tp*pp*dp={p.tp}*{p.pp}*{p.dp}={p.world_size} must equal "
                              f"world_size={self.world_size}")
-        for field, value in (("num_heads", m.num_heads), ("hidden_size", m.hidden_size),
-                             ("ffn_size", m.ffn_size), ("padded_vocab_size", m.padded_vocab_size)):
-            if value % p.tp:
-                raise ValueError(f"parallel.tp={p.tp} does not divide model.{field}={value}")
         if p.pp > m.num_layers:
             raise ValueError(f"parallel.pp={p.pp} exceeds model.num_layers={m.num_layers}: "
                              "every stage needs at least one layer")

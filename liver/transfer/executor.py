@@ -24,7 +24,8 @@ import torch
 
 from liver.planner.plan import Plan, TransferTask
 from liver.resource_view.spec import TensorSpec
-from liver.resource_view.view import local_shape, view
+from liver.resource_view.table import box_of
+from liver.resource_view.view import local_shape
 from liver.transfer.staging import StagingRing
 from liver.world.group import Group
 
@@ -166,7 +167,7 @@ class StreamingExecutor:
     def _new_shard(self, name: str) -> None:
         if name not in self._shapes:
             spec = self.specs[name]
-            self._shapes[name] = (local_shape(view(spec, self.plan.new, self.new_rank)), _TORCH_DTYPES[spec.dtype])
+            self._shapes[name] = (local_shape(box_of(self.plan.new, spec, self.new_rank)), _TORCH_DTYPES[spec.dtype])
 
     def _step(self, layer: int, tasks: list[TransferTask]) -> _Step:
         keeps, copies, used = [], [], set()

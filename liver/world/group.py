@@ -19,7 +19,7 @@ from torch._C._distributed_c10d import ProcessGroup
 _OPS = {"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX, "min": dist.ReduceOp.MIN}
 
 
-class _Done:
+class Done:
     """A completed work handle (for groups whose collectives are local)."""
 
     def wait(self) -> bool:
@@ -241,7 +241,7 @@ def warm_once(groups: list[Group]) -> None:
 class LocalGroup(Group):
     """A group whose collectives are answered locally: the one-member group is exact.
 
-    Its subclass ``MockGroup`` (runtime warm-up) has more nominal members but still answers
+    Its subclass ``MockGroup`` (liver.world.mock) has more nominal members but still answers
     locally; this class keeps the arithmetic identity (sum over one member = the value).
     """
 
@@ -261,12 +261,12 @@ class LocalGroup(Group):
     def isend(self, t: torch.Tensor, dst: int, tag: int = 0) -> Any:
         if dst != self.rank:
             raise RuntimeError(f"{self}: send to member {dst} of a local group")
-        return _Done()
+        return Done()
 
     def irecv(self, t: torch.Tensor, src: int, tag: int = 0) -> Any:
         if src != self.rank:
             raise RuntimeError(f"{self}: recv from member {src} of a local group")
-        return _Done()
+        return Done()
 
     def exchange(self, sends: list[tuple[torch.Tensor, int]], recvs: list[tuple[torch.Tensor, int]],
                  tag: int = 0) -> None:

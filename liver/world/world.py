@@ -13,6 +13,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 from torch.distributed import distributed_c10d as c10d
+from torch.distributed.device_mesh import DeviceMesh
 
 from liver.topology.layout import Layout
 from liver.world.group import Group, warm_once
@@ -31,6 +32,17 @@ def connect_store(addr: str, timeout_s: float = 120.0) -> dist.TCPStore:
     host, port = addr.rsplit(":", 1)
     return dist.TCPStore(host, int(port), is_master=False, timeout=timedelta(seconds=timeout_s),
                          wait_for_workers=False)
+
+
+def _register_name(g: Group) -> None:
+    """Make ``g``'s communicator findable by its name (DeviceMesh and DTensor resolve groups by
+    name), without installing anything as torch.distributed's default group."""
+    if g.pg is None or not hasattr(c10d, "_register_process_group"):
+        return
+    try:
+        c10d._resolve_process_group(g.pg.group_name)
+    except Exception:
+        c10d._register_process_group(g.pg.group_name, g.pg)
 
 
 class World:
@@ -121,6 +133,31 @@ class World:
         neighbours = [r for r in (pp.rank - 1, pp.rank + 1) if 0 <= r < pp.size]
         if pp.usable_from(training_thread):
             pp.warm_p2p(neighbours, neighbours)
+
+    # ---- a DeviceMesh over this generation's own groups -------------------------------------
+    def mesh(self, cpu: bool = False) -> DeviceMesh:
+        """A DeviceMesh of shape (pp, dp, tp), axes named "pp", "dp", "tp", over this generation's
+        ranks, whose axes are this World's own groups and whose coordinate is this rank's in the
+        generation (not the process's in torch's default group: a Shadow World renumbers
+        processes). ``cpu``: over the CPU (gloo) groups where the World has them (only "tp")."""
+        lay = self.layout
+        groups = self.cpu_groups if cpu else self.groups
+        device_type = "cpu" if cpu else self.device.type
+        ranks = torch.arange(lay.size).reshape(lay.pp, lay.dp, lay.tp)
+        mesh = DeviceMesh(device_type, ranks, mesh_dim_names=("pp", "dp", "tp"), _init_backend=False, _rank=self.rank)
+        names = []
+        for axis in ("pp", "dp", "tp"):
+            g = groups.get(axis) or self.groups[axis]
+            _register_name(g)
+            names.append(g.pg.group_name if g.pg is not None else "")
+        mesh._dim_group_names = names
+        registry = getattr(mesh, "_pg_registry", None)
+        if registry is not None:  # (torch >= 2.12 looks groups up here)
+            for axis, name in zip(("pp", "dp", "tp"), names):
+                g = groups.get(axis) or self.groups[axis]
+                if g.pg is not None:
+                    registry[name] = g.pg
+        return mesh
 
     # ---- registration with torch.distributed (for DCP and DTensor) ------------------------
     def activate(self) -> None:

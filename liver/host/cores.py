@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import os
 
-from liver.agent.threads import each_thread
+from liver.host.threads import each_thread
 
 
 def available() -> list[int]:

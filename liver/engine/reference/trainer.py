@@ -9,15 +9,15 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from liver.engine import data, model
-from liver.engine.optim import adamw_step, learning_rate
-from liver.engine.pipeline import OneFOneB
-from liver.resource_view.spec import TensorSpec, with_adam_state
+from liver.engine.interface import StepStats
+from liver.engine.reference import data, model
+from liver.engine.reference.optim import adamw_step, learning_rate, with_adam_state
+from liver.engine.reference.pipeline import OneFOneB
+from liver.resource_view.spec import TensorSpec
 from liver.resource_view.view import Box, local_shape, view
 from liver.topology.config import JobConfig
 from liver.world.world import World
@@ -28,17 +28,6 @@ _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 def state_specs(job: JobConfig) -> list[TensorSpec]:
     """The full logical training state: every parameter followed by its two AdamW moments."""
     return with_adam_state(model.param_specs(job.model))
-
-
-@dataclass
-class StepStats:
-    step: int
-    loss: float
-    grad_norm: float
-    lr: float
-    step_s: float
-    tokens_per_s: float
-    mfu: float | None
 
 
 def peak_flops(device: torch.device, dtype: str) -> float | None:
@@ -104,7 +93,12 @@ class Engine:
             p = master if self.compute_dtype == torch.float32 else master.to(self.compute_dtype)
             self.params[s.name] = p.requires_grad_(True)
 
-    def refresh_params(self) -> None:
+    def release_compute(self) -> None:
+        """The compute-dtype copies go before the state is streamed away (its shards go layer by
+        layer as they are sent: bounded extra memory, invariant I2)."""
+        self.params = {}
+
+    def refresh(self) -> None:
         """Re-derive compute weights after the master state was overwritten (load, transfer)."""
         if self.compute_dtype != torch.float32:
             with torch.no_grad():
@@ -170,7 +164,7 @@ class Engine:
                    [len(s.shape) > 1 for s in self.local_params], tr, self.step, lr, clip)
         for s in self.local_params:
             p[s.name].grad = None
-        self.refresh_params()
+        self.refresh()
 
         loss = torch.tensor([sum(losses)], dtype=torch.float64, device=self.device)
         w.dp.allreduce(loss)

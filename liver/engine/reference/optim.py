@@ -6,7 +6,21 @@ import math
 
 import torch
 
+from liver.resource_view.spec import TensorSpec
 from liver.topology.config import TrainConfig
+
+OPTIMIZER_KINDS = ("exp_avg", "exp_avg_sq")
+
+
+def with_adam_state(params: list[TensorSpec]) -> list[TensorSpec]:
+    """Parameters followed by their AdamW moments, all fp32 (master state)."""
+    out: list[TensorSpec] = []
+    for p in params:
+        out.append(p)
+        for kind in OPTIMIZER_KINDS:
+            out.append(TensorSpec(f"{p.name}.{kind}", p.shape, "float32", p.layer, p.shard_dim,
+                                  kind=kind, param=p.name))
+    return out
 
 
 def learning_rate(t: TrainConfig, step: int) -> float:

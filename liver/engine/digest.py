@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from liver.engine.trainer import Engine
+from liver.engine.interface import TrainingEngine as Engine
 from liver.resource_view.spec import TensorSpec
 
 

@@ -1,8 +1,5 @@
-"""One rank's part of a training segment: build the World, create or load the engine, train.
-
-Used by the tests, the demo and the stop-and-restart path: each phase is timed so that a
-restart's downtime can be broken down (group init, load, warm-up).
-"""
+"""Test helper: one rank's part of a training segment (build the World, create or load the engine,
+train, digest), run on the session's worker pool (tests/conftest.py)."""
 
 from __future__ import annotations
 
@@ -13,8 +10,8 @@ import torch
 import torch.distributed as dist
 
 from liver.checkpoint import dcp as ckpt
-from liver.engine.state import gather_full_state, state_digest
-from liver.engine.trainer import Engine
+from liver.engine.digest import gather_full_state, state_digest
+from liver.engine.reference.trainer import Engine
 from liver.topology import JobConfig, Layout, ParallelConfig
 from liver.world.world import World, connect_store
 

@@ -12,7 +12,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-from liver.engine.tensor_parallel import (copy_to_tp, reduce_from_tp, vocab_parallel_cross_entropy,
+from liver.engine.reference.tensor_parallel import (copy_to_tp, reduce_from_tp, vocab_parallel_cross_entropy,
                                           vocab_parallel_embedding)
 from liver.resource_view.spec import TensorSpec
 from liver.resource_view.view import Box, local_shape

@@ -3,7 +3,7 @@
 import os
 import sys
 
-from liver.agent.threads import each_thread
+from liver.host.threads import each_thread
 
 
 def background() -> None:

@@ -1,0 +1,51 @@
+"""The reference engine: a Llama-style decoder (RMSNorm, RoPE, SwiGLU) with Megatron-style tensor
+parallelism, a 1F1B pipeline and AdamW over fp32 master shards (``trainer.Engine``), behind the
+runtime's adapter interface (``ADAPTER``)."""
+
+from __future__ import annotations
+
+import torch
+
+from liver.engine.interface import EngineAdapter, TrainingEngine
+from liver.topology import JobConfig, Layout, ParallelConfig
+from liver.world.world import World
+
+_COMPUTE_BYTES = {"float32": 4, "bfloat16": 2}
+
+
+class ReferenceAdapter(EngineAdapter):
+    name = "reference"
+
+    def state_specs(self, job: JobConfig):
+        from liver.engine.reference.trainer import state_specs
+        return state_specs(job)
+
+    def check(self, job: JobConfig, parallel: ParallelConfig) -> None:
+        m = job.model
+        for field, value in (("num_heads", m.num_heads), ("hidden_size", m.hidden_size),
+                             ("ffn_size", m.ffn_size), ("padded_vocab_size", m.padded_vocab_size)):
+            if value % parallel.tp:
+                raise ValueError(f"parallel.tp={parallel.tp} does not divide model.{field}={value}")
+
+    def build(self, job: JobConfig, world: World, device: torch.device, *, initialise: bool = True,
+              state: dict[str, torch.Tensor] | None = None) -> TrainingEngine:
+        from liver.engine.reference.trainer import Engine
+        return Engine(job, world, device, initialise=initialise, state=state)
+
+    def rehearsal_job(self) -> JobConfig:
+        from liver.topology.presets import preset
+        return preset("tiny")
+
+    def rank_bytes(self, job: JobConfig, layout: Layout, rank: int) -> int:
+        """fp32 master and moments, plus each parameter's compute copy and its fp32 gradient."""
+        from liver.resource_view.view import box_numel, view
+        compute = _COMPUTE_BYTES[job.compute_dtype]
+        n = 0
+        for s in self.state_specs(job):
+            b = view(s, layout, rank)
+            if b is not None:
+                n += box_numel(b) * (4 + (compute + 4 if s.kind == "param" else 0))
+        return n
+
+
+ADAPTER = ReferenceAdapter()
