@@ -14,7 +14,12 @@ from liver.config.fields import to_dict
 
 
 def _bench_plan(args: argparse.Namespace) -> int:
-    from liver.bench.plan import run
+    from liver.bench.plan import run, run_pickle
+
+    if args.pickle:
+        return _print_rows(run_pickle(), args.json, lambda r: (
+            f"{r['model']:<6} {r['old']} -> {r['new']}: plan {r['plan_cpu_s'] * 1e3:.2f} ms, unpickle "
+            f"{r['unpickle_cpu_s'] * 1e3:.2f} ms of CPU ({r['pickle_bytes']:,} bytes)"))
 
     return _print_rows(run(repeats=args.repeats), args.json, lambda r: (
         f"{r['scenario']:<60} tasks {r['num_tasks']:>8,}  moved {r['bytes_moved'] / 1e12:7.2f} TB "
@@ -153,6 +158,42 @@ def _bench_reconfig(args: argparse.Namespace) -> int:
         f"ratio {r['ratio']:.1f}x (forked restart {r['downtime_restart_forked_s']:.2f} s: {r['ratio_forked']:.1f}x)  prepare {r['prepare_s']:.2f} s  steady overhead {r['steady_overhead']:+.2%}"))
 
 
+def _bench_handoffs(args: argparse.Namespace) -> int:
+    from liver.bench.handoffs import run
+
+    result = run(args)
+    print(json.dumps({k: v for k, v in result.items() if k != "steady_overhead_by_kind"}, indent=1))
+    return 0 if result.get("digests_equal") else 1
+
+
+def _bench_transfer(args: argparse.Namespace) -> int:
+    from liver.bench.transfer import run
+
+    report = run(args.out, args.budget_mib)
+    for k, v in report["models"].items():
+        print(k, {kk: vv for kk, vv in v.items() if kk != "per_rank"})
+    return 0 if all(v["bit_exact"] for v in report["models"].values()) else 1
+
+
+def _bench_core_binding(args: argparse.Namespace) -> int:
+    from liver.bench.core_binding import run
+
+    out = run(repeats=args.repeats, steps=args.steps, run_dir=Path(args.run_dir) if args.run_dir else None)
+    b, u = out["bound"]["pooled"], out["unbound"]["pooled"]
+    print(json.dumps(out, indent=1) if args.json else
+          f"bound {b['median_ms']:.1f} ms median, unbound {u['median_ms']:.1f} ms ({out['repeats']} runs each)")
+    return 0
+
+
+def _bench_measured(args: argparse.Namespace) -> int:
+    from liver.bench.measured import run
+
+    current = run(args.write)
+    print("README.md: Measured section " + ("written" if args.write else "current" if current else
+                                             "out of date (liver bench measured --write)"))
+    return 0 if current else 1
+
+
 def _bench_boot(args: argparse.Namespace) -> int:
     from liver.bench.boot import run
 
@@ -221,6 +262,8 @@ def main(argv: list[str] | None = None) -> int:
     bp = bsub.add_parser("plan", help="planner speed on GPT-3 175B at 1,024-2,048 ranks")
     bp.add_argument("--json", action="store_true")
     bp.add_argument("--repeats", type=int, default=3, help="best of N timings per scenario")
+    bp.add_argument("--pickle", action="store_true",
+                    help="instead: CPU time of reading the controller's plan against planning again")
     bp.set_defaults(fn=_bench_plan)
     br = bsub.add_parser("reconfig", help="live vs stop-and-restart downtime, tiny model on CPU")
     br.add_argument("--json", action="store_true")
@@ -236,6 +279,32 @@ def main(argv: list[str] | None = None) -> int:
                          "with a core per process)")
     br.add_argument("--run-dir", default=None)
     br.set_defaults(fn=_bench_reconfig)
+    bh = bsub.add_parser("handoffs", help="a scenario of events live and by stop-and-restart in one call, any "
+                                          "backend (the GPU runs; on gloo a CPU dry run)")
+    bh.add_argument("--scenario", default="x2", help="x2, x2-twice, x2-cycles (with --cycles, --gap), x8")
+    bh.add_argument("--model", default="1b", help="preset: tiny, tiny8, 1b, 3b, 7b")
+    bh.add_argument("--backend", default="nccl", choices=["nccl", "gloo"])
+    bh.add_argument("--warm", default="auto", choices=["auto", "background", "boundary"])
+    bh.add_argument("--budget-mib", type=int, default=512, help="staging budget B per rank")
+    bh.add_argument("--cycles", type=int, default=4, help="x2-cycles: rounds of its four events")
+    bh.add_argument("--gap", type=int, default=12, help="x2-cycles: steps between events")
+    bh.add_argument("--live-only", action="store_true", help="no restart run (the overhead over many events)")
+    bh.add_argument("--run-root", default=None, help="run directories here (e.g. /dev/shm); default: --out")
+    bh.add_argument("--out", required=True, help="results: handoffs.json, reports, timelines")
+    bh.set_defaults(fn=_bench_handoffs)
+    bt = bsub.add_parser("transfer", help="the streaming executor alone on 2 GPUs: tp1 -> tp2 of a 0.6B and a 1.1B state")
+    bt.add_argument("--out", required=True)
+    bt.add_argument("--budget-mib", type=int, default=512, help="staging budget B per rank")
+    bt.set_defaults(fn=_bench_transfer)
+    bc = bsub.add_parser("core-binding", help="CPU step times with workers bound to their slots' cores and not")
+    bc.add_argument("--json", action="store_true")
+    bc.add_argument("--repeats", type=int, default=3, help="interleaved runs of each")
+    bc.add_argument("--steps", type=int, default=800, help="steps per run")
+    bc.add_argument("--run-dir", default=None)
+    bc.set_defaults(fn=_bench_core_binding)
+    bm = bsub.add_parser("measured", help="the README's Measured section from bench/results (claims.toml)")
+    bm.add_argument("--write", action="store_true", help="rewrite the section (default: only check it)")
+    bm.set_defaults(fn=_bench_measured)
     bb = bsub.add_parser("boot", help="a cold joiner's cost before its Shadow World: fresh interpreter vs "
                                       "forked from the zygote")
     bb.add_argument("--json", action="store_true")

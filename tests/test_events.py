@@ -1,5 +1,7 @@
 """Schedules, traces and target choice: pure metadata, checked in-process."""
 
+from pathlib import Path
+
 import pytest
 from hypothesis import given, settings, strategies as st
 
@@ -8,7 +10,7 @@ from liver.engine.reference import ADAPTER
 from liver.controller.target import Hardware, candidates, choose, state_bytes_per_rank
 from liver.topology import JobConfig, ModelConfig, ParallelConfig, TrainConfig
 
-TRACES = "/work/shared/traces/bamboo"
+TRACES = str(Path(__file__).resolve().parent.parent / "traces" / "bamboo")  # MIT, from the Bamboo project
 
 
 def write(tmp_path, text):

@@ -97,8 +97,10 @@ def test_unleash_lets_a_waiting_companion_go_on_without_boundaries():
     w = _Work(0.01, 1.0, units=200, unit_s=0.003)
     t = threading.Thread(target=w.run)
     t.start()
-    time.sleep(0.1)
-    assert not w.done.is_set()  # waiting for a boundary that does not come
+    end = time.time() + 10
+    while w.pace.credit > 0 and time.time() < end:  # its credit spent: it waits for a boundary
+        time.sleep(0.001)
+    assert w.pace.credit <= 0 and not w.done.is_set()  # (a boundary that does not come; 5 s at most)
     w.pace.unleash()
     assert w.done.wait(5)
     t.join()

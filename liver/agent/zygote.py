@@ -1,7 +1,6 @@
 """Zygote: the node agent's template worker. When the agent starts, one process imports torch and
 the worker's modules (its preload, an import string: ``liver.runtime.preload``); every worker is then forked from it, so a worker's
-start costs a fork instead of an interpreter boot and its imports (about 2 s of CPU on the CI
-machine). A cold joiner thus spends next to nothing beside the training it joins on a shared node,
+start costs a fork instead of an interpreter boot and its imports (seconds of CPU). A cold joiner thus spends next to nothing beside the training it joins on a shared node,
 and a restart's new processes start as fast as the agent can make them.
 
 The template stays single-threaded (a fork copies only the calling thread; a lock held by another

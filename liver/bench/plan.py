@@ -45,3 +45,37 @@ def run(model: ModelConfig = GPT3_175B, repeats: int = 3) -> list[dict]:
                     "max_rank_bytes_in": s["max_rank_bytes_in"],
                     "max_rank_bytes_out": s["max_rank_bytes_out"], "plan_s": round(best, 4)})
     return out
+
+
+# (preset, old, new, processes): what a worker saves by reading the controller's plan
+PICKLE_CASES = [("tiny", "1,1,2", "2,1,1", 2), ("1b", "2,1,1", "1,1,2", 2), ("tiny", "2,2,2", "4,1,2", 8)]
+
+
+def _least_cpu(f, n: int = 5) -> float:
+    out = []
+    for _ in range(n):
+        t0 = time.thread_time()
+        f()
+        out.append(time.thread_time() - t0)
+    return min(out)
+
+
+def run_pickle(repeats: int = 5) -> list[dict]:
+    """CPU time of planning again (placement given, as a worker would) against unpickling the
+    controller's plan, warm, least of ``repeats``."""
+    import pickle
+
+    from liver.topology.presets import preset
+
+    rows = []
+    for model, a, b, n in PICKLE_CASES:
+        job = preset(model)
+        old, new = (Layout(job.model, ParallelConfig.parse(x), job.train) for x in (a, b))
+        specs, procs = state_specs(job), list(range(n))
+        plan = plan_transfer(old, new, specs, procs, procs)
+        blob = pickle.dumps(plan, protocol=pickle.HIGHEST_PROTOCOL)
+        rows.append({"model": model, "old": a, "new": b, "pickle_bytes": len(blob),
+                     "plan_cpu_s": _least_cpu(lambda: plan_transfer(old, new, specs, procs, procs,
+                                                                    placement=plan.placement), repeats),
+                     "unpickle_cpu_s": _least_cpu(lambda: pickle.loads(blob), repeats)})
+    return rows

@@ -70,13 +70,13 @@ def _once(name: str, first: str, action: str, mode: str, steps: int, calm: int, 
     mine = rep["events"][0::2]
     med = lambda k: statistics.median(e[k] for e in mine) if all(e.get(k) is not None for e in mine) else None  # noqa: E731
     # per event (one window each, each in its own generation): the unit the intervals resample
-    windows = [report.preparing_ratios(rep["steps"], [e])[0] for e in mine]
+    pooled = report.pooled_overhead(rep["steps"], mine)
+    windows = pooled["windows"]
     ratios = [q for w in windows for q in w]
     return {"downtime_s": med("downtime_s"), "prepare_s": med("prepare_s"), "prepare_cpu_s": med("prepare_cpu_s"),
-            "joiner_cpu_s": med("joiner_cpu_s"), "steady_overhead": statistics.median(ratios) - 1 if ratios else None,
+            "joiner_cpu_s": med("joiner_cpu_s"), "steady_overhead": pooled["steady_overhead"],
             "bytes_moved": mine[0].get("bytes_moved"), "events": len(mine),
-            "preparing_ratios": ratios, "windows": windows,
-            "placebo_windows": [report.placebo_ratios(rep["steps"], [e]) for e in mine],
+            "preparing_ratios": ratios, "windows": windows, "placebo_windows": pooled["placebo_windows"],
             "preparing_ratios_generation": report.preparing_ratios(rep["steps"], mine, None)[0],
             "transfer_s": med("transfer_s"), "run_dir": str(run_dir)}
 

@@ -34,6 +34,11 @@ def _convert(tp: Any, value: Any, where: str) -> Any:
             except ValueError as e:
                 errors.append(str(e).split(": ", 1)[-1])
         raise ValueError(f"{where}={value!r}: expected {' or '.join(errors)}")
+    if origin is dict:
+        if not isinstance(value, Mapping):
+            raise ValueError(f"{where}={value!r}: expected a table")
+        _, item = typing.get_args(tp)
+        return {str(k): _convert(item, v, f"{where}.{k}") for k, v in value.items()}
     if origin is tuple:
         if not isinstance(value, (list, tuple)):
             raise ValueError(f"{where}={value!r}: expected a list")

@@ -26,13 +26,13 @@ from liver.config import RunConfig
 from liver.config.fields import to_dict
 from liver.controller import target
 from liver.controller.admission import admit, hardware_of
+from liver.controller.decisions import EndState, job_finished
 from liver.controller.endpoint import ControlEndpoint
 from liver.controller.events import Event, parse_action
 from liver.controller.phases import PENDING, Phase, Trigger, advance
-from liver.controller.records import Handling, least, new_record
+from liver.controller.records import Handling, first, least, new_record
 from liver.protocol import store as protocol
-from liver.protocol.messages import GenerationSpec, Progress, Wish, read, read_if, write
-from liver.protocol.store import get
+from liver.protocol.messages import M, GenerationSpec, Progress, StartReport, Wish, read, read_if, write
 from liver.protocol.worker import WorkerConfig
 from liver.runtime import preload
 from liver.topology import ParallelConfig
@@ -141,8 +141,9 @@ class Controller:
                 self.endpoint.close()
         for rec in self.records:  # the state digest each recovery started from
             if rec.get("status") == "recovered":
-                starts = self._collect(rec["generation"], list(GenerationSpec.fetch(self.store, rec["generation"]).procs)) or {}
-                rec["digest_after"] = next((r.get("digest_after") for r in starts.values()), None)
+                procs = list(GenerationSpec.fetch(self.store, rec["generation"]).procs)
+                starts = self._collect(rec["generation"], procs, StartReport) or {}
+                rec["digest_after"] = first(starts.values(), "digest_after")
                 rec["digest_after_s"] = least(starts.values(), "digest_after_s")
         why = "interrupted (Ctrl-C)" if self.interrupted else "training ended"
         if self.current is not None:
@@ -260,8 +261,9 @@ class Controller:
             # the job's end: every rank of the Active World done, the last one to exit checks (a
             # rank marked to leave by a handoff that the end cut short may well be the last)
             if self.active and w.proc in self.active.procs and w.returncode == 0:
-                if self.step >= min(self.cfg.steps, self.end_at or self.cfg.steps) and all(
-                        self.agent.workers[p].returncode == 0 for p in self.active.procs):
+                codes = tuple(self.agent.workers[p].returncode for p in self.active.procs)
+                if job_finished(EndState(step=self.step, steps=self.cfg.steps, end_at=self.end_at,
+                                         active_exit_codes=codes)):
                     self.go(Trigger.END)
             return
         if self.active is not None and w.proc in self.active.procs:
@@ -332,11 +334,12 @@ class Controller:
         self.current = None
         self.go(trigger)
 
-    def _collect(self, g: int, procs: list[int], prefix: str = "switch") -> dict[int, dict[str, Any]] | None:
-        keys = [f"{prefix}/{g}/{p}" for p in procs]
+    def _collect(self, g: int, procs: list[int], cls: type[M]) -> dict[int, M] | None:
+        """Every process's report of generation ``g`` (a ``cls``), or None while any is missing."""
+        keys = [cls.key(g, p) for p in procs]
         if not self.store.check(keys):  # one round trip while they are not all there
             return None
-        return {p: get(self.store, k) for p, k in zip(procs, keys)}
+        return {p: read(self.store, k, cls) for p, k in zip(procs, keys)}
 
 
 __all__ = ["Controller", "ControllerError", "PENDING", "forked_workers"]

@@ -14,11 +14,12 @@ from typing import Any
 from liver.agent.node import Starter, Worker
 from liver.host.priority import background
 from liver.controller.base import Controller, forked_workers
+from liver.controller.decisions import NoticeAction, on_notice
 from liver.controller.events import Event
 from liver.controller.phases import PENDING, Phase, Trigger
 from liver.controller.records import switch_metrics
 from liver.planner.plan import plan_transfer
-from liver.protocol.messages import Failure, GenerationSpec, read_if
+from liver.protocol.messages import Failure, GenerationSpec, SwitchReport, read_if
 from liver.protocol.store import COMMIT, WITHDRAW, decide, decided, get, publish_plan
 
 
@@ -197,23 +198,25 @@ class LiveController(Controller):
         first). Nothing was committed, so nothing is lost."""
         with self.lock:
             head = self._head_triggered()
-            if head is None or head.kind != "scale-in" or self.current is None \
-                    or self.current.event.kind != "scale-out":
+            n_active = len(self.active.procs)
+            action = on_notice(self.current.event.kind if self.current else None, head.kind if head else None,
+                               head.gpus if head else 0, n_active)
+            if action is NoticeAction.WAIT:
                 return
             self.queue.popleft()
-        h, n_active = self.current, len(self.active.procs)
+        h = self.current
         notice = {"event": head.to_dict(), "arrived": self._arrival(head), "t_event": time.time()}
         if decide(self.store, self.pending.generation, WITHDRAW) != WITHDRAW:
             with self.lock:  # the scale-out is switching: the notice is next
                 self.queue.appendleft(head)
             return self._committed()
         self._wish()
-        if head.gpus > n_active:  # still a scale-out, to fewer GPUs
+        if action is NoticeAction.MERGE:  # still a scale-out, to fewer GPUs
             h.event.gpus, h.event.parallel = head.gpus, head.parallel
             self.records.append({**notice, "status": f"merged into the pending scale-out (now to {head.gpus})"})
             return self._cancel(f"scale-in notice to {head.gpus} GPUs", replan=True)
         self._cancel(f"scale-in notice to {head.gpus} GPUs", replan=False)
-        if head.gpus < n_active:
+        if action is NoticeAction.DROP_THEN_BEGIN:
             self._begin(head)
         else:
             self.records.append({**notice, "status": "done: the job already has that many GPUs once the pending "
@@ -255,13 +258,13 @@ class LiveController(Controller):
     # ---- the switch and after ----------------------------------------------------------------
     def _watch_switch(self) -> None:
         g = self.pending.generation
-        done = self._collect(g, list(self.pending.procs))
+        done = self._collect(g, list(self.pending.procs), SwitchReport)
         if done is None:
             return
         h = self.current
         rec = h.record
         old_procs = [p for p in self.members if p not in self.pending.procs]
-        leavers = {p: r for p in old_procs if (r := get(self.store, f"switch/{g}/{p}"))}
+        leavers = {p: r for p in old_procs if (r := read_if(self.store, SwitchReport.key(g, p), SwitchReport))}
         rec.update(switch_metrics(done, leavers))
         if h.event.deadline_s is not None:
             rec["deadline_met"] = rec["switch_end"] <= h.deadline_at

@@ -7,14 +7,20 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from liver.config.fields import to_dict
 from liver.controller.events import Event
+from liver.protocol.messages import SwitchReport
 from liver.topology import ParallelConfig
 
 
 def least(reports, key: str) -> float:
     """A check's cost on the critical path: every rank runs it together (a collective), so the
     shortest time is the check itself; longer ones include waiting for the others to arrive."""
-    return min((r[key] for r in reports if key in r), default=0.0)
+    return min((v for r in reports if (v := getattr(r, key)) is not None), default=0.0)
+
+
+def first(reports, key: str):
+    return next((v for r in reports if (v := getattr(r, key)) is not None), None)
 
 
 @dataclass(slots=True)
@@ -48,34 +54,35 @@ def new_record(ev: Event, arrived: float, old: ParallelConfig, new: ParallelConf
             "t_event": time.time(), "step_at_event": step}
 
 
-def switch_metrics(done: dict[int, dict[str, Any]], leavers: dict[int, dict[str, Any]]) -> dict[str, Any]:
+def switch_metrics(done: dict[int, SwitchReport], leavers: dict[int, SwitchReport]) -> dict[str, Any]:
     """The event's figures from each process's switch report: ``done`` of the new generation's
     processes, ``leavers`` of the old ranks that left with it."""
     allrec = {**done, **leavers}
     # the pause is the old ranks' (a joiner's switch also counts its wait for them to arrive)
-    olds = [r for r in allrec.values() if "old_step" in r] or list(allrec.values())
+    olds = [r for r in allrec.values() if r.old_step is not None] or list(allrec.values())
     out: dict[str, Any] = {
-        "switch_s": max(r["transfer"]["switch_s"] for r in olds),
-        "transfer_s": max(r["transfer"]["seconds"] for r in allrec.values()),
-        "peak_staging_bytes": max(r["transfer"]["peak_staging_bytes"] for r in allrec.values()),
-        "switch_start": min(r["switch_start"] for r in olds),
-        "switch_end": max(r["switch_end"] for r in allrec.values()),
-        "digest_after": next((r["digest_after"] for r in done.values() if "digest_after" in r), None),
+        "switch_s": max(r.transfer["switch_s"] for r in olds),
+        "transfer_s": max(r.transfer["seconds"] for r in allrec.values()),
+        "peak_staging_bytes": max(r.transfer["peak_staging_bytes"] for r in allrec.values()),
+        "switch_start": min(r.switch_start for r in olds),
+        "switch_end": max(r.switch_end for r in allrec.values()),
+        "digest_after": first(done.values(), "digest_after"),
         "digest_after_s": least(done.values(), "digest_after_s"),
-        "digest_before": next((r["digest_before"] for r in allrec.values() if "digest_before" in r), None),
+        "digest_before": first(allrec.values(), "digest_before"),
         "digest_before_s": least(allrec.values(), "digest_before_s"),
-        "mock_warmup_s": max((r["prepare"].get("mock_warmup_s", 0.0) for r in done.values()), default=0.0),
-        "joiner_cpu_s": max((r["prepare"].get("joiner_cpu_s", 0.0) for r in done.values()), default=0.0),
-        "groups_s": max((r["prepare"].get("groups_s", 0.0) for r in allrec.values()), default=0.0),
+        "mock_warmup_s": max((r.prepare.mock_warmup_s for r in done.values()), default=0.0),
+        "joiner_cpu_s": max((r.prepare.joiner_cpu_s for r in done.values()), default=0.0),
+        "groups_s": max((r.prepare.groups_s for r in allrec.values()), default=0.0),
         # the preparation's own CPU time on the busiest training process (the companion thread's,
         # and the warm-up's where it ran at a boundary): what Prepare takes from the running steps
-        "prepare_cpu_s": max((r["prepare"].get("build_cpu_s", 0.0) + r["prepare"].get("warm_cpu_s", 0.0)
-                              for r in allrec.values() if "old_step" in r), default=0.0),
-        "prepare_by_proc": {p: r["prepare"] for p, r in allrec.items()},
+        "prepare_cpu_s": max((r.prepare.build_cpu_s + r.prepare.warm_cpu_s
+                              for r in allrec.values() if r.old_step is not None), default=0.0),
+        "prepare_by_proc": {p: to_dict(r.prepare) for p, r in allrec.items()},
         # communicators each process made for the new generation, and took over from the Active World
-        "comms_created": {p: r["prepare"].get("comms_created") for p, r in allrec.items()},
-        "comms_shared": {p: r["prepare"].get("comms_shared") for p, r in allrec.items()},
+        "comms_created": {p: r.prepare.comms_created for p, r in allrec.items()},
+        "comms_shared": {p: r.prepare.comms_shared for p, r in allrec.items()},
     }
-    if any("peak_extra_bytes" in r for r in allrec.values()):
-        out["peak_extra_bytes"] = max(r.get("peak_extra_bytes", 0) for r in allrec.values())
+    extra = [r.peak_extra_bytes for r in allrec.values() if r.peak_extra_bytes is not None]
+    if extra:
+        out["peak_extra_bytes"] = max(extra)
     return out

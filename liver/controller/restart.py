@@ -13,9 +13,9 @@ from liver.agent.node import Starter
 from liver.controller.base import Controller, forked_workers
 from liver.controller.events import Event
 from liver.controller.phases import Phase, Trigger
-from liver.controller.records import least
+from liver.controller.records import first, least
+from liver.protocol.messages import Saved, StartReport, StopReport, read_if
 from liver.runtime import preload
-from liver.protocol.store import get
 
 
 class RestartController(Controller):
@@ -59,33 +59,33 @@ class RestartController(Controller):
 
     def _watch_stop(self) -> None:
         g = self.active.generation
-        saved = get(self.store, f"saved/{g}")
+        saved = read_if(self.store, Saved.key(g), Saved)
         if saved is None or any(self.agent.workers[p].returncode is None for p in self.active.procs):
             return
         h = self.current
         rec = h.record
-        stops = self._collect(g, list(self.active.procs), "stopped") or {}
-        rec["save_s"] = max((r["save_s"] for r in stops.values()), default=0.0)
-        rec["digest_before"] = next((r["digest_before"] for r in stops.values() if "digest_before" in r), None)
+        stops = self._collect(g, list(self.active.procs), StopReport) or {}
+        rec["save_s"] = max((r.save_s for r in stops.values()), default=0.0)
+        rec["digest_before"] = first(stops.values(), "digest_before")
         rec["digest_before_s"] = least(stops.values(), "digest_before_s")
         rec["stopped_at"] = time.time()
-        rec["checkpoint"] = saved["path"]
+        rec["checkpoint"] = saved.path
         slots = [self.slot_of[p] for p in self.active.procs if p not in h.leaving] + h.join_slots
         self.go(Trigger.SAVED)
-        self._start_generation(h.target, sorted(slots), saved["path"], "restart")
+        self._start_generation(h.target, sorted(slots), saved.path, "restart")
         rec["generation"] = self.gen
 
     def _watch_start(self) -> None:
-        done = self._collect(self.gen, list(self.active.procs))
+        done = self._collect(self.gen, list(self.active.procs), StartReport)
         if done is None:
             return
         h = self.current
         rec = h.record
-        rec["digest_after"] = next((r["digest_after"] for r in done.values() if "digest_after" in r), None)
+        rec["digest_after"] = first(done.values(), "digest_after")
         rec["digest_after_s"] = least(done.values(), "digest_after_s")
-        rec["process_start_s"] = max(r["imported"] for r in done.values()) - rec["stopped_at"]
-        rec["group_init_s"] = max(r["timings"]["group_init_s"] for r in done.values())
-        rec["load_s"] = max(r["timings"].get("load_s", 0.0) + r["timings"]["build_s"] for r in done.values())
+        rec["process_start_s"] = max(r.imported for r in done.values()) - rec["stopped_at"]
+        rec["group_init_s"] = max(r.timings["group_init_s"] for r in done.values())
+        rec["load_s"] = max(r.timings.get("load_s", 0.0) + r.timings["build_s"] for r in done.values())
         if h.event.deadline_s is not None:
             rec["deadline_met"] = rec["stopped_at"] <= h.deadline_at
         # every new process has loaded it: the handoff checkpoint is not needed any more (one

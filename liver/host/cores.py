@@ -2,20 +2,17 @@
 its own.
 
 Unbound, the OS moves a gloo rank between cores and lets the node's other threads (the store,
-the controller, a joiner booting) land on the core a rank was running on: on the 2-core CPU
-machine a pp=2 step took 20.0 ms median, quartiles 18.3-22.4 ms; bound, 17.6 ms and 17.1-18.9 ms
-(bench/results/issue4-bench-reconfig/core-binding, 3 x 750 steps each). The binding applies only where
+the controller, a joiner booting) land on the core a rank was running on, and its steps slow down
+(`liver bench core-binding`). The binding applies only where
 the node has at least one core per slot; with fewer (4 slots on 2 cores, as in the tests) the OS
 keeps scheduling. The agent's templates and controller stay unbound; a cold joiner boots
 unbound at idle priority (idle time on any core) and is bound when it takes its rank.
 
 What is bound is training. A companion thread, and the threads of the groups it creates (gloo's
 socket loop and workers), run on any of the node's cores while they prepare: where a core is
-idle (a scale-out from 1 rank on 2 cores) the preparation takes it instead of the rank's: on the
-CPU bench (60 events) the scale-out's overhead went from +1.27% [+0.85, +1.76] with the whole
-process bound to +0.28% [-0.10, +0.64] (bench/results/issue4-bench-reconfig,
-reconfig-cycles60-bound.json and -companion-free.json). At the switch the new generation's
-threads are bound like the rest.
+idle (a scale-out from 1 rank on 2 cores) the preparation takes it instead of the rank's (binding
+the whole process raised the scale-out's overhead several-fold). At the switch the new
+generation's threads are bound like the rest.
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import torch.distributed as dist
 
@@ -14,7 +14,7 @@ from liver.topology import ParallelConfig
 
 GENERATION_KINDS = ("start", "restart", "recover", "scale-out", "scale-in", "reshape")
 
-M = TypeVar("M")
+M = TypeVar("M")  # a message class
 
 
 def write(store: dist.Store, key: str, message: object) -> None:
@@ -90,6 +90,8 @@ class Progress:
     preparing: bool = False
     tokens_per_s: float = 0.0
     grad_norm: float | None = None
+    mfu: float | None = None               # model FLOPs utilisation, where the device's peak is known
+    memory_gib: float | None = None        # the device's peak reserved memory (GPU)
     digest: str | None = None
     digest_s: float = 0.0
 
@@ -108,3 +110,106 @@ class Failure:
     @staticmethod
     def key(generation: int, proc: int) -> str:
         return f"error/{generation}/{proc}"
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class PrepareReport:
+    """One process's preparation of a generation: what each phase took (seconds; CPU seconds where
+    named ``_cpu_s``), and the communicators it created and took over from the Active World."""
+
+    plan_s: float = 0.0
+    build_s: float = 0.0
+    schedule_s: float = 0.0
+    build_cpu_s: float = 0.0
+    paced_steps: int = 0             # boundaries it waited for: the steps it was spread over
+    largest_unit_cpu_s: float = 0.0
+    comms_created: int = 0
+    comms_shared: int = 0
+    warm_s: float = 0.0
+    warm_cpu_s: float = 0.0
+    groups_s: float = 0.0
+    cores: int = 0                   # the cores it could run on
+    mock_warmup_s: float = 0.0       # a cold joiner's steps on its mock world
+    joiner_cpu_s: float = 0.0        # a cold joiner's CPU from its start to holding a rank
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class SwitchReport:
+    """A process's handoff into generation ``generation`` (``switch/{g}/{proc}``): an old rank's
+    has ``old_step``, a new rank's ``new_rank``; memory figures on GPUs only."""
+
+    proc: int
+    generation: int
+    prepare: PrepareReport
+    transfer: dict[str, Any]         # the executor's figures (switch_s, seconds, bytes, messages, ...)
+    switch_start: float
+    switch_end: float
+    preparing_since: float | None = None
+    old_step: int | None = None
+    new_rank: int | None = None
+    step: int | None = None
+    cores: tuple[int, ...] | None = None
+    digest_before: str | None = None
+    digest_before_s: float | None = None
+    digest_after: str | None = None
+    digest_after_s: float | None = None
+    mem_before_bytes: int | None = None
+    mem_peak_bytes: int | None = None
+    mem_after_bytes: int | None = None
+    staging_reserved_bytes: int | None = None
+    peak_extra_bytes: int | None = None
+    process_start: float | None = None   # a cold joiner's start and end of imports
+    imported: float | None = None
+
+    @staticmethod
+    def key(generation: int, proc: int) -> str:
+        return f"switch/{generation}/{proc}"
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class StartReport:
+    """A process of a generation started whole (first start, restart, recovery): ``start/{g}/{proc}``."""
+
+    proc: int
+    generation: int
+    timings: dict[str, float]        # group_init_s, build_s, load_s
+    process_start: float
+    imported: float
+    ready: float
+    step: int
+    cores: tuple[int, ...] | None = None
+    digest_after: str | None = None
+    digest_after_s: float | None = None
+
+    @staticmethod
+    def key(generation: int, proc: int) -> str:
+        return f"start/{generation}/{proc}"
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class StopReport:
+    """Restart mode: a process saved its part of the checkpoint and stopped (``stopped/{g}/{proc}``)."""
+
+    proc: int
+    generation: int
+    step: int
+    save_s: float
+    saved_at: float
+    digest_before: str | None = None
+    digest_before_s: float | None = None
+
+    @staticmethod
+    def key(generation: int, proc: int) -> str:
+        return f"stopped/{generation}/{proc}"
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Saved:
+    """Restart mode: the checkpoint the old generation wrote (``saved/{g}``, rank 0's)."""
+
+    path: str
+    step: int
+
+    @staticmethod
+    def key(generation: int) -> str:
+        return f"saved/{generation}"

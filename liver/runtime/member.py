@@ -34,14 +34,15 @@ from liver.engine.digest import state_digest  # noqa: E402
 from liver.engine.interface import EngineAdapter, TrainingEngine  # noqa: E402
 from liver.protocol import store as protocol  # noqa: E402
 from liver.protocol.cut import agree, confirm  # noqa: E402
-from liver.protocol.messages import GenerationSpec, Progress, Wish, read, write  # noqa: E402
-from liver.protocol.store import COMMIT, decide as decide_key, put  # noqa: E402
+from liver.protocol.messages import (GenerationSpec, Progress, Saved, StartReport, StopReport,  # noqa: E402
+                                    SwitchReport, Wish, read, write)
+from liver.protocol.store import COMMIT, decide as decide_key  # noqa: E402
 from liver.runtime.boundary import Local, after_force, decide  # noqa: E402
 from liver.runtime.companion import Companion, Preparation  # noqa: E402
 from liver.transfer.rehearsal import rehearse  # noqa: E402
 from liver.runtime.mock import rehearse_step, warm_up  # noqa: E402
 from liver.runtime.pace import Pace  # noqa: E402
-from liver.config.fields import to_dict  # noqa: E402
+from liver.config.fields import from_dict, to_dict  # noqa: E402
 from liver.protocol.worker import WorkerSpec  # noqa: E402
 from liver.runtime.switch import switch  # noqa: E402
 from liver.world.world import World, connect_store  # noqa: E402
@@ -105,14 +106,13 @@ class Member:
         timings["build_s"] = time.perf_counter() - t0
         if spec.load_from:
             timings["load_s"] = ckpt.load(self.engine, spec.load_from)
-        rec = {"proc": self.proc, "generation": g, "kind": "start", "timings": timings,
-               **self.boot, "ready": time.time(),
+        rec = {"proc": self.proc, "generation": g, "timings": timings, **self.boot, "ready": time.time(),
                "step": self.engine.step, "cores": cores.available()}
         if self.digest:
             t0 = time.perf_counter()
             rec["digest_after"] = state_digest(self.engine)
             rec["digest_after_s"] = time.perf_counter() - t0
-        put(self.store, f"switch/{g}/{self.proc}", rec)
+        write(self.store, StartReport.key(g, self.proc), from_dict(StartReport, rec, "start report"))
 
     def join(self) -> None:
         """Cold joiner: warm up on a mock world, prepare the Shadow World, receive the state."""
@@ -155,14 +155,15 @@ class Member:
             if e.world.rank == 0 or self.config.log_rank in (-1, e.world.rank):
                 rec = Progress(step=st.step, generation=e.world.generation, loss=st.loss, step_s=st.step_s,
                                time=end, parallel=e.layout.parallel.short(), preparing=self.companion is not None,
-                               tokens_per_s=st.tokens_per_s, grad_norm=st.grad_norm, digest=digest,
-                               digest_s=digest_s)
+                               tokens_per_s=st.tokens_per_s, grad_norm=st.grad_norm, mfu=st.mfu,
+                               memory_gib=torch.cuda.max_memory_reserved(self.device) / 2**30
+                               if self.device.type == "cuda" else None, digest=digest, digest_s=digest_s)
                 if e.world.rank == 0:
                     write(self.store, Progress.KEY, rec)
                     self._steps_file().write(json.dumps(to_dict(rec)) + "\n")
                 if self.config.log_rank in (-1, e.world.rank):
                     who = f"[rank {e.world.rank}] " if self.config.log_rank == -1 else ""
-                    print(who + step_line(rec, st.mfu, self.device), flush=True)
+                    print(who + step_line(rec), flush=True)
             self.boundary(st.step_s)
         self.ckpt.wait()
 
@@ -237,7 +238,7 @@ class Member:
     def _switch(self, prep: Preparation, extra: dict[str, Any]) -> None:
         old = self.engine
         g = prep.generation
-        rec: dict[str, Any] = {"proc": self.proc, "generation": g, "kind": "switch", **extra,
+        rec: dict[str, Any] = {"proc": self.proc, "generation": g, **extra,
                                "prepare": prep.timings, "preparing_since": self.preparing_since}
         if old is not None and self.device.type == "cuda":
             torch.cuda.synchronize()  # drain
@@ -289,7 +290,7 @@ class Member:
                 t0 = time.perf_counter()
                 rec["digest_after"] = state_digest(new)
                 rec["digest_after_s"] = time.perf_counter() - t0
-        put(self.store, f"switch/{g}/{self.proc}", rec)
+        write(self.store, SwitchReport.key(g, self.proc), from_dict(SwitchReport, rec, "switch report"))
 
     def _stop_for_restart(self) -> None:
         """Restart mode: write a checkpoint at this boundary and stop (the baseline's save)."""
@@ -297,38 +298,38 @@ class Member:
         self.ckpt.wait()
         g = e.world.generation
         path = self.run_dir / "restart" / f"gen{g}-step{e.step:08d}"
-        rec: dict[str, Any] = {"proc": self.proc, "generation": g, "kind": "stop", "step": e.step}
+        rec: dict[str, Any] = {"proc": self.proc, "generation": g, "step": e.step}
         if self.digest == "switch":
             t0 = time.perf_counter()
             rec["digest_before"] = state_digest(e)
             rec["digest_before_s"] = time.perf_counter() - t0
         rec["save_s"] = ckpt.save(e, path)
         rec["saved_at"] = time.time()
-        put(self.store, f"stopped/{g}/{self.proc}", rec)
+        write(self.store, StopReport.key(g, self.proc), from_dict(StopReport, rec, "stop report"))
         if e.world.rank == 0:
-            put(self.store, f"saved/{g}", {"path": str(path), "step": e.step})
+            write(self.store, Saved.key(g), Saved(path=str(path), step=e.step))
         e.world.destroy()
         self.engine = None
 
 
-def step_line(p: Progress, mfu: float | None, device: torch.device) -> str:
+def step_line(p: Progress) -> str:
     """One line per step, as torchtitan prints it (memory and MFU where there is a GPU)."""
     line = (f"step: {p.step:<5d} loss: {p.loss:.4f}  grad_norm: {p.grad_norm:.4f}  "
             f"tps: {p.tokens_per_s:,.0f}  time: {p.step_s * 1e3:.1f}ms")
-    if device.type == "cuda":
-        line += f"  memory: {torch.cuda.max_memory_reserved(device) / 2**30:.2f}GiB"
-    if mfu is not None:
-        line += f"  mfu: {mfu:.1%}"
+    if p.memory_gib is not None:
+        line += f"  memory: {p.memory_gib:.2f}GiB"
+    if p.mfu is not None:
+        line += f"  mfu: {p.mfu:.1%}"
     return line + f"  gen: {p.generation} {p.parallel}" + ("  (preparing)" if p.preparing else "")
 
 
 def warm_process(adapter: EngineAdapter, cpu_step: bool = False) -> None:
     """Once per interpreter, before it trains: the companion's code paths rehearsed (and, with
     ``cpu_step``, a CPU training step), so that no preparation beside training pays first-use
-    costs; then the interpreter's objects so far (torch and its modules: ~250k) leave the cyclic
-    garbage collector's view: a full collection takes 0.01 ms instead of 110-118 ms, during which
-    it holds the GIL (bench/results/issue4-prepare-first-use). A companion's burst of allocations
-    (a transfer schedule) would otherwise set one off and stall training. The zygote does it
+    costs; then the interpreter's objects so far (torch and its modules) leave the cyclic garbage
+    collector's view, so that a full collection (which holds the GIL) walks only what came after:
+    a companion's burst of allocations (a transfer schedule) would otherwise set one off and stall
+    training for about a tenth of a second. The zygote does it
     before it forks (liver/runtime/preload.py); a worker on its own interpreter, in ``main``."""
     rehearse(adapter)
     if cpu_step:

@@ -23,10 +23,9 @@ def warm_up(adapter: EngineAdapter, job: JobConfig, layout: Layout, rank: int, b
 
 def rehearse_step(adapter: EngineAdapter) -> None:
     """One training step of the engine's rehearsal job (tensor, pipeline and data parallel where it
-    allows them, rank 0) on a mock
-    world: torch's first-use costs (autograd, the optimizer, the kernels' dispatch) paid once, in
-    the zygote (liver/runtime/preload.py). A joiner forked from it then pays 0.02 s of CPU for its
-    first warm-up step instead of 0.3 s, beside the training it joins."""
+    allows them, rank 0) on a mock world: torch's first-use costs (autograd, the optimizer, the
+    kernels' dispatch) paid once, in the zygote (liver/runtime/preload.py), so that a joiner forked
+    from it does not pay them beside the training it joins."""
     job = adapter.rehearsal_job()
     warm_up(adapter, job, adapter.layout(job, rehearsal_parallel(adapter, job)), 0, "gloo", torch.device("cpu"), 1)
 

@@ -2,7 +2,7 @@
 
 A companion shares its process with the training thread: its Python holds the GIL, and on a busy
 machine its CPU time is a core the ranks do not get. Left alone, a preparation's few milliseconds
-of CPU land in one or two steps (+15-20% on a 25 ms step, bench/results/issue4-bench-reconfig).
+of CPU land in one or two steps and slow them by a large fraction.
 Paced, it gets ``share`` of each step's time as credit (its thread's CPU time, measured) and waits
 for the next iteration boundary while its credit is spent; a unit of work that overshoots is paid
 back from the following steps' credit. Over the preparation it takes at most ``share`` of the

@@ -27,8 +27,11 @@ def _warm(engine: str, cpu_step: bool) -> None:
 
 
 def cpu_worker(engine: str) -> None:
-    """``engine``: the job's engine, by import path (its code paths are rehearsed)."""
-    _warm(engine, cpu_step=True)
+    """``engine``: the job's engine, by import path (its code paths are rehearsed). On a CUDA build
+    of torch a backward pass starts device threads even for CPU tensors, so the training step is
+    rehearsed only on a CPU build."""
+    import torch
+    _warm(engine, cpu_step=torch.version.cuda is None and getattr(torch.version, "hip", None) is None)
 
 
 def gpu_worker(engine: str) -> None:

@@ -1,0 +1,143 @@
+"""``liver bench measured``: the README's "Measured" section, rendered from the JSON files that back
+each claim (``bench/results/claims.toml``), so that no figure in the README is typed by hand.
+``--write`` replaces the section between its markers; ``--check`` says whether it is current."""
+
+from __future__ import annotations
+
+import json
+import tomllib
+from pathlib import Path
+from typing import Any, Callable
+
+ROOT = Path(__file__).resolve().parents[2]
+BEGIN, END = "<!-- measured:begin (liver bench measured --write) -->", "<!-- measured:end -->"
+
+
+def _pct(x: float | None) -> str:
+    return "n/a" if x is None else f"{x:+.2%}"
+
+
+def _ci(ci: list[float] | None) -> str:
+    return "" if not ci else f" [{ci[0]:+.2%}, {ci[1]:+.2%}]"
+
+
+def _range(xs: list[float], fmt: str) -> str:
+    lo, hi = min(xs), max(xs)
+    return format(lo, fmt) if format(lo, fmt) == format(hi, fmt) else f"{format(lo, fmt)}-{format(hi, fmt)}"
+
+
+def _handoffs(d: dict[str, Any]) -> list[str]:
+    kinds: dict[tuple[str, str, str], list[dict[str, Any]]] = {}
+    for e in d["events"]:
+        kinds.setdefault((e["event"], e["old"], e["new"]), []).append(e)
+    parts = []
+    for (kind, _, _), es in kinds.items():
+        live = " / ".join(f"{e['downtime_live_s']:.3f}" for e in es)
+        restart = " / ".join(f"{e['downtime_restart_s']:.1f}" for e in es)
+        parts.append(f"{kind} {es[0]['old']} -> {es[0]['new']}: live {live} s, restart {restart} s")
+    ratios = [e["ratio"] for e in d["events"] if e.get("ratio")]
+    lines = ["; ".join(parts) + f" ({_range(ratios, '.0f')}x less downtime live)."]
+    floors = [(e["transfer_s"], e["transfer_floor_s"]) for e in d["events"] if e.get("transfer_floor_s")]
+    if floors:
+        lines.append(f"Transfer {_range([t * 1e3 for t, _ in floors], '.0f')} ms against a floor of "
+                     f"{_range([f * 1e3 for _, f in floors], '.0f')} ms (busiest rank's bytes over the measured "
+                     f"point-to-point {d['p2p_GBps']:.0f} GB/s).")
+    equal = all(e.get("digest_equal_live") and e.get("digest_equal_restart") is not False for e in d["events"])
+    lines.append("State digest equal across every handoff." if equal else "DIGESTS DIFFER at some handoff.")
+    if d.get("losses_live_equal_restart"):
+        lines.append("Live and restart losses equal bit for bit.")
+    by_kind = d.get("steady_overhead_by_kind") or {}
+    ov = [f"{k} {_pct(v['steady_overhead'])}{_ci(v.get('steady_overhead_ci95'))}" for k, v in by_kind.items()
+          if v.get("steady_overhead") is not None]
+    if ov:
+        lines.append("Steady-state overhead while preparing: " + ", ".join(ov) + ".")
+    return lines
+
+
+def _overhead(d: dict[str, Any]) -> list[str]:
+    by_kind = d["steady_overhead_by_kind"]
+    n = sum(v["events"] for v in by_kind.values())
+    ov = [f"{k} {_pct(v['steady_overhead'])}{_ci(v.get('steady_overhead_ci95'))} (placebo "
+          f"{_pct(v.get('steady_overhead_placebo'))})" for k, v in by_kind.items()]
+    return [f"{n} live events; steady-state overhead pooled per kind, bootstrap 95% intervals over the events: "
+            + ", ".join(ov) + "."]
+
+
+def _transfer(d: dict[str, Any]) -> list[str]:
+    rows = [f"{name}: {m['moved_GiB']:.1f} GiB moved in {m['median_transfer_preallocated_s'] * 1e3:.1f} ms = "
+            f"{m['achieved_preallocated_GBps']:.0f} GB/s ({m['fraction_of_p2p_preallocated']:.0%} of point-to-point), "
+            f"peak extra memory {m['peak_extra_allocated_GiB']:.2f} GiB, bit-exact: {m['bit_exact']}"
+            for name, m in d["models"].items()]
+    return ["; ".join(rows) + f" (point-to-point {d['p2p_GBps']:.0f} GB/s in the same call)."]
+
+
+def _cpu_reconfig(rows: list[dict[str, Any]]) -> list[str]:
+    out = []
+    for r in rows:
+        out.append(f"{r['scenario']}: live {r['downtime_live_s'] * 1e3:.0f} ms, restart {r['downtime_restart_s']:.2f} s "
+                   f"({r['ratio']:.0f}x; forked restart {r['ratio_forked']:.1f}x), steady-state overhead "
+                   f"{_pct(r['steady_overhead'])}{_ci(r.get('steady_overhead_ci95'))} over {r['live_events']} events "
+                   f"(placebo {_pct(r.get('steady_overhead_placebo'))}).")
+    return out
+
+
+def _boot(rows: list[dict[str, Any]]) -> list[str]:
+    return ["; ".join(f"{r['start']}: {r['cpu_s']:.3f} s of CPU, {r['wall_s']:.3f} s wall" for r in rows)
+            + f" (median of {rows[0]['repeats']})."]
+
+
+def _core_binding(d: dict[str, Any]) -> list[str]:
+    b, u = d["bound"]["pooled"], d["unbound"]["pooled"]
+    return [f"bound {b['median_ms']:.1f} ms median (quartiles {b['p25_ms']:.1f}-{b['p75_ms']:.1f}), unbound "
+            f"{u['median_ms']:.1f} ms ({u['p25_ms']:.1f}-{u['p75_ms']:.1f}), {d['repeats']} runs each, interleaved."]
+
+
+def _plan(rows: list[dict[str, Any]]) -> list[str]:
+    return ["; ".join(f"{r['scenario'].split(',')[0]} ({r['num_tasks']:,} tasks): {r['plan_s'] * 1e3:.0f} ms"
+                      for r in rows) + "."]
+
+
+def _plan_pickle(rows: list[dict[str, Any]]) -> list[str]:
+    return ["; ".join(f"{r['model']} {r['old']} -> {r['new']}: plan {r['plan_cpu_s'] * 1e3:.2f} ms, unpickle "
+                      f"{r['unpickle_cpu_s'] * 1e3:.2f} ms of CPU" for r in rows) + "."]
+
+
+def _compat(d: dict[str, Any]) -> list[str]:
+    why = "; ".join(f"{k}: {v}" for k, v in d["pytest_failed_why"].items())
+    return [f"torch {d['torch']}, Python {d['python']}: the 1B model ({d['params'] / 1e9:.2f}B) trains at "
+            f"{d['median_step_s'] * 1e3:.0f} ms a step, {d['median_tokens_per_s']:,.0f} tokens/s, MFU "
+            f"{d['median_mfu']:.1%}, peak memory {d['peak_memory_gib']:.1f} GiB.",
+            f"Tests there: {d['pytest_summary']}" + (f" ({why})." if why else ".")]
+
+
+RENDER: dict[str, Callable[[Any], list[str]]] = {
+    "compat": _compat,
+    "handoffs": _handoffs, "overhead": _overhead, "transfer": _transfer, "cpu_reconfig": _cpu_reconfig,
+    "boot": _boot, "core_binding": _core_binding, "plan": _plan, "plan_pickle": _plan_pickle}
+
+
+def render(root: Path = ROOT) -> str:
+    results = root / "bench" / "results"
+    claims = tomllib.loads((results / "claims.toml").read_text())["claim"]
+    out = [BEGIN, ""]
+    for c in claims:
+        data = json.loads((results / c["folder"] / c["file"]).read_text())
+        out.append(f"- **{c['title']}** (`bench/results/{c['folder']}`, commit {c['commit']}):")
+        out += [f"  {line}" for line in RENDER[c["kind"]](data)]
+    out += ["", "Each folder's command and machine: `bench/results/claims.toml`.", END]
+    return "\n".join(out)
+
+
+def run(write: bool, root: Path = ROOT) -> bool:
+    """True if the README's section is current (after writing it, with ``write``)."""
+    readme = root / "README.md"
+    text = readme.read_text()
+    if BEGIN not in text or END not in text:
+        raise ValueError(f"{readme}: no section between {BEGIN!r} and {END!r}")
+    head, rest = text.split(BEGIN, 1)
+    _, tail = rest.split(END, 1)
+    new = head + render(root) + tail
+    if write and new != text:
+        readme.write_text(new)
+        return True
+    return new == text

@@ -1,0 +1,42 @@
+"""The controller's decisions that are not phase changes, as pure functions of what it knows,
+tested in-process: what a preemption notice does to a pending scale-out, and when the job ends."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+
+class NoticeAction(enum.Enum):
+    WAIT = "wait"            # nothing to do now (no notice, or nothing pending it could cut short)
+    MERGE = "merge"          # the pending scale-out is re-planned to the notice's smaller total
+    DROP_THEN_BEGIN = "drop-then-begin"  # the scale-out is dropped; the scale-in is handled next
+    DROP = "drop"            # the scale-out is dropped; the job already has the notice's total
+
+
+def on_notice(pending_kind: str | None, notice_kind: str | None, notice_gpus: int, active_gpus: int) -> NoticeAction:
+    """A scale-in notice that comes while a generation is pending: it must not wait behind a
+    scale-out that has not switched (the provider takes the GPUs at the deadline). Nothing pending
+    was committed, so dropping it loses nothing; any other pending event goes first."""
+    if notice_kind != "scale-in" or pending_kind != "scale-out":
+        return NoticeAction.WAIT
+    if notice_gpus > active_gpus:
+        return NoticeAction.MERGE
+    if notice_gpus < active_gpus:
+        return NoticeAction.DROP_THEN_BEGIN
+    return NoticeAction.DROP
+
+
+@dataclass(frozen=True, slots=True)
+class EndState:
+    step: int                       # the last step the Active World reported
+    steps: int                      # the job's configured step count
+    end_at: int                     # the step the controller ends it after (0: none set)
+    active_exit_codes: tuple[int | None, ...]  # of the Active World's processes (None: running)
+
+
+def job_finished(s: EndState) -> bool:
+    """The job is over when its last step is done and every process of the Active World exited
+    cleanly; processes of a pending generation, or leaving ones, do not keep it alive."""
+    last = min(s.steps, s.end_at) if s.end_at else s.steps
+    return s.step >= last and all(c == 0 for c in s.active_exit_codes)
