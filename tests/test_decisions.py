@@ -7,11 +7,12 @@ from liver.controller.decisions import EndState, NoticeAction, job_finished, on_
 KINDS = [None, "scale-out", "scale-in", "reshape"]
 
 
-@given(pending=st.sampled_from(KINDS), notice=st.sampled_from(KINDS), gpus=st.integers(1, 9), active=st.integers(1, 9))
-def test_a_notice_cuts_short_only_a_pending_scale_out(pending, notice, gpus, active):
-    a = on_notice(pending, notice, gpus, active)
-    if pending != "scale-out" or notice != "scale-in":
-        assert a is NoticeAction.WAIT  # any other pending event is handled first, in order
+@given(pending=st.sampled_from(KINDS), notice=st.sampled_from(KINDS), gpus=st.integers(1, 9), active=st.integers(1, 9),
+       deadline=st.booleans())
+def test_a_notice_cuts_short_only_a_pending_scale_out(pending, notice, gpus, active, deadline):
+    a = on_notice(pending, notice, gpus, active, deadline)
+    if pending != "scale-out" or notice != "scale-in" or not deadline:
+        assert a is NoticeAction.WAIT  # any other event (a scale-in without a deadline too) waits its turn
     elif gpus > active:
         assert a is NoticeAction.MERGE  # still more than the job has: a smaller scale-out
     elif gpus < active:

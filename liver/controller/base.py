@@ -51,6 +51,11 @@ def forked_workers(backend: str, engine: str, joiners: bool) -> ForkedWorkers:
     return ForkedWorkers(preload.for_backend(backend), preload.ENTRY, (engine,), joiners=joiners)
 
 
+def _last_line(text: str) -> str:
+    lines = [x for x in text.splitlines() if x.strip() and not x.startswith(("step:", "[rank"))]
+    return lines[-1][:300] if lines else ""
+
+
 class Controller:
     mode = "base"
 
@@ -274,8 +279,10 @@ class Controller:
     def _joiner_died(self, w: Worker) -> None:
         logs.PHASES.warning(f"process {w.proc} (slot {w.slot}, {w.role}) died: {self.agent.log_tail(w.proc, 300)!r}")
 
-    def _fail_stop(self, dead: list[Worker]) -> None:
-        """A rank vanished: stop everyone, restart from the latest checkpoint on the slots left."""
+    def _fail_stop(self, dead: list[Worker], preempted: bool = False) -> None:
+        """A rank vanished: stop everyone, restart from the latest checkpoint on the slots left.
+        ``preempted``: the event in flight was a scale-in whose deadline passed; its GPUs are gone,
+        so the recovery is its outcome (it is not queued again with a fresh deadline)."""
         t0 = time.time()
         old_generation = self.active.generation
         failed_step = self.step
@@ -294,11 +301,15 @@ class Controller:
         if self.current is not None:  # the event in flight: re-queued if it still applies
             ev = self.current.event
             try:
+                if preempted:
+                    raise ValueError("its deadline passed")
                 self.validate(ev, n)
                 self.current.record["status"] = "interrupted by a fail-stop; re-queued"
                 self.queue.appendleft(ev)
             except ValueError:
-                self.current.record["status"] = "superseded by the fail-stop recovery"
+                self.current.record["status"] = ("deadline missed: the leaving processes were stopped at the deadline "
+                                                  "and the job recovered on the others" if preempted else
+                                                  "superseded by the fail-stop recovery")
             self.records.append(self.current.record)
             self.current = None
         self.go(Trigger.FAIL_STOP)
@@ -309,9 +320,12 @@ class Controller:
                "old": old.short(), "new": parallel.short(),
                "failed_at_step": failed_step, "restored_step": ck["step"] if ck else 0,
                "lost_steps": failed_step - (ck["step"] if ck else 0), "checkpoint": ck["path"] if ck else None,
-               "lost_slots": sorted(dead_slots), "t_event": t0}
+               "lost_slots": sorted(dead_slots), "t_event": t0,
+               # what the dead processes said last (a traceback's final line, where there was one)
+               "last_words": {w.proc: _last_line(self.agent.log_tail(w.proc, 2000)) for w in dead}}
         self.records.append(rec)
-        self.phase_log("fail-stop", **{k: rec[k] for k in ("failed_at_step", "restored_step", "lost_steps", "new")})
+        self.phase_log("fail-stop", **{k: rec[k] for k in ("failed_at_step", "restored_step", "lost_steps", "new",
+                                                          "last_words")})
 
     # ---- event records -------------------------------------------------------------------
     def _arrival(self, ev: Event) -> float:

@@ -14,11 +14,13 @@ class NoticeAction(enum.Enum):
     DROP = "drop"            # the scale-out is dropped; the job already has the notice's total
 
 
-def on_notice(pending_kind: str | None, notice_kind: str | None, notice_gpus: int, active_gpus: int) -> NoticeAction:
-    """A scale-in notice that comes while a generation is pending: it must not wait behind a
-    scale-out that has not switched (the provider takes the GPUs at the deadline). Nothing pending
-    was committed, so dropping it loses nothing; any other pending event goes first."""
-    if notice_kind != "scale-in" or pending_kind != "scale-out":
+def on_notice(pending_kind: str | None, notice_kind: str | None, notice_gpus: int, active_gpus: int,
+              deadline: bool = True) -> NoticeAction:
+    """A scale-in notice (one with a ``deadline``) that comes while a generation is pending: it must
+    not wait behind a scale-out that has not switched (the provider takes the GPUs at the
+    deadline). Nothing pending was committed, so dropping it loses nothing. Any other event,
+    a scale-in without a deadline too, waits its turn: events are handled in order."""
+    if notice_kind != "scale-in" or pending_kind != "scale-out" or not deadline:
         return NoticeAction.WAIT
     if notice_gpus > active_gpus:
         return NoticeAction.MERGE

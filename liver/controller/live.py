@@ -143,14 +143,15 @@ class LiveController(Controller):
                 h.forced = True  # the fastest safe path: finish preparing in the foreground
                 self._wish(wanted=g, force=g)
                 self.phase_log("deadline-near", generation=g, seconds_left=round(left, 3))
-            if left < 0:
+            if left < 0:  # the provider takes the GPUs now: every leaving process goes, in one recovery
                 rec["deadline_met"] = False
-                for p in h.leaving:  # the provider takes the GPUs now
-                    if self.agent.workers[p].returncode is None:
-                        self.agent.workers[p].leaving = False
-                        self.agent.kill(p)
-                        self.phase_log("preempted", proc=p)
-                        return self._fail_stop([self.agent.workers[p]])
+                gone = [self.agent.workers[p] for p in h.leaving if self.agent.workers[p].returncode is None]
+                for w in gone:
+                    w.leaving = False
+                    self.agent.kill(w.proc)
+                self.phase_log("preempted", procs=[w.proc for w in gone])
+                if gone:
+                    return self._fail_stop(gone, preempted=True)
 
     def _mark_ready(self, now: float) -> None:
         rec = self.current.record
@@ -200,7 +201,8 @@ class LiveController(Controller):
             head = self._head_triggered()
             n_active = len(self.active.procs)
             action = on_notice(self.current.event.kind if self.current else None, head.kind if head else None,
-                               head.gpus if head else 0, n_active)
+                               head.gpus if head else 0, n_active, deadline=head is not None and
+                               head.deadline_s is not None)
             if action is NoticeAction.WAIT:
                 return
             self.queue.popleft()
