@@ -99,3 +99,42 @@ def test_warm_mode_auto_resolves_by_backend_and_bad_values_are_refused():
     assert PrepareConfig(warm="background").warm_for("nccl") == "background"
     with pytest.raises(ValueError, match="prepare.warm='soon'.*allowed 'auto'"):
         PrepareConfig(warm="soon")
+
+
+def test_the_control_endpoint_refuses_hostile_requests_in_json(tmp_path):
+    """What a new user (or a scanner) may send: oversized or nested bodies, huge counts and tokens,
+    other methods; each gets one JSON error, and the endpoint keeps serving."""
+    import http.client
+    import json as _json
+
+    from liver.controller.endpoint import ControlEndpoint, request
+    from liver.controller.events import parse_action
+
+    queued = []
+    ep = ControlEndpoint(lambda a: queued.append(parse_action(a, "http")) or {"accepted": a}, lambda: {"ok": 1},
+                         tmp_path, token="t")
+    try:
+        host, port = ep.server.server_address[:2]
+
+        def raw(method, body=b"", headers=None):
+            c = http.client.HTTPConnection(host, port, timeout=10)
+            c.request(method, "/scale", body=body, headers={"Authorization": "Bearer t", **(headers or {})})
+            r = c.getresponse()
+            out = (r.status, _json.loads(r.read() or b"{}"))
+            c.close()
+            return out
+
+        assert raw("POST", b"[" * (1 << 20))[0] == 413  # over the body limit: not read
+        assert raw("POST", b"[" * 60000)[0] == 400  # nested too deep for the parser: a plain refusal
+        assert raw("POST", b"{}", {"Content-Length": "1000000000"})[0] == 413  # answered at once, not awaited
+        code, body = raw("PUT", b"{}")
+        assert code == 405 and "allowed GET /status" in body["error"]
+        code, body = request(ep.url, "t", "POST", "/scale", {"action": "scale-out " + "9" * 5000})
+        assert code == 400 and "integer from 1 to 999999" in body["error"] and len(body["error"]) < 300
+        code, body = request(ep.url, "t", "POST", "/scale", {"action": "x" * (1 << 15)})
+        assert code == 400 and len(body["error"]) < 300
+        assert request(ep.url, "x" * (1 << 15), "GET", "/status")[0] == 401
+        assert request(ep.url, "t", "GET", "/status") == (200, {"ok": 1})  # still serving
+        assert queued == []
+    finally:
+        ep.close()

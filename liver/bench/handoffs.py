@@ -18,6 +18,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
+from liver.bench.scenarios import Scenario
 from liver.config.jobfile import build
 from liver.controller import report as rep
 from liver.controller.events import parse_schedule_text
@@ -25,22 +26,18 @@ from liver.controller.job import run_job
 from liver.topology.presets import PRESETS
 
 
-def _cycles(cycles: int, gap: int) -> list[tuple[str, int]]:
-    lines = ["reshape 1,1,2", "reshape 2,1,1", "scale-in 1 deadline 60s as 1,1,1", "scale-out 2 as 2,1,1"] * cycles
-    return [(line, 10 + gap * i) for i, line in enumerate(lines)]
+_X2 = (("scale-out 2 as 2,1,1", 8), ("reshape 1,1,2", 45), ("scale-in 1 deadline 60s as 1,1,1", 60))
+_CYCLE = ("reshape 1,1,2", "reshape 2,1,1", "scale-in 1 deadline 60s as 1,1,1", "scale-out 2 as 2,1,1")
 
-
-# name -> (first configuration, processes at the start, slots, [(action, step it comes at)])
+# name -> the scenario for (cycles, gap); the GPUs at the start and the slots follow from it
 SCENARIOS = {
-    "x2": lambda c, g: ("1,1,1", 1, 2, [("scale-out 2 as 2,1,1", 8), ("reshape 1,1,2", 45),
-                                       ("scale-in 1 deadline 60s as 1,1,1", 60)]),
-    "x2-twice": lambda c, g: ("1,1,1", 1, 2, [("scale-out 2 as 2,1,1", 8), ("reshape 1,1,2", 45),
-                                             ("scale-in 1 deadline 60s as 1,1,1", 60), ("scale-out 2 as 2,1,1", 75),
-                                             ("reshape 1,1,2", 110), ("scale-in 1 deadline 60s as 1,1,1", 125)]),
-    "x2-cycles": lambda c, g: ("2,1,1", 2, 2, _cycles(c, g)),
-    "x8": lambda c, g: ("4,2,1", 8, 8, [("reshape 8,1,1", 8), ("reshape 2,2,2", 20),
-                                        ("scale-in 4 deadline 120s as 2,2,1", 32), ("scale-out 8 as 2,2,2", 44),
-                                        ("reshape 4,1,2", 80)]),
+    "x2": lambda c, g: Scenario("x2", "1,1,1", _X2),
+    "x2-twice": lambda c, g: Scenario("x2-twice", "1,1,1", _X2 + (("scale-out 2 as 2,1,1", 75), ("reshape 1,1,2", 110),
+                                                                  ("scale-in 1 deadline 60s as 1,1,1", 125))),
+    "x2-cycles": lambda c, g: Scenario("x2-cycles", "2,1,1", tuple((a, 10 + g * i) for i, a in enumerate(_CYCLE * c))),
+    "x8": lambda c, g: Scenario("x8", "4,2,1", (("reshape 8,1,1", 8), ("reshape 2,2,2", 20),
+                                                ("scale-in 4 deadline 120s as 2,2,1", 32),
+                                                ("scale-out 8 as 2,2,2", 44), ("reshape 4,1,2", 80))),
 }
 
 
@@ -103,14 +100,15 @@ def run(args) -> dict[str, Any]:
 
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    first, gpus, slots, events = SCENARIOS[args.scenario](args.cycles, args.gap)
+    sc = SCENARIOS[args.scenario](args.cycles, args.gap)
+    first, gpus, slots = sc.first, sc.gpus, sc.slots
     cuda = torch.cuda.is_available()
     info = {"torch": torch.__version__, "model": args.model, "scenario": args.scenario, "warm": args.warm,
             "backend": args.backend, "params": PRESETS[args.model].model.num_params(),
             "gpus": [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())],
             "nccl": ".".join(map(str, torch.cuda.nccl.version())) if cuda else None}
     bw = info["p2p_GBps"] = measure_p2p(out) if args.backend == "nccl" else None
-    live = _run("live", "".join(f"at step {a}: {e}\n" for e, a in events), 5000, 8, args, first, gpus, slots, out)
+    live = _run("live", sc.schedule(), 5000, 8, args, first, gpus, slots, out)
     cuts = [e.get("last_old_step") for e in live["events"]]
     by_kind = {}
     for kind in dict.fromkeys(e["event"]["kind"] for e in live["events"]):
@@ -125,7 +123,7 @@ def run(args) -> dict[str, Any]:
                                               for e in live["events"]])
         (out / "handoffs.json").write_text(json.dumps(result, indent=1))
         return result
-    restart = _run("restart", "".join(f"at step {c}: {e}\n" for (e, _), c in zip(events, cuts)),
+    restart = _run("restart", sc.schedule(cuts),
                    live["steps"][-1]["step"], None, args, first, gpus, slots, out)
     rows = []
     for el, er in zip(live["events"], restart["events"]):

@@ -20,10 +20,9 @@ from pathlib import Path
 from typing import Any
 
 from liver.config.jobfile import build
-from liver.controller.events import parse_action
+from liver.bench.scenarios import back_and_forth
 from liver.controller import report
 from liver.controller.job import run_job
-from liver.topology import ParallelConfig
 
 SCENARIOS = {
     # world size -> (name, first configuration, event, the event back, steps between events with
@@ -52,16 +51,11 @@ def _once(name: str, first: str, action: str, mode: str, steps: int, calm: int, 
           back: str = "", gap: int = 0, cycles: int = 1) -> dict[str, Any]:
     """One run; with ``cycles`` > 1 the event, then the event back, and so on, ``gap`` steps apart:
     the scenario's figures are taken over each of its events (never over the events back)."""
-    initial = ParallelConfig.parse(first)
-    events = []
-    for i in range(2 * cycles - 1):
-        ev = parse_action(action if i % 2 == 0 else back, f"scenario {name!r}")
-        ev.at_step = calm + i * gap
-        events.append(ev)
-    # as many slots as its largest world: a core each, where the machine has them (liver/agent/cores.py)
-    slots = max([initial.world_size] + [e.gpus or e.parallel.world_size for e in events])
-    cfg = build({"preset": "tiny", "steps": calm + 2 * cycles * gap + steps + 1000, "gpus": initial.world_size,
-                 "parallel": first, "checkpoint": {"every": 0}, "agent": {"slots": slots, "quiet": True},
+    sc = back_and_forth(name, first, action, back, calm, gap, cycles)
+    events = sc.parsed()
+    # as many slots as its largest world: a core each, where the machine has them (liver/host/cores.py)
+    cfg = build({"preset": "tiny", "steps": calm + 2 * cycles * gap + steps + 1000, "gpus": sc.gpus,
+                 "parallel": first, "agent": {"slots": sc.slots, "quiet": True}, "checkpoint": {"every": 0},
                  "controller": {"mode": mode, "endpoint": False, "end_after_events": steps}})
     rep = run_job(cfg, events, run_dir, {"scenario": name})
     for e in rep["events"]:

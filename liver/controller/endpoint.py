@@ -18,6 +18,14 @@ from pathlib import Path
 from typing import Any, Callable
 
 
+MAX_BODY_BYTES = 64 << 10  # an action is a line of text
+
+
+def _short(text: str, n: int = 80) -> str:
+    """A user's text in an error message, cut short (a megabyte of it is not echoed back)."""
+    return text if len(text) <= n else text[:n] + f"... ({len(text)} characters)"
+
+
 class ControlEndpoint:
     def __init__(self, submit: Callable[[str], dict[str, Any]], status: Callable[[], dict[str, Any]],
                  run_dir: Path, host: str = "127.0.0.1", port: int = 0, token: str | None = None) -> None:
@@ -47,26 +55,35 @@ class ControlEndpoint:
                 if not self._authorised():
                     return
                 if self.path != "/status":
-                    return self._reply(404, {"error": f"path {self.path!r}: allowed GET /status, POST /scale"})
+                    return self._reply(404, {"error": f"path {_short(self.path)!r}: allowed GET /status, POST /scale"})
                 self._reply(200, status())
 
             def do_POST(self) -> None:
                 if not self._authorised():
                     return
                 if self.path != "/scale":
-                    return self._reply(404, {"error": f"path {self.path!r}: allowed GET /status, POST /scale"})
+                    return self._reply(404, {"error": f"path {_short(self.path)!r}: allowed GET /status, POST /scale"})
+                length = self.headers.get("Content-Length", "0")
+                if not length.isdigit() or int(length) > MAX_BODY_BYTES:
+                    self.close_connection = True  # the body is not read
+                    return self._reply(413, {"error": f"Content-Length {_short(length)!r}: allowed up to "
+                                                      f"{MAX_BODY_BYTES} bytes"})
                 try:
-                    n = int(self.headers.get("Content-Length", "0"))
-                    body = json.loads(self.rfile.read(n) or b"{}")
+                    body = json.loads(self.rfile.read(int(length)) or b"{}")
                     action = body["action"]
                     if not isinstance(action, str):
                         raise ValueError
-                except (ValueError, KeyError, TypeError):
+                except (ValueError, KeyError, TypeError, RecursionError):
                     return self._reply(400, {"error": "body: expected JSON {\"action\": \"scale-out N ...\"}"})
                 try:
                     self._reply(202, submit(action))
                 except ValueError as e:
-                    self._reply(400, {"error": str(e)})
+                    self._reply(400, {"error": _short(str(e), 400)})
+
+            def _not_allowed(self) -> None:
+                self._reply(405, {"error": f"method {self.command}: allowed GET /status, POST /scale"})
+
+            do_PUT = do_DELETE = do_PATCH = do_HEAD = do_OPTIONS = _not_allowed
 
         self.server = ThreadingHTTPServer((host, port), Handler)
         self.url = f"http://{host}:{self.server.server_address[1]}"

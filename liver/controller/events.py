@@ -83,7 +83,8 @@ def parse_action(text: str, where: str) -> Event:
     """``scale-out N [as P]``, ``scale-in N [deadline Ds] [as P]``, ``reshape P``."""
     words = text.split()
     if not words or words[0] not in KINDS:
-        raise EventError(f"{where}: action {words[0] if words else text!r}: allowed {', '.join(KINDS)}")
+        shown = (words[0] if words else text)[:40]
+        raise EventError(f"{where}: action {shown!r}: allowed {', '.join(KINDS)}")
     kind, rest = words[0], words[1:]
     ev = Event(kind=kind, source=where)
     try:
@@ -93,9 +94,10 @@ def parse_action(text: str, where: str) -> Event:
             ev.parallel = ParallelConfig.parse(rest[0])
             ev.gpus = ev.parallel.world_size
             return ev
-        if not rest or not rest[0].isdigit() or int(rest[0]) < 1:
-            raise EventError(f"{where}: {kind} needs the total GPU count after the event (an integer >= 1), "
-                             f"got {rest[0] if rest else 'nothing'!r}")
+        if not rest or not rest[0].isdigit() or len(rest[0]) > 6 or int(rest[0]) < 1:
+            got = rest[0] if rest else "nothing"
+            raise EventError(f"{where}: {kind} needs the total GPU count after the event (an integer from 1 to "
+                             f"999999), got {got if len(got) <= 20 else got[:20] + '...'!r}")
         ev.gpus = int(rest[0])
         i = 1
         while i < len(rest):

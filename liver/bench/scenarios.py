@@ -1,0 +1,44 @@
+"""Scenarios of the benchmarks: a first configuration and a sequence of events at given steps,
+shared by the CPU bench (``liver bench reconfig``: one event and the event back, repeated) and the
+GPU runs (``liver bench handoffs``)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from liver.controller.events import Event, parse_action
+from liver.topology import ParallelConfig
+
+
+@dataclass(frozen=True)
+class Scenario:
+    name: str
+    first: str                             # tp,pp,dp at the start
+    events: tuple[tuple[str, int], ...]    # (action, the step after which it comes)
+
+    @property
+    def gpus(self) -> int:
+        return ParallelConfig.parse(self.first).world_size
+
+    def parsed(self, at: list[int] | None = None) -> list[Event]:
+        """The events, at their own steps or at ``at`` (a restart run cut where a live run switched)."""
+        out = []
+        for i, (action, step) in enumerate(self.events):
+            ev = parse_action(action, f"scenario {self.name!r}")
+            ev.at_step = step if at is None else at[i]
+            out.append(ev)
+        return out
+
+    @property
+    def slots(self) -> int:
+        """As many as its largest world."""
+        return max([self.gpus] + [e.gpus for e in self.parsed()])
+
+    def schedule(self, at: list[int] | None = None) -> str:
+        return "".join(f"at step {s}: {a}\n" for (a, _), s in zip(self.events, at or [s for _, s in self.events]))
+
+
+def back_and_forth(name: str, first: str, action: str, back: str, calm: int, gap: int, cycles: int) -> Scenario:
+    """``action`` after step ``calm``, then ``back``, and so on, ``gap`` steps apart, ``cycles``
+    times ``action`` (the figures are taken over those, never over the events back)."""
+    return Scenario(name, first, tuple((action if i % 2 == 0 else back, calm + i * gap) for i in range(2 * cycles - 1)))
