@@ -1,6 +1,8 @@
 """Streaming executor across real processes over gloo: destination shards bit for bit, for TP,
 PP (uneven), DP changes, scale-out, scale-in and combinations; staging stays within the budget."""
 
+from datetime import timedelta
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -22,6 +24,21 @@ TRAIN = TrainConfig(global_batch=12, micro_batch=1)
 JOB = JobConfig(model=MODEL, train=TRAIN)
 
 
+def _transfer_group(store_addr, namespace, old_procs, new_procs, rank):
+    """The group over every process of both sides, as the companion builds it."""
+    store = dist.PrefixStore(namespace + "/", connect_store(store_addr))
+    members = sorted(set(old_procs) | set(new_procs))
+    return Group.create(store, "transfer", members, rank, "gloo", torch.device("cpu"), timeout=timedelta(seconds=60))
+
+
+def _reference_state(specs, box_of, old_procs, rank):
+    """This process's old shards with reference contents (None where it holds no old rank)."""
+    if rank not in old_procs:
+        return None
+    r = old_procs.index(rank)
+    return {s.name: reference_shard(s, b, torch.device("cpu")) for s in specs if (b := box_of(s, r)) is not None}
+
+
 def transfer_case(*, store_addr, namespace, rank, old, new, old_procs, new_procs, budget, job=JOB,
                   placement=None, release=False, message_bytes=None, prealloc=False):
     torch.set_num_threads(1)
@@ -30,13 +47,8 @@ def transfer_case(*, store_addr, namespace, rank, old, new, old_procs, new_procs
     old_l, new_l = Layout(MODEL, ParallelConfig.from_dict(old), TRAIN), Layout(MODEL, ParallelConfig.from_dict(new), TRAIN)
     specs = state_specs(job)
     plan = plan_transfer(old_l, new_l, specs, old_procs, new_procs, placement=placement)
-    store = dist.PrefixStore(namespace + "/", connect_store(store_addr))
-    members = sorted(set(old_procs) | set(new_procs))
-    group = Group.create(store, "transfer", members, rank, "gloo", cpu, timeout=__import__("datetime").timedelta(seconds=60))
-    src = None
-    if rank in old_procs:
-        r = old_procs.index(rank)
-        src = {s.name: reference_shard(s, view(s, old_l, r), cpu) for s in specs if view(s, old_l, r) is not None}
+    group = _transfer_group(store_addr, namespace, old_procs, new_procs, rank)
+    src = _reference_state(specs, lambda s, r: view(s, old_l, r), old_procs, rank)
     old_bytes = sum(t.numel() * t.element_size() for t in (src or {}).values())
     into = None
     if prealloc and rank in plan.placement:  # a joiner's warm-up storage, written in place
@@ -208,13 +220,8 @@ def table_case(*, store_addr, namespace, rank, old_procs, new_procs, budget):
     old = _chunk_table(specs, len(old_procs), lambda s: 0)
     new = _chunk_table(specs, len(new_procs), lambda s: len(s.shape) - 1)
     plan = plan_transfer(old, new, specs, old_procs, new_procs)
-    store = dist.PrefixStore(namespace + "/", connect_store(store_addr))
-    members = sorted(set(old_procs) | set(new_procs))
-    group = Group.create(store, "transfer", members, rank, "gloo", cpu, timeout=__import__("datetime").timedelta(seconds=60))
-    src = None
-    if rank in old_procs:
-        r = old_procs.index(rank)
-        src = {s.name: reference_shard(s, b, cpu) for s in specs if (b := old.box(s, r)) is not None}
+    group = _transfer_group(store_addr, namespace, old_procs, new_procs, rank)
+    src = _reference_state(specs, old.box, old_procs, rank)
     dst, stats = StreamingExecutor(plan, specs, rank, group, budget, cpu).run(src)
     bad = []
     if rank in plan.placement:
