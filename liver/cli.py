@@ -123,9 +123,8 @@ def _run(args: argparse.Namespace) -> int:
     return 1 if bad else 0
 
 
-def _scale(args: argparse.Namespace) -> int:
-    from liver.controller.endpoint import request
-
+def _endpoint(args: argparse.Namespace) -> tuple[str, str | None]:
+    """The running job's control endpoint and token: from --url/--token, or the run's control.json."""
     url, token = args.url, args.token
     if args.run_dir:
         info_path = Path(args.run_dir) / "control.json"
@@ -139,13 +138,33 @@ def _scale(args: argparse.Namespace) -> int:
             raise ValueError(f"--run-dir {args.run_dir}: control.json is unreadable or not the job's") from None
     if not url:
         raise ValueError("--run-dir or --url: the controller to talk to")
+    return url, token
+
+
+def _call(args: argparse.Namespace, method: str, path: str, body: dict | None = None) -> tuple[int, dict]:
+    from liver.controller.endpoint import request
+
+    url, token = _endpoint(args)
     try:
-        code, body = request(url, token, "POST", "/scale", {"action": " ".join(args.action)})
+        return request(url, token, method, path, body)
     except OSError as e:  # connection refused, timed out: the job has ended or is not reachable
         raise ValueError(f"the job's control endpoint at {url} does not answer ({e.__class__.__name__}: "
                          "the job may have ended)") from None
+
+
+def _scale(args: argparse.Namespace) -> int:
+    code, body = _call(args, "POST", "/scale", {"action": " ".join(args.action)})
     print(json.dumps(body))
     return 0 if code == 202 else 1
+
+
+def _queue(args: argparse.Namespace) -> int:
+    if args.withdraw is not None:
+        code, body = _call(args, "POST", "/withdraw", {"position": args.withdraw})
+    else:
+        code, body = _call(args, "GET", "/queue")
+    print(json.dumps(body))
+    return 0 if code in (200, 202) else 1
 
 
 def _bench_reconfig(args: argparse.Namespace) -> int:
@@ -257,6 +276,12 @@ def main(argv: list[str] | None = None) -> int:
     sc.add_argument("--url", default=None)
     sc.add_argument("--token", default=None)
     sc.set_defaults(fn=_scale)
+    q = sub.add_parser("queue", help="list the events a running `liver run` has queued, or withdraw one")
+    q.add_argument("--withdraw", type=int, default=None, metavar="N", help="take back the N-th queued event")
+    q.add_argument("--run-dir", default=None, help="the run's directory (reads control.json)")
+    q.add_argument("--url", default=None)
+    q.add_argument("--token", default=None)
+    q.set_defaults(fn=_queue)
     b = sub.add_parser("bench", help="benchmarks (JSON output)")
     bsub = b.add_subparsers(dest="bench", required=True)
     bp = bsub.add_parser("plan", help="planner speed on GPT-3 175B at 1,024-2,048 ranks")

@@ -138,3 +138,56 @@ def test_the_control_endpoint_refuses_hostile_requests_in_json(tmp_path):
         assert queued == []
     finally:
         ep.close()
+
+
+@settings(max_examples=200, deadline=None)
+@given(counts=st.lists(st.integers(1, 6), min_size=1, max_size=6), now=st.integers(1, 6), data=st.data())
+def test_withdrawing_a_queued_event_keeps_the_rest_valid_or_changes_nothing(counts, now, data):
+    """Any queue of scale events, any position: either the rest of the queue is admitted again in
+    order (and returned without it), or the withdrawal is refused naming the event it would break."""
+    from liver.controller.admission import admit, without
+    from liver.controller.events import Event
+
+    queue, n = [], now
+    for c in counts:  # a valid queue: each event changes the count from the one before it
+        if c == n:
+            continue
+        queue.append(Event(kind="scale-out" if c > n else "scale-in", gpus=c, source=f"q{len(queue) + 1}"))
+        n = c
+    if not queue:
+        return
+    position = data.draw(st.integers(0, len(queue) + 1))
+    before = list(queue)
+    try:
+        rest = without(queue, position, now, 8, ADAPTER, JOB, Hardware())
+    except ValueError as e:
+        assert "position=" in str(e) or "would leave" in str(e)
+        assert queue == before  # nothing withdrawn
+        return
+    assert 1 <= position <= len(queue) and rest == before[:position - 1] + before[position:]
+    n = now
+    for ev in rest:  # what remains is admitted in order
+        admit(ev, n, 8, ADAPTER, JOB, Hardware())
+        n = ev.gpus
+
+
+def test_the_endpoint_lists_and_withdraws_queued_events(tmp_path):
+    from liver.controller.endpoint import ControlEndpoint, request
+
+    queue = ["scale-out 4", "scale-in 2"]
+
+    def withdraw(position):
+        if not 1 <= position <= len(queue):
+            raise ValueError(f"position={position}: allowed 1 to {len(queue)}")
+        return {"withdrawn": queue.pop(position - 1)}
+
+    ep = ControlEndpoint(lambda a: {}, lambda: {}, tmp_path, token="t", queue=lambda: {"queued": list(queue)},
+                         withdraw=withdraw)
+    try:
+        assert request(ep.url, "t", "GET", "/queue") == (200, {"queued": ["scale-out 4", "scale-in 2"]})
+        assert request(ep.url, "t", "POST", "/withdraw", {"position": 3})[0] == 400
+        assert request(ep.url, "t", "POST", "/withdraw", {"position": "1"})[0] == 400
+        assert request(ep.url, "t", "POST", "/withdraw", {"position": 2}) == (202, {"withdrawn": "scale-in 2"})
+        assert request(ep.url, "t", "GET", "/queue") == (200, {"queued": ["scale-out 4"]})
+    finally:
+        ep.close()

@@ -45,6 +45,25 @@ def admit(ev: Event, n_before: int, usable_slots: int, adapter: EngineAdapter, j
         raise EventError(f"{ev.source}: {e}") from None
 
 
+def without(queue: list[Event], position: int, n_now: int, usable_slots: int, adapter: EngineAdapter,
+            job: JobConfig, hardware: target.Hardware) -> list[Event]:
+    """The queue with its ``position``-th event (from 1) withdrawn, every event after it admitted
+    again against the GPUs the ones before it leave; ValueError (nothing withdrawn) otherwise."""
+    if isinstance(position, bool) or not isinstance(position, int) or not 1 <= position <= len(queue):
+        raise EventError(f"position={position!r}: allowed 1 to {len(queue)} (the queued events)"
+                         if queue else f"position={position!r}: no event is queued")
+    rest = queue[:position - 1] + queue[position:]
+    n = n_now
+    for i, ev in enumerate(rest):
+        try:
+            admit(ev, n, usable_slots, adapter, job, hardware)
+        except ValueError as e:
+            raise EventError(f"withdrawing #{position} ({queue[position - 1].describe()}) would leave "
+                             f"#{i + 1 + (i >= position - 1)} invalid: {e}") from None
+        n = ev.gpus
+    return rest
+
+
 def check_schedule(cfg: RunConfig, events: Iterable[Event]) -> ParallelConfig:
     """The first configuration, and every event of the schedule admitted in order (each against
     the GPUs the ones before it leave). Returns the first configuration."""

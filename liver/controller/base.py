@@ -25,7 +25,7 @@ from liver.checkpoint.periodic import latest
 from liver.config import RunConfig
 from liver.config.fields import to_dict
 from liver.controller import target
-from liver.controller.admission import admit, hardware_of
+from liver.controller.admission import admit, hardware_of, without
 from liver.controller.decisions import EndState, job_finished
 from liver.controller.endpoint import ControlEndpoint
 from liver.controller.events import Event, parse_action
@@ -120,7 +120,8 @@ class Controller:
     # ---- the loop ------------------------------------------------------------------------
     def run(self) -> dict[str, Any]:
         if self.cfg.controller.endpoint:
-            self.endpoint = ControlEndpoint(self.submit, self.status, self.run_dir, token=self.token)
+            self.endpoint = ControlEndpoint(self.submit, self.status, self.run_dir, token=self.token,
+                                            queue=self.queued, withdraw=self.withdraw)
             logs.PHASES.info(f"control endpoint {self.endpoint.url} (token in {self.run_dir / 'control.json'})")
         try:
             parallel = self.cfg.parallel or target.choose(self.adapter, self.job, self.cfg.gpus, self.hardware)
@@ -168,6 +169,27 @@ class Controller:
             self.validate(ev, self._projected_gpus())
             self.queue.append(ev)
             return {"accepted": ev.describe(), "position": len(self.queue)}
+
+    def queued(self) -> dict[str, Any]:
+        """The events waiting, in the order they will be handled (the one in flight apart)."""
+        with self.lock:
+            return {"in_flight": self.current.event.describe() if self.current else None,
+                    "queued": [{"position": i + 1, "event": ev.describe(), "source": ev.source}
+                               for i, ev in enumerate(self.queue)]}
+
+    def withdraw(self, position: int) -> dict[str, Any]:
+        """From the control endpoint: take a queued event back (the one in flight cannot be)."""
+        with self.lock:
+            n_now = self.current.record["gpus"] if self.current else len(self.active.procs) if self.active \
+                else self.cfg.gpus
+            events = list(self.queue)
+            rest = without(events, position, n_now, self.cfg.slots - len(self.lost_slots), self.adapter, self.job,
+                           self.hardware)
+            self.queue.clear()
+            self.queue.extend(rest)
+            gone = events[position - 1]
+        self.records.append({"event": gone.to_dict(), "status": "withdrawn before it was handled"})
+        return {"withdrawn": gone.describe(), "queued": len(rest)}
 
     def status(self) -> dict[str, Any]:
         return {"mode": self.mode, "phase": self.phase.value, "generation": self.gen,

@@ -2,7 +2,8 @@
 
 ``POST /scale`` with ``{"action": "scale-out 4"}`` (the events-file grammar) queues an event after
 the controller validated it (400 with the reason otherwise; nothing changes); ``GET /status``
-returns the controller's state. A request without the right ``Authorization: Bearer TOKEN`` gets
+returns the controller's state; ``GET /queue`` lists the events waiting, and ``POST /withdraw``
+with ``{"position": N}`` takes the N-th back (refused if the events after it would not hold). A request without the right ``Authorization: Bearer TOKEN`` gets
 401 and is not looked at further.
 """
 
@@ -28,7 +29,12 @@ def _short(text: str, n: int = 80) -> str:
 
 class ControlEndpoint:
     def __init__(self, submit: Callable[[str], dict[str, Any]], status: Callable[[], dict[str, Any]],
-                 run_dir: Path, host: str = "127.0.0.1", port: int = 0, token: str | None = None) -> None:
+                 run_dir: Path, host: str = "127.0.0.1", port: int = 0, token: str | None = None,
+                 queue: Callable[[], dict[str, Any]] | None = None,
+                 withdraw: Callable[[int], dict[str, Any]] | None = None) -> None:
+        """``GET /status``, ``POST /scale {"action": ...}``; with ``queue`` and ``withdraw`` also
+        ``GET /queue`` and ``POST /withdraw {"position": N}``."""
+        routes = "GET /status, GET /queue, POST /scale, POST /withdraw"
         self.token = token or secrets.token_urlsafe(24)
         token_bytes = self.token.encode()
 
@@ -54,34 +60,38 @@ class ControlEndpoint:
             def do_GET(self) -> None:
                 if not self._authorised():
                     return
+                if self.path == "/queue" and queue is not None:
+                    return self._reply(200, queue())
                 if self.path != "/status":
-                    return self._reply(404, {"error": f"path {_short(self.path)!r}: allowed GET /status, POST /scale"})
+                    return self._reply(404, {"error": f"path {_short(self.path)!r}: allowed {routes}"})
                 self._reply(200, status())
 
             def do_POST(self) -> None:
                 if not self._authorised():
                     return
-                if self.path != "/scale":
-                    return self._reply(404, {"error": f"path {_short(self.path)!r}: allowed GET /status, POST /scale"})
+                if self.path not in ("/scale", "/withdraw") or (self.path == "/withdraw" and withdraw is None):
+                    return self._reply(404, {"error": f"path {_short(self.path)!r}: allowed {routes}"})
                 length = self.headers.get("Content-Length", "0")
                 if not length.isdigit() or int(length) > MAX_BODY_BYTES:
                     self.close_connection = True  # the body is not read
                     return self._reply(413, {"error": f"Content-Length {_short(length)!r}: allowed up to "
                                                       f"{MAX_BODY_BYTES} bytes"})
+                key, kind = ("action", str) if self.path == "/scale" else ("position", int)
                 try:
                     body = json.loads(self.rfile.read(int(length)) or b"{}")
-                    action = body["action"]
-                    if not isinstance(action, str):
+                    value = body[key]
+                    if not isinstance(value, kind) or isinstance(value, bool):
                         raise ValueError
                 except (ValueError, KeyError, TypeError, RecursionError):
-                    return self._reply(400, {"error": "body: expected JSON {\"action\": \"scale-out N ...\"}"})
+                    example = '"scale-out N ..."' if key == "action" else "N"
+                    return self._reply(400, {"error": f"body: expected JSON {{\"{key}\": {example}}}"})
                 try:
-                    self._reply(202, submit(action))
+                    self._reply(202, submit(value) if key == "action" else withdraw(value))
                 except ValueError as e:
                     self._reply(400, {"error": _short(str(e), 400)})
 
             def _not_allowed(self) -> None:
-                self._reply(405, {"error": f"method {self.command}: allowed GET /status, POST /scale"})
+                self._reply(405, {"error": f"method {self.command}: allowed {routes}"})
 
             do_PUT = do_DELETE = do_PATCH = do_HEAD = do_OPTIONS = _not_allowed
 
