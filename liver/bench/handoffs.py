@@ -98,10 +98,13 @@ def run(args) -> dict[str, Any]:
         raise ValueError(f"--cycles={args.cycles}, --gap={args.gap}: allowed positive counts")
     import torch
 
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
     sc = SCENARIOS[args.scenario](args.cycles, args.gap)
     first, gpus, slots = sc.first, sc.gpus, sc.slots
+    if args.backend == "nccl" and torch.cuda.device_count() < slots:
+        raise ValueError(f"--scenario={args.scenario} on nccl needs {slots} GPUs; this machine has "
+                         f"{torch.cuda.device_count()} (--backend gloo: a CPU dry run)")
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
     cuda = torch.cuda.is_available()
     info = {"torch": torch.__version__, "model": args.model, "scenario": args.scenario, "warm": args.warm,
             "backend": args.backend, "params": PRESETS[args.model].model.num_params(),

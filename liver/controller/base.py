@@ -29,7 +29,7 @@ from liver.controller.admission import admit, hardware_of, without
 from liver.controller.decisions import EndState, job_finished
 from liver.controller.endpoint import ControlEndpoint
 from liver.controller.events import Event, parse_action
-from liver.controller.phases import PENDING, Phase, Trigger, advance
+from liver.controller.phases import Phase, Trigger, advance
 from liver.controller.records import Handling, first, least, new_record
 from liver.protocol import store as protocol
 from liver.protocol.messages import M, GenerationSpec, Progress, StartReport, Wish, read, read_if, write
@@ -378,4 +378,4 @@ class Controller:
         return {p: read(self.store, k, cls) for p, k in zip(procs, keys)}
 
 
-__all__ = ["Controller", "ControllerError", "PENDING", "forked_workers"]
+__all__ = ["Controller", "ControllerError", "forked_workers"]

@@ -23,7 +23,7 @@ from typing import Any, Protocol
 import torch
 
 from liver.resource_view.spec import TensorSpec
-from liver.resource_view.view import Box, box_numel, view
+from liver.resource_view.view import Box
 from liver.topology import JobConfig, Layout, ParallelConfig
 from liver.world.world import World
 
@@ -105,16 +105,6 @@ class EngineAdapter(ABC):
 
     def max_rank_bytes(self, job: JobConfig, layout: Layout) -> int:
         return max(self.rank_bytes(job, layout, r) for r in range(layout.size))
-
-
-def state_bytes(specs: list[TensorSpec], layout: Layout, rank: int) -> int:
-    """Bytes of the logical state that ``rank`` holds under ``layout`` (its shards only)."""
-    total = 0
-    for s in specs:
-        b = view(s, layout, rank)
-        if b is not None:
-            total += box_numel(b) * s.itemsize
-    return total
 
 
 def load_adapter(path: str) -> EngineAdapter:

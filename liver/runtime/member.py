@@ -158,9 +158,10 @@ class Member:
                                tokens_per_s=st.tokens_per_s, grad_norm=st.grad_norm, mfu=st.mfu,
                                memory_gib=torch.cuda.max_memory_reserved(self.device) / 2**30
                                if self.device.type == "cuda" else None, digest=digest, digest_s=digest_s)
-                if e.world.rank == 0:
-                    write(self.store, Progress.KEY, rec)
-                    self._steps_file().write(json.dumps(to_dict(rec)) + "\n")
+                if e.world.rank == 0:  # one serialisation: the store and steps.jsonl get the same line
+                    line = json.dumps(to_dict(rec))
+                    self.store.set(Progress.KEY, line)
+                    self._steps_file().write(line + "\n")
                 if self.config.log_rank in (-1, e.world.rank):
                     who = f"[rank {e.world.rank}] " if self.config.log_rank == -1 else ""
                     print(who + step_line(rec), flush=True)

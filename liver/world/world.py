@@ -145,18 +145,13 @@ class World:
         device_type = "cpu" if cpu else self.device.type
         ranks = torch.arange(lay.size).reshape(lay.pp, lay.dp, lay.tp)
         mesh = DeviceMesh(device_type, ranks, mesh_dim_names=("pp", "dp", "tp"), _init_backend=False, _rank=self.rank)
-        names = []
-        for axis in ("pp", "dp", "tp"):
-            g = groups.get(axis) or self.groups[axis]
+        axes = [groups.get(axis) or self.groups[axis] for axis in ("pp", "dp", "tp")]
+        for g in axes:
             _register_name(g)
-            names.append(g.pg.group_name if g.pg is not None else "")
-        mesh._dim_group_names = names
+        mesh._dim_group_names = [g.pg.group_name if g.pg is not None else "" for g in axes]
         registry = getattr(mesh, "_pg_registry", None)
         if registry is not None:  # (torch >= 2.12 looks groups up here)
-            for axis, name in zip(("pp", "dp", "tp"), names):
-                g = groups.get(axis) or self.groups[axis]
-                if g.pg is not None:
-                    registry[name] = g.pg
+            registry.update({g.pg.group_name: g.pg for g in axes if g.pg is not None})
         return mesh
 
     # ---- registration with torch.distributed (for DCP and DTensor) ------------------------

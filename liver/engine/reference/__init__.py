@@ -4,6 +4,8 @@ runtime's adapter interface (``ADAPTER``)."""
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from liver.engine.interface import EngineAdapter, TrainingEngine
@@ -13,12 +15,18 @@ from liver.world.world import World
 _COMPUTE_BYTES = {"float32": 4, "bfloat16": 2}
 
 
+@functools.lru_cache(maxsize=8)
+def _specs(job: JobConfig):
+    """The job's logical tensors, made once per job (callers only read them)."""
+    from liver.engine.reference.trainer import state_specs
+    return tuple(state_specs(job))
+
+
 class ReferenceAdapter(EngineAdapter):
     name = "reference"
 
     def state_specs(self, job: JobConfig):
-        from liver.engine.reference.trainer import state_specs
-        return state_specs(job)
+        return list(_specs(job))
 
     def check(self, job: JobConfig, parallel: ParallelConfig) -> None:
         m = job.model
