@@ -1,6 +1,5 @@
 """The reference engine on real processes over gloo: parallel correctness and determinism."""
 
-import numpy as np
 import pytest
 import torch
 
@@ -61,17 +60,23 @@ def test_initial_state_is_layout_independent(pool, tiny_job):
     assert len({o[0]["digest_start"] for o in outs}) == 1
 
 
-def test_row_hashes_see_every_bit_and_not_the_split():
-    """A row hash changes when any one bit of the row changes; hashing the shards of a split
-    tensor gives the rows of the whole, whatever the split."""
-    from liver.engine.digest import row_hashes
+def test_box_hashes_see_every_bit_and_not_the_split():
+    """A box hash changes when any one bit of the tensor changes; the hashes of the pieces of any
+    cut of a tensor add up (modulo 2**64) to the hash of the whole."""
+    from liver.engine.digest import _M, box_hash
     g = torch.Generator().manual_seed(3)
-    t = torch.randn(6, 10, generator=g)
-    whole = row_hashes(t, 1)
-    assert (row_hashes(t[:, :4], 1) == whole[:4]).all() and (row_hashes(t[:, 4:], 1) == whole[4:]).all()
+    t = torch.randn(6, 10, 3, generator=g)
+    shape = tuple(t.shape)
+    whole = box_hash(t, ((0, 6), (0, 10), (0, 3)), shape)
+    for cut in ([((0, 6), (0, 4)), ((0, 6), (4, 10))], [((0, 1), (0, 10)), ((1, 6), (0, 7)), ((1, 6), (7, 10))]):
+        parts = [box_hash(t[r0:r1, c0:c1], ((r0, r1), (c0, c1), (0, 3)), shape) for (r0, r1), (c0, c1) in cut]
+        assert tuple(sum(p[k] for p in parts) % _M for k in range(2)) == whole
     bits = t.clone().view(torch.int32)
     for r, c, b in [(0, 0, 0), (5, 9, 31), (2, 3, 17)]:
         flipped = bits.clone()
-        flipped[r, c] ^= (1 << b) if b < 31 else -(1 << 31)
-        changed = row_hashes(flipped.view(torch.float32), 1)
-        assert (changed[c] != whole[c]).all() and (np.delete(changed, c, 0) == np.delete(whole, c, 0)).all()
+        flipped[r, c, 1] ^= (1 << b) if b < 31 else -(1 << 31)
+        changed = box_hash(flipped.view(torch.float32), ((0, 6), (0, 10), (0, 3)), shape)
+        assert changed[0] != whole[0] and changed[1] != whole[1]
+    swapped = t.clone()
+    swapped[0, 0, 0], swapped[0, 0, 1] = t[0, 0, 1], t[0, 0, 0]
+    assert box_hash(swapped, ((0, 6), (0, 10), (0, 3)), shape) != whole

@@ -20,6 +20,7 @@ from __future__ import annotations
 import importlib
 import json
 import os
+from pathlib import Path
 import select
 import signal
 import subprocess
@@ -171,8 +172,9 @@ def _serve(req_fd: int, reply_fd: int, preload: str, args: list[str]) -> None:
     getattr(importlib.import_module(module), function)(*args)  # the imports every worker shares
     threads = len(os.listdir("/proc/self/task")) if os.path.isdir("/proc/self/task") else 1
     if threads != 1:
-        raise RuntimeError(f"the zygote has {threads} threads after its preload {preload}; a fork would copy "
-                           "only one of them")
+        names = sorted(Path(f"/proc/self/task/{t}/comm").read_text().strip() for t in os.listdir("/proc/self/task"))
+        raise RuntimeError(f"the zygote has {threads} threads ({', '.join(names)}) after its preload {preload}; "
+                           "a fork would copy only one of them")
     wake_r, wake_w = os.pipe()
     os.set_blocking(wake_w, False)
     signal.signal(signal.SIGCHLD, lambda *_: None)

@@ -1,9 +1,9 @@
 """Save and load the engine's full state with PyTorch Distributed Checkpoint (DCP).
 
-TP-sharded tensors are saved as DTensors over the World's TP group, so DCP records each shard's
-global offset and reshards at load time into any other valid layout and world size. Replicated
-tensors are plain tensors (DCP keeps one copy). This is the fail-stop fallback and the
-stop-and-restart baseline.
+Sharded tensors are saved as DTensors (the engine says over which mesh and placements), so DCP
+records each shard's global offset and reshards at load time into any other valid layout and
+world size. Replicated tensors are plain tensors (DCP keeps one copy). This is the fail-stop
+fallback and the stop-and-restart baseline.
 """
 
 from __future__ import annotations
@@ -14,35 +14,19 @@ from typing import Any
 
 import torch
 import torch.distributed.checkpoint as dcp
-from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.tensor import DTensor, Shard
+from torch.distributed.tensor import DTensor
 
 from liver.engine.interface import TrainingEngine as Engine
 
 SCALARS = "scalars"
 
 
-def _state_dict(engine: Engine, tensors: dict[str, torch.Tensor] | None = None,
-                tp_group=None) -> dict[str, Any]:
-    """DCP's view of the engine's state: TP shards as DTensors over ``tp_group`` (default: the
-    World's TP group); ``tensors`` replaces the engine's own (a snapshot on the CPU)."""
-    w = engine.world
-    tp = tp_group or w.tp
-    tensors = engine.state if tensors is None else tensors
-    mesh = None
-    if tp.size > 1:
-        _group(engine)  # DeviceMesh.from_group needs the generation registered
-        mesh = DeviceMesh.from_group(tp.pg, tp.device.type)
-    sd: dict[str, Any] = {}
-    for spec in engine.specs:
-        if spec.name not in tensors:
-            continue
-        t = tensors[spec.name]
-        if mesh is not None and spec.shard_dim is not None:
-            t = DTensor.from_local(t, mesh, [Shard(spec.shard_dim)], run_check=False,
-                                   shape=torch.Size(spec.shape),
-                                   stride=torch.empty(spec.shape, device="meta").stride())
-        sd[spec.name] = t
+def _state_dict(engine: Engine, tensors: dict[str, torch.Tensor] | None = None, cpu: bool = False) -> dict[str, Any]:
+    """DCP's view of the engine's state (``TrainingEngine.checkpoint_tensors``: shards as DTensors,
+    so DCP records each one's global offsets) and its scalars; ``tensors`` replaces the engine's
+    own (a snapshot on the host, over the World's CPU groups: ``cpu``)."""
+    _group(engine)  # DeviceMesh needs the generation registered
+    sd: dict[str, Any] = dict(engine.checkpoint_tensors(tensors, cpu))
     sd[SCALARS] = engine.scalars()
     return sd
 

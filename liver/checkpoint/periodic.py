@@ -57,7 +57,7 @@ class PeriodicCheckpointer:
             raise RuntimeError("periodic checkpoints need the World built with cpu_groups=True")
         t0 = time.perf_counter()
         snap = {k: v.detach().to("cpu", copy=True) for k, v in engine.state.items()}
-        sd = _state_dict(engine, snap, tp_group=w.cpu_groups["tp"])
+        sd = _state_dict(engine, snap, cpu=True)
         self.snapshot_s.append(time.perf_counter() - t0)
         step, path = engine.step, self.directory / f"step{engine.step:08d}"
         record = {"step": step, "path": str(path), "parallel": w.layout.parallel.to_dict(),

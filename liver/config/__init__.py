@@ -17,7 +17,7 @@ from liver.checkpoint.config import CheckpointConfig
 from liver.controller.config import ControllerConfig
 from liver.controller.events import EventsConfig
 from liver.runtime.config import PrepareConfig
-from liver.engine.interface import DEFAULT_ENGINE, EngineAdapter, load_adapter
+from liver.engine.interface import DEFAULT_ENGINE, EngineAdapter, absolute_engine_path, load_adapter
 from liver.topology import JobConfig, ParallelConfig
 from liver.topology.presets import PRESETS
 from liver.transfer.config import TransferConfig
@@ -53,6 +53,7 @@ class RunConfig:
     agent: AgentConfig = field(default_factory=AgentConfig)
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "engine", absolute_engine_path(self.engine))  # workers run elsewhere
         load_adapter(self.engine)
         if self.preset not in PRESETS:
             raise ValueError(f"preset={self.preset!r}: allowed {', '.join(map(repr, PRESETS))}")

@@ -97,8 +97,9 @@ class LiveController(Controller):
             self.slot_of[p] = s
         new_procs = [p for p in old.procs if p not in h.leaving] + h.joiners
         t0 = time.perf_counter()
-        plan = plan_transfer(self.adapter.layout(self.job, old.parallel), self.adapter.layout(self.job, h.target),
-                             self.adapter.state_specs(self.job), list(old.procs), new_procs)
+        a, job = self.adapter, self.job
+        plan = plan_transfer(a.view(job, a.layout(job, old.parallel)), a.view(job, a.layout(job, h.target)),
+                             a.state_specs(job), list(old.procs), new_procs)
         self.gen += 1
         spec = GenerationSpec(generation=self.gen, parallel=h.target, procs=tuple(plan.placement),
                               old_generation=old.generation, old_parallel=old.parallel,

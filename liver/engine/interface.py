@@ -15,14 +15,19 @@ transfer know an engine only through this module. An engine comes in two parts:
 
 from __future__ import annotations
 
+import functools
 import importlib
+import importlib.util
+import os
+import sys
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Callable, Protocol
 
 import torch
 
 from liver.resource_view.spec import TensorSpec
+from liver.resource_view.table import RankView
 from liver.resource_view.view import Box
 from liver.topology import JobConfig, Layout, ParallelConfig
 from liver.world.world import World
@@ -57,6 +62,12 @@ class TrainingEngine(Protocol):
 
     def refresh(self) -> None:
         """The state was overwritten (a load, a transfer): re-derive what is computed from it."""
+        ...
+
+    def checkpoint_tensors(self, tensors: dict[str, torch.Tensor] | None = None,
+                           cpu: bool = False) -> dict[str, torch.Tensor]:
+        """DCP's view of the shards (``tensors``, else ``state``): sharded ones as DTensors, so
+        that DCP records their global offsets; ``cpu``: over the World's CPU groups."""
         ...
 
     def release_compute(self) -> None:
@@ -103,23 +114,71 @@ class EngineAdapter(ABC):
                                  f"({s.shape[s.shard_dim]})")
         return lay
 
+    def view(self, job: JobConfig, layout: Layout) -> Layout | RankView:
+        """Who holds what under ``layout``, for the planner: the Layout itself (its analytic view),
+        or a box table."""
+        return layout
+
+    def enter(self, job: JobConfig, world: World, device: torch.device,
+              deliver: Callable[[dict[str, torch.Tensor] | None], dict[str, torch.Tensor]],
+              into: dict[str, torch.Tensor] | None = None) -> TrainingEngine:
+        """The new generation's engine, its state delivered by the transfer: ``deliver(storage)``
+        runs it, writing into ``storage`` where given (else into fresh tensors), and returns the
+        shards. Here: into ``into`` (a joiner's warm-up state) or fresh, then adopted."""
+        return self.build(job, world, device, state=deliver(into))
+
+    def warm_storage(self, engine: TrainingEngine) -> dict[str, torch.Tensor] | None:
+        """What of a cold joiner's warm-up engine the switch may write the state into."""
+        return engine.state
+
+    def mock_world(self, generation: int, layout: Layout, rank: int, backend: str, device: torch.device) -> World:
+        """The world a cold joiner warms up on: every collective answered locally."""
+        from liver.world.mock import MockWorld
+        return MockWorld.build_mock(generation, layout, rank, backend, device)
+
     def max_rank_bytes(self, job: JobConfig, layout: Layout) -> int:
         return max(self.rank_bytes(job, layout, r) for r in range(layout.size))
 
 
+def absolute_engine_path(path: str) -> str:
+    """``file.py:ATTR`` with the file made absolute (a worker's directory may differ); a module
+    path unchanged."""
+    module, sep, attr = path.partition(":")
+    if sep and module.endswith(".py"):
+        return f"{os.path.abspath(module)}:{attr}"
+    return path
+
+
+@functools.lru_cache(maxsize=16)
 def load_adapter(path: str) -> EngineAdapter:
-    """The adapter named ``module:attribute``; ValueError naming ``engine`` otherwise."""
+    """The adapter named ``module:attribute`` (or ``path/to/file.py:attribute``): an
+    EngineAdapter, or a ``Recipe`` (liver.engine.native) behind its adapter; one per path and
+    process. ValueError naming ``engine`` otherwise."""
     module, sep, attr = path.partition(":")
     if not sep or not module or not attr:
-        raise ValueError(f"engine={path!r}: expected an import path 'module:attribute'")
+        raise ValueError(f"engine={path!r}: expected an import path 'module:attribute' or 'file.py:attribute'")
     try:
-        obj = getattr(importlib.import_module(module), attr)
-    except (ImportError, AttributeError) as e:
+        if module.endswith(".py"):
+            if not os.path.isfile(module):
+                raise ImportError(f"no file {module}")
+            name = "liver_user_" + os.path.splitext(os.path.basename(module))[0]
+            spec = importlib.util.spec_from_file_location(name, module)
+            mod = importlib.util.module_from_spec(spec)
+            sys.modules[name] = mod  # (pickling and dataclasses look the module up)
+            spec.loader.exec_module(mod)
+        else:
+            mod = importlib.import_module(module)
+        obj = getattr(mod, attr)
+    except (ImportError, AttributeError, SyntaxError) as e:
         raise ValueError(f"engine={path!r}: cannot import it ({type(e).__name__}: {e})") from None
-    if isinstance(obj, type) and issubclass(obj, EngineAdapter):
+    from liver.engine.native.recipe import Recipe
+    if isinstance(obj, type) and issubclass(obj, (EngineAdapter, Recipe)):
         obj = obj()
+    if isinstance(obj, Recipe):
+        from liver.engine.native.adapter import NativeAdapter
+        obj = NativeAdapter(obj)
     if not isinstance(obj, EngineAdapter):
-        raise ValueError(f"engine={path!r}: is a {type(obj).__name__}, not an EngineAdapter")
+        raise ValueError(f"engine={path!r}: is a {type(obj).__name__}, not an EngineAdapter or a Recipe")
     return obj
 
 

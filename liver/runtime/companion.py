@@ -42,6 +42,11 @@ def layouts(adapter: EngineAdapter, job: JobConfig, spec: GenerationSpec) -> tup
     return adapter.layout(job, spec.old_parallel), adapter.layout(job, spec.parallel)
 
 
+def _describes(view, layout: Layout) -> bool:
+    """The plan's view is of ``layout``: the Layout itself, or a box table of its size."""
+    return view.parallel == layout.parallel if isinstance(view, Layout) else view.size == layout.size
+
+
 class Abandoned(RuntimeError):
     """Raised inside an abandoned preparation at its next pause: it stops there."""
 
@@ -105,8 +110,8 @@ class Preparation:
         s = self.spec
         old, new = layouts(self.adapter, self.job, s)
         self.plan = fetch_plan(self.store, s.generation)  # the controller's (protocol/store.py)
-        if (self.plan.old.parallel, self.plan.new.parallel, self.plan.placement, self.plan.old_procs) != \
-                (old.parallel, new.parallel, list(s.procs), list(s.old_procs)):
+        if not (_describes(self.plan.old, old) and _describes(self.plan.new, new)
+                and (self.plan.placement, self.plan.old_procs) == (list(s.procs), list(s.old_procs))):
             raise RuntimeError(f"plan/{s.generation} in the store does not match gen/{s.generation}")
         self.timings["plan_s"] = time.perf_counter() - t0
         self._pause()

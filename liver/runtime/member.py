@@ -124,7 +124,7 @@ class Member:
                        self.config.prepare.mock_steps, generation=g)
         if self.device.type == "cuda":
             torch.cuda.synchronize()
-        self.into = warm.state  # already in the new layout: the transfer writes into it
+        self.into = self.adapter.warm_storage(warm)  # in the new layout: the transfer may write into it
         del warm
         warmup_s = time.perf_counter() - t0
         prep = self._preparation(spec, store=self.store)

@@ -8,16 +8,17 @@ import torch
 from liver.engine.interface import EngineAdapter, TrainingEngine
 from liver.topology import JobConfig, ParallelConfig
 from liver.topology.layout import Layout
-from liver.world.mock import MockWorld
 
 
 def warm_up(adapter: EngineAdapter, job: JobConfig, layout: Layout, rank: int, backend: str, device: torch.device,
             steps: int, generation: int = 0) -> TrainingEngine:
     """A cold worker's warm-up: ``steps`` training steps as rank ``rank`` of ``layout`` on a mock
     world. Returns the engine: its state is already in the new layout."""
-    engine = adapter.build(job, MockWorld.build_mock(generation, layout, rank, backend, device), device)
-    for _ in range(steps):
-        engine.train_step()
+    world = adapter.mock_world(generation, layout, rank, backend, device)
+    with world.registered():
+        engine = adapter.build(job, world, device)
+        for _ in range(steps):
+            engine.train_step()
     return engine
 
 

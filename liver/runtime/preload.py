@@ -16,7 +16,6 @@ GPU_PRELOAD = "liver.runtime.preload:gpu_worker"
 
 
 def _warm(engine: str, cpu_step: bool) -> None:
-    os.environ.setdefault("OMP_NUM_THREADS", "1")
     import torch
 
     from liver.engine.interface import load_adapter
@@ -30,11 +29,13 @@ def cpu_worker(engine: str) -> None:
     """``engine``: the job's engine, by import path (its code paths are rehearsed). On a CUDA build
     of torch a backward pass starts device threads even for CPU tensors, so the training step is
     rehearsed only on a CPU build."""
+    os.environ.setdefault("OMP_NUM_THREADS", "1")  # before torch's import: no thread pool
     import torch
     _warm(engine, cpu_step=torch.version.cuda is None and getattr(torch.version, "hip", None) is None)
 
 
 def gpu_worker(engine: str) -> None:
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
     _warm(engine, cpu_step=False)
 
 

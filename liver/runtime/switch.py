@@ -31,10 +31,21 @@ def switch(*, adapter: EngineAdapter, job: JobConfig, old: TrainingEngine | None
                                         src=transfer.members.index(plan.old_procs[0]))
     if old is not None:  # the old engine ends here: its compute copies go first, its shards
         old.release_compute()  # layer by layer as they are sent (bounded extra memory, invariant I2)
-    shards, stats = executor.run(old.state if old is not None else None, release=old is not None, into=into)
+    ran: list = []
+
+    def deliver(storage: dict[str, torch.Tensor] | None) -> dict[str, torch.Tensor]:
+        shards, stats = executor.run(old.state if old is not None else None, release=old is not None, into=storage)
+        ran.append(stats)
+        return shards
+
     engine = None
-    if new_world is not None:
-        engine = adapter.build(job, new_world, device, state=shards)
+    if new_world is None:
+        deliver(None)
+    else:
+        if old is not None:  # the old generation's groups are not the default any more
+            old.world.deactivate()
+        new_world.activate()  # (DeviceMesh asks the default group for the rank)
+        engine = adapter.enter(job, new_world, device, deliver, into)
         engine.load_scalars(scalars)
         engine.refresh()
-    return engine, {"switch_s": time.perf_counter() - t0, **stats.to_dict()}
+    return engine, {"switch_s": time.perf_counter() - t0, **ran[0].to_dict()}

@@ -227,8 +227,9 @@ class StreamingExecutor:
         ``release``: the old shards are not needed afterwards; each layer's are dropped from
         ``src_state`` as soon as its operations completed (one layer later), so old and new state
         coexist only for about two layers: the extra memory stays bounded, whatever the model size.
-        ``into``: storage already allocated in the new layout (a joiner's warm-up state) to write
-        into, instead of allocating it during the switch.
+        ``into``: storage already allocated in the new layout (a joiner's warm-up state, or the
+        new engine's own) to write into, instead of allocating it during the switch; a kept shard
+        is copied into it.
         """
         stats = TransferStats(**{k: getattr(self._bytes, k) for k in
                                  ("bytes_sent", "bytes_received", "bytes_local", "bytes_kept")})
@@ -266,7 +267,10 @@ class StreamingExecutor:
         for seq, step in enumerate(self._steps):
             self._layer = seq  # position in this process's order of layers
             for name in step.keeps:
-                dst[name] = src_state[name]  # the very same storage: nothing moves
+                if into is not None and name in into:  # the new engine's own storage: a local copy
+                    dst[name] = into[name].copy_(src_state[name])
+                else:
+                    dst[name] = src_state[name]  # the very same storage: nothing moves
             for m in step.messages:  # in the order of each message's first slice
                 base = (lambda n: src_state[n]) if m.sending else dst_tensor
                 if m.chunks:

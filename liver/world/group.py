@@ -102,6 +102,24 @@ class Group:
             pg._set_group_name(name.replace("/", "_"))
         return Group(name, members, rank, pg, backend, device)
 
+    @staticmethod
+    def solo(name: str, members: list[int], backend: str, device: torch.device) -> "Group":
+        """A real one-member group (no peer, no rendezvous): where a communicator object is needed
+        for an axis of size one (a DeviceMesh dimension), instead of a ``LocalGroup``."""
+        store = dist.HashStore()
+        if backend == "nccl":
+            be, btype = dist.ProcessGroupNCCL(store, 0, 1), ProcessGroup.BackendType.NCCL
+        else:
+            be, btype = dist.ProcessGroupGloo(store, 0, 1), ProcessGroup.BackendType.GLOO
+        pg = ProcessGroup(store, 0, 1)
+        pg._set_default_backend(btype)
+        pg._register_backend(device, btype, be)
+        if device.type != "cpu" and backend == "gloo":
+            pg._register_backend(torch.device("cpu"), btype, be)
+        if hasattr(pg, "_set_group_name"):
+            pg._set_group_name(name.replace("/", "_"))
+        return Group(name, members, 0, pg, backend, device)
+
     def share(self, name: str, members: list[int], inherited: bool) -> "Group":
         """The same communicator under another role or generation: ``members`` (that generation's
         ranks) must belong to the same processes in the same order, so group ranks are unchanged."""

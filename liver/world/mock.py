@@ -8,6 +8,7 @@ and thrown away; the switch delivers the real state.
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 import torch
@@ -54,3 +55,8 @@ class MockWorld(World):
 
     def activate(self) -> None:
         raise RuntimeError("a mock world cannot be registered with torch.distributed")
+
+    @contextlib.contextmanager
+    def registered(self):
+        """Nothing to register: its groups have no communicator."""
+        yield self

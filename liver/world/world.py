@@ -7,6 +7,7 @@ background thread while another World trains, warmed (first collective done), ac
 
 from __future__ import annotations
 
+import contextlib
 import time
 from datetime import timedelta
 
@@ -45,6 +46,44 @@ def _register_name(g: Group) -> None:
         c10d._register_process_group(g.pg.group_name, g.pg)
 
 
+def forget_meshes() -> None:
+    """Drop what DTensor cached about meshes seen so far, before a model is laid out on a new one.
+
+    DeviceMesh equality looks at ranks and shape only (not at the process's coordinate, nor at
+    the groups): a mesh of another generation, or a fake one of a rehearsal, of the same shape
+    compares equal, and DTensor's sharding propagation (a per-thread cache keyed by such specs)
+    would hand back output specs that hold the old mesh object: a wrong coordinate, dead groups."""
+    from torch.distributed.tensor import DTensor
+    if hasattr(torch._C, "_clear_DTensor_sharding_propagator_cache"):  # the C++ dispatch's own cache
+        torch._C._clear_DTensor_sharding_propagator_cache()
+    prop = getattr(getattr(DTensor, "_op_dispatcher", None), "sharding_propagator", None)
+    for cached in (getattr(prop, "propagate_op_sharding", None), getattr(prop, "_propagate_tensor_meta_cached", None)):
+        if hasattr(cached, "cache_clear"):
+            cached.cache_clear()
+    try:
+        from torch.distributed.tensor import _redistribute
+        if hasattr(getattr(_redistribute, "_gen_transform_infos", None), "cache_clear"):
+            _redistribute._gen_transform_infos.cache_clear()
+    except ImportError:  # pragma: no cover
+        pass
+
+
+def _register_group(g: Group) -> None:
+    """Make torch.distributed know ``g`` (its members are generation ranks)."""
+    w = c10d._world
+    if g.pg is None or g.pg in w.pg_map:  # one communicator in two roles: registered once
+        return
+    gname = g.pg.group_name  # a shared communicator keeps the name it was made with
+    w.pg_map[g.pg] = (g.backend, None)
+    w.pg_names[g.pg] = gname
+    w.pg_group_ranks[g.pg] = {m: i for i, m in enumerate(g.members)}
+    w.pg_backend_config[g.pg] = f"{g.device.type}:{g.backend}"
+    w.pg_to_tag[g.pg] = f"ptd:{gname}"
+    w.tags_to_pg.setdefault(f"ptd:{gname}", []).append(g.pg)
+    if hasattr(c10d, "_register_process_group"):
+        c10d._register_process_group(gname, g.pg)
+
+
 class World:
     """The process groups of one generation, as seen by one of its ranks."""
 
@@ -63,6 +102,8 @@ class World:
         self.build_s = build_s
         self.warm_s = 0.0
         self._registered = False
+        self._meshes: dict[bool, DeviceMesh] = {}
+        self._solo: dict[str, Group] = {}  # one-member axes as real groups, for DeviceMesh
 
     # Training code asks the World for its groups; nothing reads the process-global default.
     @property
@@ -115,7 +156,7 @@ class World:
         return cls(generation, layout, rank, backend, device, groups, time.perf_counter() - t0, cpu)
 
     def every_group(self) -> list[Group]:
-        return [*self.groups.values(), *self.cpu_groups.values()]
+        return [*self.groups.values(), *self.cpu_groups.values(), *self._solo.values()]
 
     def warm(self, training_thread: bool = True) -> float:
         """Run a first collective on every group so connection set-up is off the critical path,
@@ -139,20 +180,38 @@ class World:
         """A DeviceMesh of shape (pp, dp, tp), axes named "pp", "dp", "tp", over this generation's
         ranks, whose axes are this World's own groups and whose coordinate is this rank's in the
         generation (not the process's in torch's default group: a Shadow World renumbers
-        processes). ``cpu``: over the CPU (gloo) groups where the World has them (only "tp")."""
+        processes). ``cpu``: over the CPU (gloo) groups where the World has them (only "tp").
+        An axis of one member gets a real one-member group. Made once per World.
+
+        Slicing it (``mesh["tp"]``) asks torch.distributed for the process's rank: only on the
+        World that is registered (``activate``), whose default group numbers ranks as the mesh does."""
+        if cpu in self._meshes:
+            return self._meshes[cpu]
         lay = self.layout
         groups = self.cpu_groups if cpu else self.groups
         device_type = "cpu" if cpu else self.device.type
         ranks = torch.arange(lay.size).reshape(lay.pp, lay.dp, lay.tp)
         mesh = DeviceMesh(device_type, ranks, mesh_dim_names=("pp", "dp", "tp"), _init_backend=False, _rank=self.rank)
-        axes = [groups.get(axis) or self.groups[axis] for axis in ("pp", "dp", "tp")]
+        axes = [self._with_pg(groups.get(axis) or self.groups[axis], cpu) for axis in ("pp", "dp", "tp")]
         for g in axes:
             _register_name(g)
-        mesh._dim_group_names = [g.pg.group_name if g.pg is not None else "" for g in axes]
+        mesh._dim_group_names = [g.pg.group_name for g in axes]
         registry = getattr(mesh, "_pg_registry", None)
         if registry is not None:  # (torch >= 2.12 looks groups up here)
-            registry.update({g.pg.group_name: g.pg for g in axes if g.pg is not None})
+            registry.update({g.pg.group_name: g.pg for g in axes})
+        self._meshes[cpu] = mesh
         return mesh
+
+    def _with_pg(self, g: Group, cpu: bool) -> Group:
+        if g.pg is not None:
+            return g
+        key = f"{'cpu_' if cpu else ''}{g.name}"
+        if key not in self._solo:
+            backend, device = ("gloo", torch.device("cpu")) if cpu else (self.backend, self.device)
+            self._solo[key] = Group.solo(f"liver/gen{self.generation}/solo/{key}", g.members, backend, device)
+            if self._registered:
+                _register_group(self._solo[key])
+        return self._solo[key]
 
     # ---- registration with torch.distributed (for DCP and DTensor) ------------------------
     def activate(self) -> None:
@@ -160,22 +219,24 @@ class World:
 
         Only the Active World is registered; a Shadow World uses its groups directly.
         """
-        w = c10d._world
         for g in self.every_group():
-            if g.pg is None or g.pg in w.pg_map:  # one communicator in two roles: registered once
-                continue
-            gname = g.pg.group_name  # a shared communicator keeps the name it was made with
-            w.pg_map[g.pg] = (g.backend, None)
-            w.pg_names[g.pg] = gname
-            w.pg_group_ranks[g.pg] = {m: i for i, m in enumerate(g.members)}
-            w.pg_backend_config[g.pg] = f"{g.device.type}:{g.backend}"
-            w.pg_to_tag[g.pg] = f"ptd:{gname}"
-            w.tags_to_pg.setdefault(f"ptd:{gname}", []).append(g.pg)
-            if hasattr(c10d, "_register_process_group"):
-                c10d._register_process_group(gname, g.pg)
-        if self.all.pg is not None:
-            c10d._update_default_pg(self.all.pg)
+            _register_group(g)
         self._registered = True
+        # (a one-rank World too: DeviceMesh asks the default group for this process's rank)
+        c10d._update_default_pg(self._with_pg(self.all, False).pg)
+
+    @contextlib.contextmanager
+    def registered(self):
+        """Registered (``activate``) for the duration; as before afterwards (the default group
+        that was installed comes back)."""
+        was, default = self._registered, c10d._world.default_pg
+        self.activate()
+        try:
+            yield self
+        finally:
+            if not was:
+                self.deactivate()
+                c10d._update_default_pg(default)
 
     def deactivate(self) -> None:
         if not self._registered:
@@ -193,7 +254,7 @@ class World:
                     c10d._unregister_process_group(gname)
                 except Exception:
                     pass
-        if c10d._world.default_pg is self.all.pg:
+        if c10d._world.default_pg is self._with_pg(self.all, False).pg:
             c10d._update_default_pg(None)
         self._registered = False
 

@@ -12,6 +12,8 @@ import time
 from typing import Any
 
 import torch
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.tensor import DTensor, Shard
 
 from liver.engine.interface import StepStats
 from liver.engine.reference import data, model
@@ -104,6 +106,26 @@ class Engine:
             with torch.no_grad():
                 for s in self.local_params:
                     self.params[s.name].copy_(self.state[s.name])
+
+    # ---- checkpoints -------------------------------------------------------------------------
+    def checkpoint_tensors(self, tensors: dict[str, torch.Tensor] | None = None,
+                           cpu: bool = False) -> dict[str, torch.Tensor]:
+        """TP shards as DTensors over the World's TP group (its CPU one for a host snapshot:
+        ``cpu``); replicated tensors plain. ``tensors`` replaces the engine's own."""
+        tp = self.world.cpu_groups["tp"] if cpu else self.world.tp
+        tensors = self.state if tensors is None else tensors
+        mesh = DeviceMesh.from_group(tp.pg, tp.device.type) if tp.size > 1 else None
+        out: dict[str, torch.Tensor] = {}
+        for spec in self.specs:
+            if spec.name not in tensors:
+                continue
+            t = tensors[spec.name]
+            if mesh is not None and spec.shard_dim is not None:
+                t = DTensor.from_local(t, mesh, [Shard(spec.shard_dim)], run_check=False,
+                                       shape=torch.Size(spec.shape),
+                                       stride=torch.empty(spec.shape, device="meta").stride())
+            out[spec.name] = t
+        return out
 
     # ---- scalars -----------------------------------------------------------------------------
     def scalars(self) -> dict[str, Any]:

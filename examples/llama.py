@@ -1,0 +1,153 @@
+"""A Llama-style model in plain PyTorch, trained by LiveR and reshaped live (TP, FSDP, both).
+
+Run it:  liver run --config configs/llama-native.toml
+The model knows nothing of LiveR; the recipe at the bottom says how to build, parallelise and
+train it (TorchTitan's pattern: a parallelize function over a named DeviceMesh).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.distributed.fsdp import fully_shard
+from torch.distributed.tensor import Replicate
+from torch.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleInput, RowwiseParallel,
+                                               parallelize_module)
+
+from liver.engine.native import Recipe
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float = 1e-5) -> None:
+        super().__init__()
+        self.eps, self.weight = eps, nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight
+
+
+def rope(x: torch.Tensor, theta: float) -> torch.Tensor:
+    """Rotary position embedding of [batch, seq, heads, head_dim] (computed, not a buffer)."""
+    seq, half = x.shape[1], x.shape[-1] // 2
+    freqs = 1.0 / theta ** (torch.arange(half, device=x.device, dtype=torch.float32) / half)
+    angles = torch.outer(torch.arange(seq, device=x.device, dtype=torch.float32), freqs)
+    cos, sin = angles.cos()[None, :, None, :], angles.sin()[None, :, None, :]
+    x1, x2 = x[..., :half], x[..., half:]
+    return torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1)
+
+
+class Attention(nn.Module):
+    def __init__(self, dim: int, heads: int, theta: float) -> None:
+        super().__init__()
+        self.head_dim, self.theta = dim // heads, theta
+        self.wq, self.wk, self.wv = (nn.Linear(dim, dim, bias=False) for _ in range(3))
+        self.wo = nn.Linear(dim, dim, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, s, _ = x.shape  # under TP each rank has its own heads: -1 is the local head count
+        q, k, v = (w(x).view(b, s, -1, self.head_dim) for w in (self.wq, self.wk, self.wv))
+        q, k = rope(q, self.theta), rope(k, self.theta)
+        out = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True)
+        return self.wo(out.transpose(1, 2).reshape(b, s, -1))
+
+
+class FeedForward(nn.Module):
+    def __init__(self, dim: int, hidden: int) -> None:
+        super().__init__()
+        self.w1, self.w3 = nn.Linear(dim, hidden, bias=False), nn.Linear(dim, hidden, bias=False)
+        self.w2 = nn.Linear(hidden, dim, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.w2(F.silu(self.w1(x)) * self.w3(x))
+
+
+class Block(nn.Module):
+    def __init__(self, dim: int, heads: int, hidden: int, theta: float, eps: float) -> None:
+        super().__init__()
+        self.attention_norm, self.attention = RMSNorm(dim, eps), Attention(dim, heads, theta)
+        self.ffn_norm, self.feed_forward = RMSNorm(dim, eps), FeedForward(dim, hidden)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.attention(self.attention_norm(x))
+        return x + self.feed_forward(self.ffn_norm(x))
+
+
+class Llama(nn.Module):
+    def __init__(self, vocab: int, dim: int, layers: int, heads: int, hidden: int, theta: float = 1e4,
+                 eps: float = 1e-5) -> None:
+        super().__init__()
+        self.tok_embeddings = nn.Embedding(vocab, dim)
+        self.layers = nn.ModuleDict({str(i): Block(dim, heads, hidden, theta, eps) for i in range(layers)})
+        self.norm, self.output = RMSNorm(dim, eps), nn.Linear(dim, vocab, bias=False)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        x = self.tok_embeddings(tokens)
+        for block in self.layers.values():
+            x = block(x)
+        return self.output(self.norm(x))
+
+
+def parallelize(model: Llama, mesh) -> Llama:
+    """Megatron-style TP over mesh["tp"], then FSDP2 over mesh["dp"] (per block, then the root)."""
+    tp, dp = mesh["tp"], mesh["dp"]
+    if tp.size() > 1:
+        parallelize_module(model, tp, {
+            "tok_embeddings": RowwiseParallel(input_layouts=Replicate(), output_layouts=Replicate()),
+            "output": ColwiseParallel(output_layouts=Replicate())})
+        for block in model.layers.values():
+            parallelize_module(block, tp, {
+                "attention": PrepareModuleInput(input_layouts=(Replicate(),), desired_input_layouts=(Replicate(),)),
+                **{f"attention.{w}": ColwiseParallel() for w in ("wq", "wk", "wv")},
+                "attention.wo": RowwiseParallel(output_layouts=Replicate()),
+                "feed_forward.w1": ColwiseParallel(), "feed_forward.w3": ColwiseParallel(),
+                "feed_forward.w2": RowwiseParallel(output_layouts=Replicate())})
+    if dp.size() > 1:  # over TP's DTensors this makes 2-D shards (FSDP2's _StridedShard)
+        for block in model.layers.values():
+            fully_shard(block, mesh=dp)
+        fully_shard(model, mesh=dp)
+    return model
+
+
+class LlamaRecipe(Recipe):
+    name = "llama"
+
+    def model(self, job):
+        m = job.model
+        return Llama(m.vocab_size, m.hidden_size, m.num_layers, m.num_heads, m.ffn_size, m.rope_theta, m.norm_eps)
+
+    def parallelize(self, model, mesh, job):
+        return parallelize(model, mesh)
+
+    def check(self, job, parallel):
+        for field in ("num_heads", "ffn_size", "vocab_size"):
+            if getattr(job.model, field) % parallel.tp:
+                raise ValueError(f"parallel.tp={parallel.tp} does not divide model.{field}={getattr(job.model, field)}")
+
+    def optimizer(self, model, job):
+        t = job.train
+        return torch.optim.AdamW(model.parameters(), lr=t.lr, betas=(t.beta1, t.beta2), eps=t.eps,
+                                 weight_decay=t.weight_decay, foreach=False)
+
+    def scheduler(self, optimizer, job):
+        warmup = max(1, job.train.warmup_steps)
+        return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: min(1.0, (step + 1) / warmup))
+
+    def batch(self, job, dp_rank, dp_size, position):
+        """Sample k: tokens (a + b*t) mod vocab, a and b drawn from (seed, k): learnable, and the
+        same samples for any layout."""
+        m, n = job.model, job.train.global_batch // dp_size
+        rows = []
+        for k in range(position + dp_rank * n, position + (dp_rank + 1) * n):
+            g = torch.Generator().manual_seed(job.train.seed * 7919 + k)
+            a, b = torch.randint(0, m.vocab_size, (2,), generator=g)
+            rows.append((a + (b % 7 + 1) * torch.arange(m.seq_len + 1)) % m.vocab_size)
+        data = torch.stack(rows)
+        return data[:, :-1], data[:, 1:]
+
+    def loss(self, model, inputs, targets):
+        logits = model(inputs)
+        return F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten())
+
+
+RECIPE = LlamaRecipe()

@@ -1,0 +1,120 @@
+"""A ``Recipe`` behind the runtime's adapter interface (``EngineAdapter``).
+
+The Resource View of a layout comes from the recipe's own model: built and parallelised on the
+meta device as rank 0 of that layout over fake process groups (``liver.world.fake``), in this
+process, with no process of the layout needed; its DTensor placements then give every rank's box
+(``resource.table``). Made once per job and layout. The live switch builds the new generation's
+model first (meta, parallelise, storage for this rank's shards only) and lets the executor write
+the state straight into that storage.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Callable
+
+import torch
+
+from liver.engine.interface import EngineAdapter, TrainingEngine
+from liver.engine.native.engine import NativeEngine, build_model
+from liver.engine.native.recipe import Recipe
+from liver.engine.native.resource import Placed, table
+from liver.resource_view.spec import TensorSpec
+from liver.resource_view.table import BoxTable
+from liver.resource_view.view import box_numel
+from liver.topology import JobConfig, Layout, ParallelConfig
+from liver.world.fake import FakeWorld
+from liver.world.world import World, forget_meshes
+
+_lock = threading.Lock()  # a metadata build installs its fake World as the default group meanwhile
+
+
+class NativeAdapter(EngineAdapter):
+    """The adapter of one recipe (see the module's docstring)."""
+
+    def __init__(self, recipe: Recipe) -> None:
+        self.recipe = recipe
+        self.name = recipe.name
+        self._placed: dict[tuple[JobConfig, ParallelConfig], list[Placed]] = {}
+        self._tables: dict[tuple[JobConfig, ParallelConfig], BoxTable] = {}
+
+    # ---- metadata ----------------------------------------------------------------------------
+    def placed(self, job: JobConfig, layout: Layout) -> list[Placed]:
+        """Every logical tensor with its placements under ``layout`` (a meta build, cached)."""
+        key = (job, layout.parallel)
+        if key not in self._placed:
+            with _lock:
+                world = FakeWorld.build_fake(0, layout, 0, "gloo", torch.device("cpu"))
+                with world.registered():
+                    try:
+                        _, _, placed = build_model(self.recipe, job, world, torch.device("meta"))
+                    except ValueError:
+                        raise
+                    except Exception as e:
+                        raise ValueError(f"parallel={layout.parallel.short()}: the recipe {self.name!r} cannot "
+                                         f"build its model on this layout ({type(e).__name__}: {e})") from None
+                    finally:
+                        forget_meshes()  # nothing cached about the fake mesh outlives it
+            self._placed[key] = placed
+        return self._placed[key]
+
+    def state_specs(self, job: JobConfig) -> list[TensorSpec]:
+        return [p.spec for p in self.placed(job, Layout(job.model, ParallelConfig(), job.train))]
+
+    def view(self, job: JobConfig, layout: Layout) -> BoxTable:
+        key = (job, layout.parallel)
+        if key not in self._tables:
+            coords = [layout.coord(r)._asdict() for r in range(layout.size)]
+            self._tables[key] = table(self.placed(job, layout), coords, f"{self.name} {layout.parallel.short()}")
+        return self._tables[key]
+
+    def check(self, job: JobConfig, parallel: ParallelConfig) -> None:
+        if parallel.pp > 1:
+            raise ValueError(f"parallel.pp={parallel.pp}: a recipe's model is reshaped over tp and dp only "
+                             f"(pipeline stages are not supported by the native adapter yet); allowed pp=1")
+        self.recipe.check(job, parallel)
+
+    def layout(self, job: JobConfig, parallel: ParallelConfig) -> Layout:
+        """DTensor splits unevenly where it must: only the recipe's and the topology's checks."""
+        self.check(job, parallel)
+        return Layout(job.model, parallel, job.train)
+
+    # ---- engines -----------------------------------------------------------------------------
+    def build(self, job: JobConfig, world: World, device: torch.device, *, initialise: bool = True,
+              state: dict[str, torch.Tensor] | None = None) -> TrainingEngine:
+        engine = NativeEngine(self.recipe, job, world, device, initialise=initialise and state is None)
+        if state is not None:
+            with torch.no_grad():
+                for name, t in engine.state.items():
+                    t.copy_(state[name])
+        return engine
+
+    def enter(self, job: JobConfig, world: World, device: torch.device,
+              deliver: Callable[[dict[str, torch.Tensor] | None], dict[str, torch.Tensor]],
+              into: dict[str, torch.Tensor] | None = None) -> TrainingEngine:
+        """The new model first (its storage), then the executor writes into it."""
+        engine = NativeEngine(self.recipe, job, world, device, initialise=False)
+        delivered = deliver(engine.state)
+        for name, t in delivered.items():
+            if t is not engine.state[name]:
+                raise RuntimeError(f"the transfer delivered {name!r} outside the engine's storage")
+        return engine
+
+    def warm_storage(self, engine: TrainingEngine) -> dict[str, torch.Tensor] | None:
+        return None  # a warm-up engine lives on a fake mesh: the switch builds on the real one
+
+    def mock_world(self, generation: int, layout: Layout, rank: int, backend: str, device: torch.device) -> World:
+        return FakeWorld.build_fake(generation, layout, rank, backend, device)
+
+    def rehearsal_job(self) -> JobConfig:
+        return self.recipe.rehearsal_job()
+
+    def rank_bytes(self, job: JobConfig, layout: Layout, rank: int) -> int:
+        """The shards of the state, plus a gradient for each parameter's shard."""
+        t = self.view(job, layout)
+        n = 0
+        for s in self.state_specs(job):
+            b = t.box(s, rank)
+            if b is not None:
+                n += box_numel(b) * s.itemsize * (2 if s.kind == "param" else 1)
+        return n

@@ -1,0 +1,192 @@
+"""One rank of a user's PyTorch-native job (a ``Recipe``) as the runtime's ``TrainingEngine``.
+
+Built once per generation on that generation's World: the model on the meta device, the user's
+``parallelize`` over the World's own mesh (``World.mesh``: its axes are this generation's
+groups), then storage for this rank's shards only (``to_empty``) and the optimizer's state made
+at once (zeros, as Adam would make it at its first step). The storage is then filled: from the
+seed (each parameter's whole initial value cut to this rank's box), from a DCP checkpoint, or by
+the live transfer (the executor writes straight into it). ``state`` maps each logical tensor's
+name to this rank's local tensor: the DTensor's own storage, no copy.
+"""
+
+from __future__ import annotations
+
+import time
+import zlib
+from typing import Any
+
+import torch
+from torch.distributed.tensor import DTensor
+
+from liver.engine.interface import StepStats
+from liver.engine.native.recipe import Recipe
+from liver.engine.native.resource import Placed, local_box, placed_state
+from liver.resource_view.view import Box
+from liver.topology import JobConfig
+from liver.world.world import World, forget_meshes
+
+
+def build_model(recipe: Recipe, job: JobConfig, world: World, device: torch.device):
+    """The model and optimizer of ``world``'s rank, on ``device`` (``torch.device("meta")`` for
+    metadata only), with the optimizer state made; and their tensors as ``Placed``. The World
+    must be registered (``World.activate``): DeviceMesh asks the default group for the rank."""
+    forget_meshes()  # (meshes of other worlds compare equal to this one: liver/world/world.py)
+    mesh = world.mesh()
+    with torch.device("meta"):
+        model = recipe.model(job)
+    model = recipe.parallelize(model, mesh, job) or model
+    if device.type != "meta":
+        model.to_empty(device=device)
+        recipe.init_buffers(model, job)
+    optimizer = recipe.optimizer(model, job)
+    for group in optimizer.param_groups:
+        for p in group["params"]:
+            st = optimizer.state[p]
+            st.setdefault("step", torch.tensor(0.0))
+            for key in recipe.state_keys:
+                if key == "max_exp_avg_sq" and not group.get("amsgrad", False):
+                    continue
+                st.setdefault(key, torch.zeros_like(p, memory_format=torch.preserve_format))
+    return model, optimizer, placed_state(model, optimizer, _keys(recipe, optimizer))
+
+
+def _keys(recipe: Recipe, optimizer: torch.optim.Optimizer) -> tuple[str, ...]:
+    amsgrad = any(g.get("amsgrad", False) for g in optimizer.param_groups)
+    return tuple(k for k in recipe.state_keys if k != "max_exp_avg_sq" or amsgrad)
+
+
+def _local(t: torch.Tensor) -> torch.Tensor:
+    return t._local_tensor if isinstance(t, DTensor) else t
+
+
+class NativeEngine:
+    """Rank ``world.rank`` of a recipe's job (see the module's docstring)."""
+
+    def __init__(self, recipe: Recipe, job: JobConfig, world: World, device: torch.device, *,
+                 initialise: bool = True) -> None:
+        self.recipe, self.job, self.world, self.layout, self.device = recipe, job, world, world.layout, device
+        self.model, self.optimizer, self.placed = build_model(recipe, job, world, device)
+        self.scheduler = recipe.scheduler(self.optimizer, job)
+        self.specs = [p.spec for p in self.placed]
+        self._tensors = self._by_name()
+        self.boxes: dict[str, Box] = {}
+        self.state: dict[str, torch.Tensor] = {}
+        for p in self.placed:
+            t = self._tensors[p.spec.name]
+            box = local_box(p.spec.name, t)
+            if box is not None:
+                self.boxes[p.spec.name] = box
+                self.state[p.spec.name] = _local(t)
+        self.step = 0
+        self.consumed_samples = 0
+        if initialise:
+            self._initialise()
+
+    def _by_name(self) -> dict[str, torch.Tensor]:
+        out: dict[str, torch.Tensor] = {}
+        params = dict(self.model.named_parameters())
+        for name, p in params.items():
+            out[name] = p
+            for key, v in self.optimizer.state[p].items():
+                if key != "step":
+                    out[f"{name}.{key}"] = v
+        return out
+
+    @property
+    def placed_by_name(self) -> dict[str, Placed]:
+        return {p.spec.name: p for p in self.placed}
+
+    def _initialise(self) -> None:
+        """Each parameter's whole initial value (from the seed and its name), cut to this rank's
+        box: the same first state whatever the layout. Optimizer state starts at zero."""
+        seed = self.job.train.seed
+        with torch.no_grad():
+            for s in self.specs:
+                if s.name not in self.state:
+                    continue
+                if s.kind != "param":
+                    self.state[s.name].zero_()
+                    continue
+                g = torch.Generator().manual_seed(seed * 1_000_003 + zlib.crc32(s.name.encode()))
+                full = self.recipe.init_tensor(s.name, s.shape, g)
+                self.state[s.name].copy_(full[tuple(slice(lo, hi) for lo, hi in self.boxes[s.name])])
+
+    # ---- scalars -----------------------------------------------------------------------------
+    def _optimizer_step(self) -> float:
+        steps = {float(st["step"]) for st in self.optimizer.state.values() if "step" in st}
+        if len(steps) > 1:
+            raise ValueError(f"optimizer state 'step' differs between parameters ({sorted(steps)}): LiveR "
+                             f"carries one step count for the whole optimizer")
+        return steps.pop() if steps else 0.0
+
+    def scalars(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"step": self.step, "consumed_samples": self.consumed_samples,
+                               "seed": self.job.train.seed, "optimizer_step": self._optimizer_step(),
+                               "lr": [float(g["lr"]) for g in self.optimizer.param_groups]}
+        if self.scheduler is not None:
+            out["scheduler"] = {k: v for k, v in self.scheduler.state_dict().items()
+                                if isinstance(v, (int, float, str, bool, list)) or v is None}
+        return out
+
+    def load_scalars(self, s: dict[str, Any]) -> None:
+        if s["seed"] != self.job.train.seed:
+            raise ValueError(f"scalars.seed={s['seed']} differs from the job's train.seed={self.job.train.seed}")
+        self.step = int(s["step"])
+        self.consumed_samples = int(s["consumed_samples"])
+        for st in self.optimizer.state.values():
+            st["step"].fill_(float(s["optimizer_step"]))
+        for g, lr in zip(self.optimizer.param_groups, s["lr"]):
+            g["lr"] = lr
+        if self.scheduler is not None and "scheduler" in s:
+            self.scheduler.load_state_dict({**self.scheduler.state_dict(), **s["scheduler"]})
+
+    def refresh(self) -> None:
+        """The parameters are the state (no compute copies): nothing to re-derive."""
+
+    def release_compute(self) -> None:
+        """Gradients and FSDP's unsharded parameters are gone at a boundary: nothing to let go."""
+        self.optimizer.zero_grad(set_to_none=True)
+
+    # ---- training ----------------------------------------------------------------------------
+    def train_step(self) -> StepStats:
+        t0 = time.perf_counter()
+        job, w = self.job, self.world
+        c = w.coord
+        inputs, targets = self.recipe.batch(job, c.dp, self.layout.dp, self.consumed_samples)
+        inputs, targets = inputs.to(self.device), targets.to(self.device)
+        self.model.train()
+        loss, norm = self.recipe.train_step(self.model, self.optimizer, inputs, targets, job)
+        lr = float(self.optimizer.param_groups[0]["lr"])
+        if self.scheduler is not None:
+            self.scheduler.step()
+        if isinstance(loss, DTensor):
+            loss = loss.full_tensor()
+        total = torch.tensor([float(loss)], dtype=torch.float64, device=self.device)
+        w.dp.allreduce(total)
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        self.step += 1
+        self.consumed_samples += job.train.global_batch
+        dt = time.perf_counter() - t0
+        tokens = job.train.global_batch * job.model.seq_len
+        return StepStats(self.step, float(total.item()) / self.layout.dp, float(norm), lr, dt, tokens / dt)
+
+    # ---- checkpoints -------------------------------------------------------------------------
+    def checkpoint_tensors(self, tensors: dict[str, torch.Tensor] | None = None,
+                           cpu: bool = False) -> dict[str, torch.Tensor]:
+        """DCP's view of the state: each logical tensor as a DTensor with this rank's shard
+        (``tensors`` instead of the engine's own: a snapshot on the host, on a CPU mesh)."""
+        tensors = self.state if tensors is None else tensors
+        # (a CPU mesh only where the device is not the CPU: equal meshes share DTensor's caches)
+        root = self.world.mesh(cpu=cpu and self.device.type != "cpu")
+        out: dict[str, torch.Tensor] = {}
+        for p in self.placed:
+            if p.spec.name not in tensors:
+                continue
+            t = tensors[p.spec.name]
+            if p.placements:
+                mesh = root[p.mesh_dims] if len(p.mesh_dims) > 1 else root[p.mesh_dims[0]]
+                t = DTensor.from_local(t, mesh, list(p.placements), run_check=False, shape=torch.Size(p.spec.shape),
+                                       stride=torch.empty(p.spec.shape, device="meta").stride())
+            out[p.spec.name] = t
+        return out

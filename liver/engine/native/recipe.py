@@ -1,0 +1,111 @@
+"""The public API for a user's own PyTorch-native training: a ``Recipe``.
+
+A recipe says how to build the model (on the meta device: LiveR allocates its storage once, in
+the layout it is parallelised to), how to parallelise it over the mesh LiveR gives (the user's
+own ``parallelize``: ``parallelize_module`` plans over ``mesh["tp"]``, ``fully_shard`` over
+``mesh["dp"]``), the optimizer, this data-parallel rank's part of the batch at a given position in
+the data, and one iteration of the user's loop (``train_step``). LiveR owns generations, meshes,
+the cut and the switch: it calls ``train_step`` once per iteration, and between two calls it may
+rebuild the model and optimizer for another mesh with the state moved over bit for bit.
+
+What a recipe must not do: keep tensors of a model or optimizer it was given across calls (after
+a switch they belong to a mesh that no longer exists), build process groups or meshes of its own
+(``init_process_group``, ``init_device_mesh``), or read the process-global default group.
+"""
+
+from __future__ import annotations
+
+import math
+from abc import ABC, abstractmethod
+from typing import Iterable
+
+import torch
+from torch import nn
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.tensor import DTensor
+
+from liver.topology import JobConfig, ParallelConfig
+
+
+class Recipe(ABC):
+    """One kind of user model; stateless (LiveR may call any method in any process)."""
+
+    name: str = "native"
+    state_keys: tuple[str, ...] = ("exp_avg", "exp_avg_sq")
+    """Optimizer state per parameter that is part of the training state (Adam, AdamW)."""
+
+    @abstractmethod
+    def model(self, job: JobConfig) -> nn.Module:
+        """The whole model, unparallelised; called under ``torch.device("meta")``."""
+
+    @abstractmethod
+    def parallelize(self, model: nn.Module, mesh: DeviceMesh, job: JobConfig) -> nn.Module:
+        """Lay ``model`` out over ``mesh`` (dimensions "pp", "dp", "tp"); returns the model."""
+
+    @abstractmethod
+    def optimizer(self, model: nn.Module, job: JobConfig) -> torch.optim.Optimizer:
+        """The optimizer over the parallelised model's parameters."""
+
+    @abstractmethod
+    def batch(self, job: JobConfig, dp_rank: int, dp_size: int, position: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """This data-parallel rank's inputs and targets for the step that starts at sample
+        ``position`` of the data (``job.train.global_batch`` samples a step, split over
+        ``dp_size`` ranks). Must depend on nothing else, so that any layout sees the same data."""
+
+    @abstractmethod
+    def loss(self, model: nn.Module, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        """The mean loss of this rank's batch."""
+
+    def init_tensor(self, name: str, shape: tuple[int, ...], generator: torch.Generator) -> torch.Tensor:
+        """The initial value of parameter ``name`` as a whole (LiveR keeps each rank's box of it,
+        so the first state does not depend on the layout): N(0, 0.02) for matrices, ones else."""
+        if len(shape) >= 2:
+            return torch.randn(shape, generator=generator) * 0.02
+        return torch.ones(shape)
+
+    def init_buffers(self, model: nn.Module, job: JobConfig) -> None:
+        """Recompute non-persistent buffers (a RoPE cache) after the model got its storage."""
+
+    def scheduler(self, optimizer: torch.optim.Optimizer, job: JobConfig) -> torch.optim.lr_scheduler.LRScheduler | None:
+        """An LR schedule stepped after every iteration (its state travels with the scalars)."""
+        return None
+
+    def check(self, job: JobConfig, parallel: ParallelConfig) -> None:
+        """The model's own constraints on a layout (ValueError naming the field)."""
+
+    def rehearsal_job(self, job: JobConfig | None = None) -> JobConfig:
+        """A small job of this model, for rehearsals of the code paths (default: the job itself)."""
+        from liver.topology.presets import preset
+        return job if job is not None else preset("tiny")
+
+    def train_step(self, model: nn.Module, optimizer: torch.optim.Optimizer, inputs: torch.Tensor,
+                   targets: torch.Tensor, job: JobConfig) -> tuple[torch.Tensor, float]:
+        """One iteration of the loop: forward, backward, gradient clipping, optimizer step.
+        Returns this rank's loss and the global gradient norm. Override for another loop body."""
+        loss = self.loss(model, inputs, targets)
+        loss.backward()
+        norm = clip_grad_norm(model.parameters(), job.train.grad_clip)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        return loss.detach(), norm
+
+
+def clip_grad_norm(params: Iterable[torch.Tensor], max_norm: float) -> float:
+    """The global L2 norm of the gradients, scaled down to ``max_norm`` when above it (0: no
+    clipping). Works for plain tensors and DTensors on several meshes at once: each gradient's
+    norm is taken as a full scalar first (``torch.nn.utils.clip_grad_norm_`` refuses the mix)."""
+    grads = [p.grad for p in params if p.grad is not None]
+    total = torch.zeros((), dtype=torch.float64)
+    for g in grads:
+        n = torch.linalg.vector_norm(g.float())
+        if isinstance(n, DTensor):
+            n = n.full_tensor()
+        total += n.double().cpu() ** 2
+    norm = math.sqrt(float(total))
+    if max_norm > 0:
+        coef = min(1.0, max_norm / (norm + 1e-6))
+        if coef < 1.0:
+            with torch.no_grad():
+                for g in grads:
+                    g.mul_(coef)
+    return norm

@@ -1,0 +1,160 @@
+"""The Resource View of a DTensor job: tensor specs and per-rank box tables from placements.
+
+A DTensor says how it is laid out over its mesh: one placement per mesh dimension (``Shard(d)``,
+``Replicate()``, the ``_StridedShard`` that FSDP over TP makes). Placements are the same on every
+rank (SPMD), so one rank's model, built and parallelised on the meta device, gives them for the
+whole layout; each rank's box then follows from the mesh's shape and the rank's coordinate alone
+(``torch.distributed.tensor._utils._compute_local_shape_and_global_offset``, the function DTensor
+itself uses for checkpoints: uneven ``torch.chunk`` splits and empty shards included). Parameters
+and their optimizer state (AdamW's moments carry their parameter's placements) alike; a plain
+tensor is replicated. What cannot be described is refused, naming the tensor: a ``Partial``
+placement at a boundary (a pending reduction is not state), optimizer state of unknown kind.
+Pure metadata: no collective, no storage.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any, Iterable
+
+import torch
+from torch import nn
+from torch.distributed.tensor import DTensor, Partial, Replicate, Shard
+from torch.distributed.tensor._utils import _compute_local_shape_and_global_offset
+
+try:  # FSDP over TP's shards (a private placement; its module moved between versions)
+    from torch.distributed.tensor.placement_types import _StridedShard
+except ImportError:  # pragma: no cover
+    from torch.distributed._tensor.placement_types import _StridedShard
+
+from liver.resource_view.spec import TensorSpec
+from liver.resource_view.table import BoxTable
+from liver.resource_view.view import Box
+
+_DTYPES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16", torch.int64: "int64",
+           torch.uint8: "uint8"}
+OPTIMIZER_STATE = {"exp_avg": "exp_avg", "exp_avg_sq": "exp_avg_sq", "max_exp_avg_sq": "max_exp_avg_sq"}
+"""Optimizer state with its parameter's geometry that LiveR moves (Adam and AdamW); ``step`` is a
+scalar, carried with the engine's scalars."""
+_LAYER = re.compile(r"(?:^|\.)layers\.(\d+)\.")
+
+
+@dataclass(frozen=True)
+class Placed:
+    """One logical tensor as it is laid out: its spec, its mesh dimensions' sizes and placements."""
+
+    spec: TensorSpec
+    mesh_dims: tuple[str, ...]  # the (sub)mesh it lives on, by dimension name; () for a plain tensor
+    mesh_shape: tuple[int, ...]
+    placements: tuple[Any, ...]
+
+    def box(self, coordinate: dict[str, int]) -> Box | None:
+        """The box that the rank at ``coordinate`` (its index along each named dimension of the
+        generation's mesh) holds; None for an empty shard."""
+        shape = self.spec.shape
+        if not self.placements:
+            return tuple((0, n) for n in shape)
+        local, offset = _compute_local_shape_and_global_offset(shape, self.mesh_shape,
+                                                               [coordinate[d] for d in self.mesh_dims],
+                                                               list(self.placements))
+        if any(n == 0 for n in local):
+            return None
+        return tuple((o, o + n) for o, n in zip(offset, local))
+
+
+def _dtype(name: str, t: torch.Tensor) -> str:
+    if t.dtype not in _DTYPES:
+        raise ValueError(f"tensor {name!r} has dtype {t.dtype}: allowed {sorted(map(str, _DTYPES))}")
+    return _DTYPES[t.dtype]
+
+
+def _placed(name: str, t: torch.Tensor, layer: int, kind: str, param: str) -> Placed:
+    mesh_dims: tuple[str, ...] = ()
+    mesh_shape: tuple[int, ...] = ()
+    placements: tuple = ()
+    shard_dim = None
+    if isinstance(t, DTensor):
+        placements = tuple(t.placements)
+        for p in placements:
+            if isinstance(p, Partial) or not isinstance(p, (Shard, _StridedShard, Replicate)):
+                raise ValueError(f"tensor {name!r} has placement {p} at an iteration boundary: allowed Shard and "
+                                 f"Replicate (a Partial is a pending reduction, not state)")
+        mesh_shape = tuple(t.device_mesh.shape)
+        mesh_dims = tuple(t.device_mesh.mesh_dim_names or ())
+        if len(mesh_dims) != len(mesh_shape):
+            raise ValueError(f"tensor {name!r} lives on a mesh without dimension names: build it on the mesh "
+                             f"LiveR gives (its dimensions 'pp', 'dp', 'tp')")
+        shards = [p.dim for p in placements if isinstance(p, (Shard, _StridedShard))]
+        shard_dim = shards[0] if shards else None
+    spec = TensorSpec(name, tuple(t.shape), _dtype(name, t), layer, shard_dim, kind, param)
+    return Placed(spec, mesh_dims, mesh_shape, placements)
+
+
+def layer_of(names: list[str]) -> dict[str, int]:
+    """Streaming order: ``layers.N.`` gives layer N; what comes before the first layer (the
+    embedding) -1, what comes after the last one (final norm, head) one past it."""
+    found = {n: int(m.group(1)) for n in names if (m := _LAYER.search(n))}
+    top = max(found.values(), default=-1) + 1
+    out, seen_layer = {}, False
+    for n in names:
+        if n in found:
+            out[n], seen_layer = found[n], True
+        else:
+            out[n] = top if seen_layer else -1
+    return out
+
+
+def placed_state(model: nn.Module, optimizer: torch.optim.Optimizer | None,
+                 state_keys: Iterable[str] = ("exp_avg", "exp_avg_sq")) -> list[Placed]:
+    """Every parameter (by its qualified name), each followed by its optimizer state of
+    ``state_keys`` (same geometry as the parameter); refuses what it cannot describe."""
+    params = list(model.named_parameters())
+    if optimizer is not None:
+        _check_optimizer(model, optimizer, state_keys)
+    layers = layer_of([n for n, _ in params])
+    out = []
+    for name, p in params:
+        pl = _placed(name, p, layers[name], "param", "")
+        out.append(pl)
+        spec = pl.spec
+        for key in state_keys if optimizer is not None else ():
+            s = TensorSpec(f"{name}.{key}", spec.shape, spec.dtype, spec.layer, spec.shard_dim, key, name)
+            out.append(Placed(s, pl.mesh_dims, pl.mesh_shape, pl.placements))
+    return out
+
+
+def _check_optimizer(model: nn.Module, optimizer: torch.optim.Optimizer, state_keys: Iterable[str]) -> None:
+    unknown = sorted(set(state_keys) - set(OPTIMIZER_STATE))
+    if unknown:
+        raise ValueError(f"optimizer state {unknown[0]!r}: unknown kind; allowed {sorted(OPTIMIZER_STATE)} "
+                         f"(with 'step' as a scalar)")
+    names = {id(p): n for n, p in model.named_parameters()}
+    for group in optimizer.param_groups:
+        for p in group["params"]:
+            if id(p) not in names:
+                raise ValueError("the optimizer holds a tensor that is not a parameter of the model: "
+                                 "LiveR cannot name it")
+    for p, st in optimizer.state.items():
+        for key, v in st.items():
+            if key != "step" and key not in state_keys:
+                raise ValueError(f"optimizer state {key!r} of {names.get(id(p), '?')!r}: unknown kind; allowed "
+                                 f"{sorted(state_keys)} and 'step'")
+
+
+def table(placed: list[Placed], coordinates: list[dict[str, int]], name: str = "dtensor") -> BoxTable:
+    """The box table of every tensor over the ranks at ``coordinates`` (rank r at coordinates[r])."""
+    specs = [p.spec for p in placed]
+    boxes = {p.spec.name: [[b] if (b := p.box(c)) is not None else [] for c in coordinates] for p in placed}
+    return BoxTable.build(len(coordinates), boxes, specs, name)
+
+
+def local_box(name: str, t: torch.Tensor) -> Box | None:
+    """The box this rank's local tensor of ``t`` is, by DTensor's own account (for a check)."""
+    if not isinstance(t, DTensor):
+        return tuple((0, n) for n in t.shape)
+    from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
+    local, offset = compute_local_shape_and_global_offset(t.shape, t.device_mesh, t.placements)
+    if any(n == 0 for n in local):
+        return None
+    return tuple((o, o + n) for o, n in zip(offset, local))
