@@ -171,7 +171,7 @@ def _bench_reconfig(args: argparse.Namespace) -> int:
     from liver.bench.reconfig import run
 
     rows = run(repeats=args.repeats, steps=args.steps, run_dir=Path(args.run_dir) if args.run_dir else None,
-               calm=args.calm_steps, world=args.world, cycles=args.cycles)
+               calm=args.calm_steps, world=args.world, cycles=args.cycles, workload_file=args.workload)
     return _print_rows(rows, args.json, lambda r: (
         f"{r['scenario']:<40} live {r['downtime_live_s']:.3f} s  restart {r['downtime_restart_s']:.2f} s  "
         f"ratio {r['ratio']:.1f}x (forked restart {r['downtime_restart_forked_s']:.2f} s: {r['ratio_forked']:.1f}x)  prepare {r['prepare_s']:.2f} s  steady overhead {r['steady_overhead']:+.2%}"))
@@ -302,6 +302,9 @@ def main(argv: list[str] | None = None) -> int:
     br.add_argument("--world", type=int, default=None,
                     help="scenario set by its largest process count: 2 or 4 (default: the largest "
                          "with a core per process)")
+    br.add_argument("--workload", default=None, metavar="FILE",
+                    help="a job file whose engine and job are benchmarked, e.g. configs/llama-native.toml "
+                         "(a user's own model); default: the reference engine's tiny job")
     br.add_argument("--run-dir", default=None)
     br.set_defaults(fn=_bench_reconfig)
     bh = bsub.add_parser("handoffs", help="a scenario of events live and by stop-and-restart in one call, any "

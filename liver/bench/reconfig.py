@@ -19,10 +19,11 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from liver.config.jobfile import build
+from liver.config.jobfile import build, read
 from liver.bench.scenarios import back_and_forth
 from liver.controller import report
 from liver.controller.job import run_job
+from liver.topology import ParallelConfig
 
 SCENARIOS = {
     # world size -> (name, first configuration, event, the event back, steps between events with
@@ -41,6 +42,33 @@ SCENARIOS = {
 }
 
 
+FLAT_SCENARIOS = {
+    # the same, for an engine without pipeline stages (a recipe's model: TP and FSDP only)
+    2: [("scale-out 1->2 (cold joiner)", "1,1,1", "scale-out 2 as 1,1,2", "scale-in 1 as 1,1,1", 200),
+        ("scale-in 2->1 (deadline 60 s)", "1,1,2", "scale-in 1 deadline 60s as 1,1,1", "scale-out 2 as 1,1,2", 200),
+        ("in-place reshape tp2->dp2", "2,1,1", "reshape 1,1,2", "reshape 2,1,1", 200)],
+    4: [("scale-out 2->4 (cold joiners)", "1,1,2", "scale-out 4 as 2,1,2", "scale-in 2 as 1,1,2", 200),
+        ("scale-in 4->2 (deadline 60 s)", "2,1,2", "scale-in 2 deadline 60s as 1,1,2", "scale-out 4 as 2,1,2", 200),
+        ("in-place reshape tp2dp2->dp4", "2,1,2", "reshape 1,1,4", "reshape 2,1,2", 200)],
+}
+
+
+def workload(path: str | None) -> tuple[dict[str, Any], dict[int, list]]:
+    """The job file's engine and job (its events, layout and run settings are the benchmark's),
+    and the scenario set its engine allows; None: the reference engine's tiny job."""
+    if path is None:
+        return {"preset": "tiny"}, SCENARIOS
+    data = read(path)
+    base = {k: data[k] for k in ("engine", "preset", "job") if k in data}
+    cfg = build(base)
+    adapter, job = cfg.adapter(), cfg.job
+    try:
+        adapter.layout(job, ParallelConfig(pp=2))
+        return base, SCENARIOS
+    except ValueError:
+        return base, FLAT_SCENARIOS
+
+
 def default_world() -> int:
     """The largest scenario set with a core per process (2 on the 2-core CI machine)."""
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 2)
@@ -48,13 +76,13 @@ def default_world() -> int:
 
 
 def _once(name: str, first: str, action: str, mode: str, steps: int, calm: int, run_dir: Path,
-          back: str = "", gap: int = 0, cycles: int = 1) -> dict[str, Any]:
+          back: str = "", gap: int = 0, cycles: int = 1, base: dict[str, Any] | None = None) -> dict[str, Any]:
     """One run; with ``cycles`` > 1 the event, then the event back, and so on, ``gap`` steps apart:
     the scenario's figures are taken over each of its events (never over the events back)."""
     sc = back_and_forth(name, first, action, back, calm, gap, cycles)
     events = sc.parsed()
     # as many slots as its largest world: a core each, where the machine has them (liver/host/cores.py)
-    cfg = build({"preset": "tiny", "steps": calm + 2 * cycles * gap + steps + 1000, "gpus": sc.gpus,
+    cfg = build(base or {"preset": "tiny"}, {"steps": calm + 2 * cycles * gap + steps + 1000, "gpus": sc.gpus,
                  "parallel": first, "agent": {"slots": sc.slots, "quiet": True}, "checkpoint": {"every": 0},
                  "controller": {"mode": mode, "endpoint": False, "end_after_events": steps}})
     rep = run_job(cfg, events, run_dir, {"scenario": name})
@@ -76,9 +104,12 @@ def _once(name: str, first: str, action: str, mode: str, steps: int, calm: int, 
 
 
 def run(repeats: int = 1, steps: int = 20, run_dir: Path | None = None, calm: int = 60,
-        world: int | None = None, cycles: int = 1) -> list[dict[str, Any]]:
+        world: int | None = None, cycles: int = 1, workload_file: str | None = None) -> list[dict[str, Any]]:
     """The event comes after step ``calm``; each run ends ``steps`` steps after it was handled.
-    ``world``: the scenario set (the largest number of processes; default ``default_world()``)."""
+    ``world``: the scenario set (the largest number of processes; default ``default_world()``).
+    ``workload_file``: a job file whose engine and job are benchmarked (default: the reference
+    engine's tiny job)."""
+    base, scenarios = workload(workload_file)
     world = default_world() if world is None else world
     if world not in SCENARIOS:
         raise ValueError(f"--world={world}: allowed {' or '.join(map(str, SCENARIOS))} (processes)")
@@ -90,21 +121,23 @@ def run(repeats: int = 1, steps: int = 20, run_dir: Path | None = None, calm: in
         raise ValueError(f"--steps={steps}: allowed 3 or more (steps after the event)")
     if cycles < 1:
         raise ValueError(f"--cycles={cycles}: allowed a positive count (the scenario's events per live run)")
-    base = run_dir or Path(tempfile.mkdtemp(prefix="liver-bench-reconfig-"))
+    out = run_dir or Path(tempfile.mkdtemp(prefix="liver-bench-reconfig-"))
     rows = []
-    for i, (name, first, action, back, gap) in enumerate(SCENARIOS[world]):
+    for i, (name, first, action, back, gap) in enumerate(scenarios[world]):
         live, restart, forked = [], [], []
         for r in range(repeats):  # interleaved, so every mode sees the same machine state
-            live.append(_once(name, first, action, "live", steps, calm, base / f"s{i}-live-{r}", back, gap, cycles))
-            restart.append(_once(name, first, action, "restart", steps, calm, base / f"s{i}-restart-{r}"))
-            forked.append(_once(name, first, action, "restart-forked", steps, calm, base / f"s{i}-forked-{r}"))
+            live.append(_once(name, first, action, "live", steps, calm, out / f"s{i}-live-{r}", back, gap, cycles,
+                              base))
+            restart.append(_once(name, first, action, "restart", steps, calm, out / f"s{i}-restart-{r}", base=base))
+            forked.append(_once(name, first, action, "restart-forked", steps, calm, out / f"s{i}-forked-{r}",
+                                base=base))
         med = lambda xs, k: statistics.median(x[k] for x in xs)  # noqa: E731
         dl, dr, df = med(live, "downtime_s"), med(restart, "downtime_s"), med(forked, "downtime_s")
         ratios = [q for x in live for q in x["preparing_ratios"]]  # every repeat's preparing steps
         whole = [q for x in live for q in x["preparing_ratios_generation"]]
         placebo_windows = [w for x in live for w in x["placebo_windows"]]
         placebo = [q for w in placebo_windows for q in w]
-        rows.append({"scenario": name, "event": action, "first": first, "steps_after_event": steps, "repeats": repeats,
+        rows.append({"scenario": name, "workload": workload_file or "reference tiny", "event": action, "first": first, "steps_after_event": steps, "repeats": repeats,
                      "downtime_live_s": dl, "downtime_restart_s": dr, "ratio": dr / dl if dl > 0 else None,
                      # the baseline given the agent's zygote too (no interpreter boot, no imports)
                      "downtime_restart_forked_s": df, "ratio_forked": df / dl if dl > 0 else None,

@@ -12,7 +12,7 @@ A job file's top-level keys and tables are ``RunConfig``'s fields::
 An override is ``section.field=value`` (``--set job.model.num_layers=8``), its value read as a TOML
 value (a bare word that is not one is a string: ``--set parallel=1,2,1``). Layering, last wins:
 the dataclasses' defaults, the preset's job, the file, the overrides. Paths in the file (``events.
-schedule``, ``events.trace``) are relative to the file.
+schedule``, ``events.trace``, an ``engine`` given as ``file.py:NAME``) are relative to the file.
 """
 
 from __future__ import annotations
@@ -35,6 +35,10 @@ def read(path: str | Path) -> dict[str, Any]:
         raise ValueError(f"--config {path}: no such job file") from None
     except (UnicodeDecodeError, tomllib.TOMLDecodeError) as e:
         raise ValueError(f"--config {path}: not a TOML job file: {e}") from None
+    engine = data.get("engine")
+    if isinstance(engine, str) and engine.partition(":")[0].endswith(".py"):  # a recipe's file
+        module, _, attr = engine.partition(":")
+        data["engine"] = f"{(p.parent / module).resolve()}:{attr}"
     events = data.get("events")
     if isinstance(events, dict):
         for key in ("schedule", "trace"):

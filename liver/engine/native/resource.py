@@ -78,7 +78,8 @@ def _placed(name: str, t: torch.Tensor, layer: int, kind: str, param: str) -> Pl
         placements = tuple(t.placements)
         for p in placements:
             if isinstance(p, Partial) or not isinstance(p, (Shard, _StridedShard, Replicate)):
-                raise ValueError(f"tensor {name!r} has placement {p} at an iteration boundary: allowed Shard and "
+                raise ValueError(f"tensor {name!r} has placement {type(p).__name__} ({p}) at an iteration boundary: "
+                                 f"allowed Shard and "
                                  f"Replicate (a Partial is a pending reduction, not state)")
         mesh_shape = tuple(t.device_mesh.shape)
         mesh_dims = tuple(t.device_mesh.mesh_dim_names or ())

@@ -1,0 +1,230 @@
+"""A user's own PyTorch-native model (examples/llama.py: plain torch, TP by parallelize_module, FSDP2
+by fully_shard) behind the Recipe API.
+
+In-process: the Resource View from DTensor placements (every rank's box, from rank 0's placements
+and the mesh's shape, equals what DTensor gives that rank), refusals naming the tensor, and the
+private DeviceMesh arguments and DTensor caches the mesh construction relies on. With real
+processes over gloo (`liver run`): TP2 -> FSDP2 -> TP2 -> scale-out to FSDP2 x TP2 with cold
+joiners -> FSDP4 -> scale-in with a deadline, live and by restart through DCP, bit for bit; and a
+kill -9 recovered from the periodic DCP checkpoint.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from liver.engine.interface import load_adapter
+from liver.engine.native.engine import build_model
+from liver.engine.native.resource import local_box
+from liver.topology import JobConfig, ModelConfig, ParallelConfig, TrainConfig
+from liver.world.fake import FakeWorld
+from liver.world.world import forget_meshes
+
+ROOT = Path(__file__).resolve().parent.parent
+EXAMPLE = f"{ROOT}/examples/llama.py:RECIPE"
+CONFIG = str(ROOT / "configs" / "llama-native.toml")
+
+
+def job_of(hidden: int, heads: int, ffn: int, vocab: int, layers: int = 2, batch: int = 24) -> JobConfig:
+    return JobConfig(model=ModelConfig(num_layers=layers, hidden_size=hidden, num_heads=heads, ffn_size=ffn,
+                                       vocab_size=vocab, seq_len=8),
+                     train=TrainConfig(global_batch=batch, micro_batch=1))
+
+
+def actual_boxes(adapter, job: JobConfig, parallel: ParallelConfig, rank: int) -> dict:
+    """What DTensor itself gives rank ``rank``: the model built for that rank on a fake world."""
+    layout = adapter.layout(job, parallel)
+    world = FakeWorld.build_fake(0, layout, rank, "gloo", torch.device("cpu"))
+    with world.registered():
+        try:
+            model, optimizer, placed = build_model(adapter.recipe, job, world, torch.device("meta"))
+            names = dict(model.named_parameters())
+            out = {}
+            for p in placed:
+                t = names[p.spec.param or p.spec.name]
+                if p.spec.kind != "param":
+                    t = optimizer.state[t][p.spec.kind]
+                out[p.spec.name] = local_box(p.spec.name, t)
+            return out
+        finally:
+            forget_meshes()
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(tp=st.sampled_from([1, 2, 4]), dp=st.sampled_from([1, 2, 3, 4]), vocab=st.sampled_from([4, 12, 20, 36]),
+       hidden_mult=st.sampled_from([1, 3]))
+def test_dtensor_view_is_every_ranks_own_box(tp, dp, vocab, hidden_mult):
+    """Uneven FSDP splits (hidden 24 over 3 or 4 ranks of 2-D shards, a 4-row vocabulary over 3
+    ranks: empty shards) included; the boxes tile every tensor (BoxTable.build checks it)."""
+    adapter = load_adapter(EXAMPLE)
+    job = job_of(hidden=8 * hidden_mult, heads=4, ffn=8, vocab=vocab)
+    parallel = ParallelConfig(tp=tp, dp=dp)
+    layout = adapter.layout(job, parallel)
+    table = adapter.view(job, layout)
+    specs = adapter.state_specs(job)
+    assert [s.name for s in specs] == [s.name for s in table_specs(adapter, job, layout)]
+    for rank in range(layout.size):
+        got = actual_boxes(adapter, job, parallel, rank)
+        for s in specs:
+            assert table.box(s, rank) == got[s.name], (s.name, rank)
+
+
+def table_specs(adapter, job, layout):
+    return [p.spec for p in adapter.placed(job, layout)]
+
+
+def test_strided_fsdp_over_tp_and_empty_shards_are_described():
+    adapter = load_adapter(EXAMPLE)
+    job = job_of(hidden=8, heads=4, ffn=8, vocab=4)
+    layout = adapter.layout(job, ParallelConfig(tp=2, dp=3))
+    placed = {p.spec.name: p for p in adapter.placed(job, layout)}
+    emb = placed["tok_embeddings.weight"]
+    assert [type(p).__name__ for p in emb.placements] == ["_StridedShard", "Shard"]
+    table = adapter.view(job, layout)
+    rows = [table.box(emb.spec, r) for r in range(layout.size)]
+    assert None in rows  # 2 rows per TP rank over 3 FSDP ranks: one rank holds nothing
+    # the moments carry their parameter's geometry
+    assert table.boxes["tok_embeddings.weight.exp_avg"] == table.boxes["tok_embeddings.weight"]
+
+
+def test_what_cannot_be_described_is_refused_with_the_tensor_named():
+    from torch import nn
+    from torch.distributed.tensor import DTensor, Partial
+
+    from liver.engine.native.resource import placed_state
+
+    world = FakeWorld.build_fake(0, load_adapter(EXAMPLE).layout(job_of(8, 4, 8, 4), ParallelConfig(tp=2)), 0,
+                                 "gloo", torch.device("cpu"))
+    with world.registered():
+        try:
+            m = nn.Linear(4, 4, bias=False)
+            m.weight = nn.Parameter(DTensor.from_local(torch.zeros(4, 4), world.mesh()["tp"], [Partial()]))
+            with pytest.raises(ValueError, match="'weight' has placement Partial"):
+                placed_state(m, None)
+        finally:
+            forget_meshes()
+    m = nn.Linear(4, 4, bias=False)
+    sgd = torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9)
+    m(torch.ones(1, 4)).sum().backward()
+    sgd.step()
+    with pytest.raises(ValueError, match="optimizer state 'momentum_buffer' of 'weight': unknown kind"):
+        placed_state(m, sgd)
+    with pytest.raises(ValueError, match="optimizer state 'momentum_buffer': unknown kind"):
+        placed_state(m, sgd, ("momentum_buffer",))
+
+
+def test_bad_layouts_are_refused_naming_the_field():
+    adapter = load_adapter(EXAMPLE)
+    job = job_of(hidden=8, heads=4, ffn=8, vocab=4)
+    with pytest.raises(ValueError, match="parallel.pp=2"):
+        adapter.layout(job, ParallelConfig(pp=2))
+    with pytest.raises(ValueError, match="parallel.tp=3 does not divide model.num_heads=4"):
+        adapter.layout(job, ParallelConfig(tp=3))
+    with pytest.raises(ValueError, match="engine='nowhere.py:RECIPE': cannot import it"):
+        load_adapter("nowhere.py:RECIPE")
+    with pytest.raises(ValueError, match="not an EngineAdapter or a Recipe"):
+        load_adapter("liver.topology:JobConfig")
+
+
+def test_device_mesh_private_arguments_and_dtensor_caches_hold_on_this_torch():
+    """Pinned: what ``World.mesh`` and ``forget_meshes`` rely on. A mesh built with
+    ``_init_backend=False, _rank=r`` has rank r's coordinate, takes its groups from
+    ``_dim_group_names``; the box function takes (shape, mesh shape, coordinate, placements); a
+    fake mesh of rank 0 seen first must not leak into a model laid out for rank 1 afterwards."""
+    from torch.distributed.device_mesh import DeviceMesh
+    from torch.distributed.tensor import Shard
+    from torch.distributed.tensor._utils import _compute_local_shape_and_global_offset
+
+    mesh = DeviceMesh("cpu", torch.arange(4).reshape(1, 2, 2), mesh_dim_names=("pp", "dp", "tp"),
+                      _init_backend=False, _rank=3)
+    assert list(mesh.get_coordinate()) == [0, 1, 1]
+    adapter = load_adapter(EXAMPLE)
+    job = job_of(hidden=8, heads=4, ffn=8, vocab=8)
+    world = FakeWorld.build_fake(0, adapter.layout(job, ParallelConfig(tp=2, dp=2)), 3, "gloo", torch.device("cpu"))
+    with world.registered():
+        m = world.mesh()  # its axes' groups given by name (``_dim_group_names``), sliced by name
+        assert m["tp"].get_group() is world.tp.pg and m["dp"].get_group() is world.dp.pg
+        assert list(m["dp", "tp"].get_coordinate()) == [1, 1]
+    assert _compute_local_shape_and_global_offset((5, 3), (2,), [1], [Shard(0)]) == ((2, 3), (3, 0))
+    first = actual_boxes(adapter, job, ParallelConfig(tp=2), 0)
+    second = actual_boxes(adapter, job, ParallelConfig(tp=2), 1)
+    assert first["tok_embeddings.weight"] == ((0, 4), (0, 8)) and second["tok_embeddings.weight"] == ((4, 8), (0, 8))
+
+
+def test_recipe_job_file_runs_and_bad_input_is_refused_before_anything_starts(tmp_path, capsys):
+    from liver.cli import main
+    assert main(["run", "--config", CONFIG, "--set", "parallel=1,2,1", "--run-dir", str(tmp_path / "a")]) == 2
+    err = capsys.readouterr().err
+    assert "parallel.pp=2" in err and "Traceback" not in err
+    assert not (tmp_path / "a" / "logs").exists()
+
+
+def liver_native(run_dir: Path, *args: str) -> dict:
+    from test_run import liver
+    return liver(run_dir, "--config", CONFIG, "--set", "prepare.companion_share=0.5", "--set", "checkpoint.every=0",
+                 *args)
+
+
+EVENTS = [("reshape 1,1,2", "tp1pp1dp2"),                      # TP2 -> FSDP2
+          ("reshape 2,1,1", "tp2pp1dp1"),                      # FSDP2 -> TP2
+          ("scale-out 4 as 2,1,2", "tp2pp1dp2"),               # cold joiners; FSDP2 x TP2
+          ("reshape 1,1,4", "tp1pp1dp4"),                      # 2-D -> FSDP4
+          ("scale-in 2 deadline 60s as 1,1,2", "tp1pp1dp2")]   # FSDP4 -> FSDP2, a deadline
+
+
+@pytest.mark.timeout(600)
+def test_live_reshapes_of_a_users_model_equal_restart_through_dcp(tmp_path):
+    from test_run import check_continuous
+    events = tmp_path / "events.txt"
+    events.write_text("".join(f"at step {3 * (i + 1)}: {a}\n" for i, (a, _) in enumerate(EVENTS)))
+    live = liver_native(tmp_path / "live", "--events", str(events), "--digest", "--end-after-events", "3")
+    assert live["rc"] == 0
+    assert [e["status"] for e in live["events"]] == ["done"] * len(EVENTS), [e["status"] for e in live["events"]]
+    assert [e["new"] for e in live["events"]] == [n for _, n in EVENTS]
+    for e in live["events"]:
+        assert e["digest_equal"] is True, e
+    assert live["events"][-1]["deadline_met"] is True
+    total = live["steps"][-1]["step"]
+    check_continuous(live, total)
+    cuts = [e["last_old_step"] for e in live["events"]]
+    events2 = tmp_path / "events2.txt"
+    events2.write_text("".join(f"at step {c}: {a}\n" for c, (a, _) in zip(cuts, EVENTS)))
+    restart = liver_native(tmp_path / "restart", "--events", str(events2), "--digest", "--steps", str(total),
+                           "--mode", "restart")
+    assert restart["rc"] == 0
+    assert [e["last_old_step"] for e in restart["events"]] == cuts
+    assert [(s["step"], s["parallel"], s["loss"], s["digest"]) for s in live["steps"]] == \
+        [(s["step"], s["parallel"], s["loss"], s["digest"]) for s in restart["steps"]]
+
+
+@pytest.mark.timeout(600)
+def test_kill9_of_a_users_model_rank_recovers_from_the_dcp_checkpoint(tmp_path):
+    import json
+
+    from test_run import background, kill_and_recover, wait_for
+    run_dir = tmp_path / "run"
+    empty = tmp_path / "none.txt"
+    empty.write_text("# no events\n")
+    t, box = background(run_dir, "--config", CONFIG, "--events", str(empty), "--set", "parallel=1,1,2",
+                        "--steps", "30", "--end-after-events", "-1", "--ckpt-every", "4")
+    latest = run_dir / "ckpt" / "latest.json"
+    wait_for(lambda: latest.exists() and json.loads(latest.read_text())["step"] >= 8, what="checkpoint 8")
+    rep, rec = kill_and_recover(run_dir, t, box, proc=1)
+    assert rec["status"] == "recovered" and rec["new"] == "tp1pp1dp1"
+    assert rec["restored_step"] % 4 == 0 and rec["restored_step"] >= 8
+    at_ckpt = [s for s in rep["steps"] if s["step"] == rec["restored_step"] and s["generation"] == 0]
+    assert at_ckpt[-1]["digest"] == rec["digest_after"]  # the FSDP2 state, exactly, on one process
+    assert rep["steps"][-1]["step"] == 30
+
+
+def test_the_example_does_not_import_the_reference_engine():
+    text = (ROOT / "examples" / "llama.py").read_text()
+    assert "liver.engine.reference" not in text and "import liver" not in text.replace("from liver.engine.native", "")
+    assert len(text.splitlines()) <= 170
+
+
