@@ -110,8 +110,17 @@ def _compat(d: dict[str, Any]) -> list[str]:
             f"Tests there: {d['pytest_summary']}" + (f" ({why})." if why else ".")]
 
 
+def _native_compat(d: dict[str, Any]) -> list[str]:
+    ev = "; ".join(f"{e['event']} {e['old']} -> {e['new']}: {e['status']}"
+                   + (", digest equal" if e["digest_equal"] else ", DIGEST DIFFERS") for e in d["gloo_events"])
+    return [f"torch {d['torch']}, Python {d['python']}, NCCL {d['nccl']}: the recipe's in-process tests "
+            f"({d['pytest_summary']}); its live reshapes over gloo there: {ev}.",
+            f"On the GPU over NCCL (one rank): {d['nccl_steps']} steps at {d['nccl_median_step_s'] * 1e3:.0f} ms, "
+            f"periodic DCP checkpoints at steps {', '.join(map(str, d['nccl_checkpoints']))}."]
+
+
 RENDER: dict[str, Callable[[Any], list[str]]] = {
-    "compat": _compat,
+    "compat": _compat, "native_compat": _native_compat,
     "handoffs": _handoffs, "overhead": _overhead, "transfer": _transfer, "cpu_reconfig": _cpu_reconfig,
     "boot": _boot, "core_binding": _core_binding, "plan": _plan, "plan_pickle": _plan_pickle}
 

@@ -54,14 +54,15 @@ FLAT_SCENARIOS = {
 
 
 def workload(path: str | None) -> tuple[dict[str, Any], dict[int, list]]:
-    """The job file's engine and job (its events, layout and run settings are the benchmark's),
-    and the scenario set its engine allows; None: the reference engine's tiny job."""
+    """The job file's engine, job and preparation settings (its events, layout and run settings
+    are the benchmark's), and the scenario set its engine allows; None: the reference engine's
+    tiny job."""
     if path is None:
         return {"preset": "tiny"}, SCENARIOS
     data = read(path)
-    base = {k: data[k] for k in ("engine", "preset", "job") if k in data}
+    base = {k: data[k] for k in ("engine", "preset", "job", "prepare") if k in data}
     cfg = build(base)
-    adapter, job = cfg.adapter(), cfg.job
+    adapter, job = cfg.adapter, cfg.job
     try:
         adapter.layout(job, ParallelConfig(pp=2))
         return base, SCENARIOS
