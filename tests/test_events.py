@@ -66,6 +66,45 @@ def test_trace_mapping_and_refusals(tmp_path):
             parse_trace(p, slots=4, compress=1)
 
 
+def test_trace_edge_cases_found_by_hand(tmp_path):
+    """Lines at the same millisecond (2023 ms: no float rounding), every node leaving at once, a
+    trace with no node ever up, UTF-16 and binary files."""
+    evs = parse_trace(write(tmp_path, "0,add,a\n0,add,b\n2023,remove,a\n2023,add,c\n5000,remove,b\n5000,remove,c\n"),
+                      slots=2, compress=1, notice_s=1)
+    assert [(e.kind, e.gpus) for e in evs] == [("start", 2), ("scale-in", 1)]  # all gone: at least one
+    with pytest.raises(EventError, match="ev.txt: no node is ever up"):
+        parse_trace(write(tmp_path, "7,add,a\n7,remove,a\n"), slots=2, compress=1)
+    p = tmp_path / "utf16.txt"
+    p.write_text("at step 3: scale-out 4\n", encoding="utf-16")
+    assert [e.gpus for e in parse_schedule(p)] == [4]
+    p.write_bytes(b"\x89PNG\r\n\x1a\n\x00\x00\xff")
+    with pytest.raises(EventError, match="utf16.txt: not a text events file"):
+        parse_schedule(p)
+    with pytest.raises(EventError, match="utf16.txt: not a text trace file"):
+        parse_trace(p, slots=2, compress=1)
+    with pytest.raises(EventError, match="--compress=nan"):
+        parse_trace(p, slots=2, compress=float("nan"))
+    with pytest.raises(EventError, match="expected 'at step N: ACTION'"):
+        parse_schedule(write(tmp_path, "at step " + "9" * 5000 + ": scale-out 2\n"))
+
+
+@settings(max_examples=150, deadline=None)
+@given(data=st.one_of(st.binary(max_size=300), st.text(max_size=300).map(str.encode),
+                      st.lists(st.sampled_from(["at step 3: ", "at 2.5s: ", "scale-out 4", "scale-in 2 deadline 5s",
+                                                "reshape 2,1,1", "as 1,1,2", "\n", "#", "0,add,a", "9,remove,a",
+                                                "1,add,b", " ", "x", "-1", "99999999999"]), max_size=20)
+                      .map(lambda xs: "".join(xs).encode())))
+def test_schedule_and_trace_parsers_refuse_anything_else_with_an_event_error(tmp_path_factory, data):
+    """Fuzzed: whatever the bytes, a parser gives events or an EventError naming the file."""
+    p = tmp_path_factory.mktemp("fuzz") / "input.txt"
+    p.write_bytes(data)
+    for parse in (parse_schedule, lambda f: parse_trace(f, slots=4, compress=1)):
+        try:
+            parse(p)
+        except EventError as e:
+            assert "input.txt" in str(e) or "--" in str(e), e
+
+
 JOB = JobConfig(model=ModelConfig(num_layers=4, hidden_size=64, num_heads=4, ffn_size=128, vocab_size=256,
                                   seq_len=32), train=TrainConfig(global_batch=8, micro_batch=1))
 

@@ -76,7 +76,7 @@ class EventError(ValueError):
     pass
 
 
-_LINE = re.compile(r"^at\s+(?:step\s+(?P<step>\d+)|(?P<time>\d+(?:\.\d+)?)s)\s*:\s*(?P<action>.+)$")
+_LINE = re.compile(r"^at\s+(?:step\s+(?P<step>\d{1,15})|(?P<time>\d{1,12}(?:\.\d{1,9})?)s)\s*:\s*(?P<action>.+)$")
 
 
 def parse_action(text: str, where: str) -> Event:
@@ -126,11 +126,27 @@ def parse_action(text: str, where: str) -> Event:
     return ev
 
 
-def parse_schedule(path: str | Path) -> list[Event]:
+def read_text(path: str | Path, what: str) -> str:
+    """A text file's content (UTF-8, or UTF-16 with its byte-order mark); EventError naming the
+    file if it is missing or not text."""
     p = Path(path)
     if not p.is_file():
-        raise EventError(f"{path}: no such events file")
-    return parse_schedule_text(p.read_text(), str(path))
+        raise EventError(f"{path}: no such {what} file")
+    data = p.read_bytes()
+    try:
+        if data[:2] in (b"\xff\xfe", b"\xfe\xff"):
+            text = data.decode("utf-16")
+        else:
+            text = data.decode("utf-8-sig")
+    except UnicodeDecodeError as e:
+        raise EventError(f"{path}: not a text {what} file (byte {e.start} is not UTF-8)") from None
+    if "\x00" in text:
+        raise EventError(f"{path}: not a text {what} file (it holds NUL characters)")
+    return text
+
+
+def parse_schedule(path: str | Path) -> list[Event]:
+    return parse_schedule_text(read_text(path, "events"), str(path))
 
 
 def parse_schedule_text(text: str, path: str) -> list[Event]:
@@ -161,14 +177,13 @@ def parse_trace(path: str | Path, *, slots: int, compress: float, notice_s: floa
     changes. A removal becomes a scale-in notice ``notice_s`` (compressed) before the node goes
     (later if the previous event is later: events keep their order); its deadline is the removal.
     """
-    if compress <= 0:
+    if not compress > 0 or compress == float("inf"):
         raise EventError(f"--compress={compress}: allowed a positive factor")
-    p = Path(path)
-    if not p.is_file():
-        raise EventError(f"{path}: no such trace file")
+    if not notice_s >= 0 or notice_s == float("inf"):
+        raise EventError(f"--notice={notice_s}: allowed a non-negative number of seconds")
     up: set[str] = set()
-    counts: list[tuple[float, int]] = []
-    for n, raw in enumerate(p.read_text().splitlines(), 1):
+    counts: list[tuple[int, int]] = []  # (time in ms, exact: no float rounding between lines, nodes up)
+    for n, raw in enumerate(read_text(path, "trace").splitlines(), 1):
         line = raw.strip()
         if not line:
             continue
@@ -177,8 +192,8 @@ def parse_trace(path: str | Path, *, slots: int, compress: float, notice_s: floa
         if len(parts) != 3 or not parts[0].isdigit() or parts[1] not in ("add", "remove") or not parts[2]:
             raise EventError(f"{where}: {line!r}: expected time_ms,add|remove,nodeNAME")
         t_ms, op, node = int(parts[0]), parts[1], parts[2]
-        if counts and t_ms < counts[-1][0] * 1000:
-            raise EventError(f"{where}: time {t_ms} ms goes backwards")
+        if counts and t_ms < counts[-1][0]:
+            raise EventError(f"{where}: time {t_ms} ms goes backwards (the line before is at {counts[-1][0]} ms)")
         if op == "add":
             if node in up:
                 raise EventError(f"{where}: {node} added twice")
@@ -187,14 +202,16 @@ def parse_trace(path: str | Path, *, slots: int, compress: float, notice_s: floa
             if node not in up:
                 raise EventError(f"{where}: {node} removed but not up")
             up.remove(node)
-        if counts and counts[-1][0] == t_ms / 1000:
-            counts[-1] = (t_ms / 1000, len(up))
+        if counts and counts[-1][0] == t_ms:
+            counts[-1] = (t_ms, len(up))
         else:
-            counts.append((t_ms / 1000, len(up)))
+            counts.append((t_ms, len(up)))
     if not counts:
         raise EventError(f"{path}: empty trace")
     peak = max(c for _, c in counts)
-    local = [(t / compress, max(1, min(slots, math.ceil(c * slots / peak)))) for t, c in counts]
+    if peak == 0:
+        raise EventError(f"{path}: no node is ever up (every add is removed at the same instant)")
+    local = [(t / 1000 / compress, max(1, min(slots, math.ceil(c * slots / peak)))) for t, c in counts]
     events, current = [], local[0][1]
     for t, c in local[1:]:
         if c == current:
