@@ -223,6 +223,15 @@ def _bench_boot(args: argparse.Namespace) -> int:
         f"fresh/this: CPU {r['cpu_ratio_fresh_over_this']:.1f}x, wall {r['wall_ratio_fresh_over_this']:.1f}x"))
 
 
+def _bench_heal(args: argparse.Namespace) -> int:
+    from liver.bench.heal import run
+
+    result = run(repeats=args.repeats, ckpt_every=args.ckpt_every, kill_after=args.kill_after, steps=args.steps,
+                 run_dir=Path(args.run_dir) if args.run_dir else None)
+    print(json.dumps(result, indent=1))
+    return 0 if result["digests_equal"] else 1
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="liver", description=__doc__)
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -342,6 +351,13 @@ def main(argv: list[str] | None = None) -> int:
     bb.add_argument("--warmup-steps", type=int, default=2, help="mock-world warm-up steps")
     bb.add_argument("--run-dir", default=None)
     bb.set_defaults(fn=_bench_boot)
+    bhe = bsub.add_parser("heal", help="a replica killed: healed from the survivor vs recovered from the checkpoint")
+    bhe.add_argument("--repeats", type=int, default=3)
+    bhe.add_argument("--ckpt-every", type=int, default=10)
+    bhe.add_argument("--kill-after", type=int, default=6, help="steps past a checkpoint at which the kill lands")
+    bhe.add_argument("--steps", type=int, default=60)
+    bhe.add_argument("--run-dir", default=None)
+    bhe.set_defaults(fn=_bench_heal)
     args = p.parse_args(argv)
     try:
         return args.fn(args)

@@ -55,7 +55,7 @@ def actual_boxes(adapter, job: JobConfig, parallel: ParallelConfig, rank: int) -
             forget_meshes()
 
 
-@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(tp=st.sampled_from([1, 2, 4]), dp=st.sampled_from([1, 2, 3, 4]), vocab=st.sampled_from([4, 12, 20, 36]),
        hidden_mult=st.sampled_from([1, 3]))
 def test_dtensor_view_is_every_ranks_own_box(tp, dp, vocab, hidden_mult):
@@ -195,7 +195,7 @@ def test_live_reshapes_of_a_users_model_equal_restart_through_dcp(tmp_path):
     events2 = tmp_path / "events2.txt"
     events2.write_text("".join(f"at step {c}: {a}\n" for c, (a, _) in zip(cuts, EVENTS)))
     restart = liver_native(tmp_path / "restart", "--events", str(events2), "--digest", "--steps", str(total),
-                           "--mode", "restart")
+                           "--mode", "restart-forked")  # (through DCP as "restart"; forked: faster)
     assert restart["rc"] == 0
     assert [e["last_old_step"] for e in restart["events"]] == cuts
     assert [(s["step"], s["parallel"], s["loss"], s["digest"]) for s in live["steps"]] == \

@@ -179,7 +179,8 @@ def test_kill9_of_a_rank_recovers_from_the_latest_checkpoint(tmp_path):
     run_dir = tmp_path / "run"
     empty = tmp_path / "none.txt"
     empty.write_text("# no events\n")
-    t, box = background(run_dir, "--events", str(empty), "--parallel", "1,1,2", "--steps", "24", "--end-after-events", "-1",
+    # two pipeline stages: no rank holds a replica of another's, so the checkpoint is the way back
+    t, box = background(run_dir, "--events", str(empty), "--parallel", "1,2,1", "--steps", "24", "--end-after-events", "-1",
                         "--ckpt-every", "4")
     wait_for(lambda: (run_dir / "ckpt" / "latest.json").exists() and
              json.loads((run_dir / "ckpt" / "latest.json").read_text())["step"] >= 8, what="checkpoint 8")

@@ -81,6 +81,6 @@ class PeriodicCheckpointer:
         self._thread.start()
         return True
 
-    def wait(self) -> None:
+    def wait(self, timeout_s: float | None = None) -> None:
         if self._thread is not None:
-            self._thread.join()
+            self._thread.join(timeout_s)

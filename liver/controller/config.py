@@ -15,13 +15,17 @@ class ControllerConfig:
     - ``end_after_events``: the job ends this many steps after its last event; unset (or -1, as a
       job file writes it): it trains all of its steps.
     - ``endpoint``: serve the control endpoint (loopback HTTP, token in the run's control.json).
-    - ``memory_gib``: per-GPU memory for the target choice; unset: no limit."""
+    - ``memory_gib``: per-GPU memory for the target choice; unset: no limit.
+    - ``heal_timeout_s``: live mode, a rank lost without notice while every shard it held has a
+      replica on a surviving rank: the survivors' reports of where they stopped are awaited this
+      long, then the job is healed from their memory (no rollback); 0: always the checkpoint."""
 
     mode: str = "live"
     prepare_timeout_s: float = 300.0
     end_after_events: int | None = 20
     endpoint: bool = True
     memory_gib: float | None = None
+    heal_timeout_s: float = 30.0
 
     def __post_init__(self) -> None:
         if self.end_after_events == -1 and not isinstance(self.end_after_events, bool):
@@ -35,5 +39,7 @@ class ControllerConfig:
                                                   or self.end_after_events < 0):
             raise ValueError(f"controller.end_after_events={self.end_after_events!r}: allowed 0 or more steps, "
                              "or -1 (train every step)")
+        if isinstance(self.heal_timeout_s, bool) or not 0 <= self.heal_timeout_s <= 3600:
+            raise ValueError(f"controller.heal_timeout_s={self.heal_timeout_s!r}: allowed 0 (never heal) to 3600 s")
         if self.memory_gib is not None and not 0 < self.memory_gib < 1 << 20:
             raise ValueError(f"controller.memory_gib={self.memory_gib!r}: allowed a positive size in GiB")

@@ -19,7 +19,11 @@ from liver.controller.events import Event
 from liver.controller.phases import PENDING, Phase, Trigger
 from liver.controller.records import switch_metrics
 from liver.planner.plan import plan_transfer
-from liver.protocol.messages import Failure, GenerationSpec, SwitchReport, read_if
+from liver import logs
+from liver.controller import heal, report, target
+from liver.controller.records import first
+from liver.engine.digest import combine
+from liver.protocol.messages import Failure, GenerationSpec, Stalled, SwitchReport, read_if
 from liver.protocol.store import COMMIT, WITHDRAW, decide, decided, get, publish_plan
 
 
@@ -76,6 +80,80 @@ class LiveController(Controller):
             self._watch_switch()
         elif self.phase is Phase.CLEANUP:
             self._watch_cleanup()
+
+    # ---- a fail-stop healed from the survivors ---------------------------------------------
+    def _fail_stop(self, dead: list[Worker], preempted: bool = False) -> None:
+        """Healed from the survivors' memory where they hold every shard (``heal.py``); else the
+        checkpoint (``Controller._fail_stop``)."""
+        if not preempted and self.current is None and self.cfg.controller.heal_timeout_s > 0:
+            try:
+                if self._heal(dead):
+                    return
+            except (ValueError, RuntimeError) as e:  # whatever went wrong, the checkpoint still holds
+                logs.PHASES.warning(f"healing from the survivors failed ({e}); recovering from the checkpoint")
+        super()._fail_stop(dead, preempted)
+
+    def _heal(self, dead: list[Worker]) -> bool:
+        t0, old, failed_step = time.time(), self.active, self.step
+        a, job = self.adapter, self.job
+        view = heal.surviving_view(a.view(job, a.layout(job, old.parallel)), old.procs, [w.proc for w in dead])
+        survivors = [old.procs[r] for r in view.ranks]
+        specs = a.state_specs(job)
+        missing = heal.uncovered(view, specs)
+        if missing is not None:
+            self.phase_log("no-heal", why=missing[:200])
+            return False
+        parallel = target.choose(a, job, len(survivors), self.hardware, current=old.parallel)
+        stalled = self._wait_for(old.generation, survivors, Stalled, self.cfg.controller.heal_timeout_s)
+        step = heal.common_step(r.step for r in stalled.values()) if stalled else None
+        if step is None:
+            self.phase_log("no-heal", why="the survivors did not all report one step" if stalled else
+                           f"not every survivor reported within {self.cfg.controller.heal_timeout_s:g} s")
+            return False
+        plan = plan_transfer(view, a.view(job, a.layout(job, parallel)), specs, survivors, survivors)
+        self.gen += 1
+        spec = GenerationSpec(generation=self.gen, parallel=parallel, procs=tuple(plan.placement), kind="heal",
+                              old_generation=old.generation, old_parallel=old.parallel, old_procs=tuple(survivors),
+                              old_ranks=view.ranks)
+        publish_plan(self.store, self.gen, plan)
+        spec.publish(self.store)
+        self.store.set(Stalled.heal_key(old.generation), str(self.gen))
+        self.phase_log("heal", generation=self.gen, new=parallel.short(), procs=list(plan.placement), from_step=step,
+                       bytes_moved=plan.bytes_moved)
+        switched = self._wait_for(self.gen, survivors, SwitchReport, self.cfg.controller.prepare_timeout_s)
+        if switched is None:
+            return False
+        self.lost_slots |= {w.slot for w in dead}
+        self.active = spec
+        before = None  # the survivors' state as they stopped, from their own parts of the digest
+        if all(r.hashes is not None for r in stalled.values()):
+            before = combine(specs, [r.hashes for r in stalled.values()], next(iter(stalled.values())).scalars)
+        rec = {"event": {"kind": "fail-stop", "source": f"process {[w.proc for w in dead]} exited "
+                         f"{[w.returncode for w in dead]}"},
+               "status": report.HEALED, "generation": self.gen,
+               "old_generation": old.generation, "old": old.parallel.short(), "new": parallel.short(),
+               "failed_at_step": failed_step, "restored_step": step, "lost_steps": max(0, failed_step - step),
+               "checkpoint": None, "lost_slots": sorted(w.slot for w in dead), "t_event": t0,
+               "heal_s": time.time() - t0, "bytes_moved": plan.bytes_moved,
+               "digest_before": before, "digest_after": first(switched.values(), "digest_after"),
+               "last_words": {w.proc: self.agent.log_tail(w.proc, 2000).strip().splitlines()[-1:] for w in dead}}
+        self.records.append(rec)
+        self.phase_log("healed", restored_step=step, lost_steps=rec["lost_steps"], heal_s=round(rec["heal_s"], 3))
+        return True
+
+    def _wait_for(self, g: int, procs: list[int], cls, timeout_s: float):
+        """Every process's ``cls`` report of generation ``g``, or None at the timeout or as soon as
+        one of them exits."""
+        end = time.time() + timeout_s
+        while time.time() < end and not self.interrupted:
+            got = self._collect(g, procs, cls)
+            if got is not None:
+                return got
+            for w in self.agent.poll():
+                if w.proc in procs:
+                    return None
+            time.sleep(0.01)
+        return None
 
     # ---- starting a handoff ----------------------------------------------------------------
     def _begin(self, ev: Event) -> None:

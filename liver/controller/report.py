@@ -20,6 +20,9 @@ from pathlib import Path
 from typing import Any
 
 
+HEALED = "healed from the surviving replicas"  # a fail-stop's record, where no checkpoint was needed
+
+
 def read_steps(run_dir: Path) -> list[dict[str, Any]]:
     f = run_dir / "steps.jsonl"
     return [json.loads(line) for line in f.read_text().splitlines() if line.strip()] if f.exists() else []
@@ -176,7 +179,7 @@ def build(run_dir: Path, result: dict[str, Any], meta: dict[str, Any]) -> dict[s
     events = []
     for rec in result["records"]:
         rec = {k: v for k, v in rec.items() if not k.startswith("_") and k != "plan"}
-        if rec.get("status") in ("done", "recovered"):
+        if rec.get("status") in ("done", "recovered", HEALED):
             rec.update(downtime(steps, rec))
         if "switch_start" in rec:
             so = steady_overhead(steps, [rec])
@@ -199,7 +202,9 @@ def summary(report: dict[str, Any]) -> str:
         pr = f"{e['prepare_s']:.2f}s" if "prepare_s" in e else "-"
         mv = f"{e['bytes_moved'] / 2**20:.1f}MiB" if "bytes_moved" in e else "-"
         status = e["status"]
-        if e.get("lost_steps") is not None:
+        if e.get("lost_steps") is not None and e["status"] == HEALED:
+            status += f" (no rollback: on from step {e['restored_step']}, {e['lost_steps']} steps lost)"
+        elif e.get("lost_steps") is not None:
             status += f" (rolled back {e['lost_steps']} steps to step {e['restored_step']})"
         if e.get("digest_equal") is not None:
             status += ", digest " + ("equal" if e["digest_equal"] else "DIFFERENT")

@@ -87,9 +87,22 @@ def _distinct(parts: list[list[tuple]]) -> dict[int, dict[Box, Any]]:
 
 def state_digest(engine: Engine) -> str:
     """Collective over the engine's World: the same hex digest on every rank."""
-    by_tensor = _distinct(engine.world.all.all_gather_object(_local(engine)))
+    return combine(engine.specs, engine.world.all.all_gather_object(_local(engine)), engine.scalars())
+
+
+def local_hashes(engine: Engine) -> list[list]:
+    """This rank's part of the digest as plain data (no collective): [spec index, box, [s1, s2]]
+    per tensor it holds; ``combine`` of the parts of ranks that together hold every element (a
+    generation's survivors, say) is the state's digest."""
+    return [[i, [list(b) for b in box], list(h)] for i, box, h in _local(engine)]
+
+
+def combine(specs, parts: list[list], scalars: dict[str, Any]) -> str:
+    """The digest from the ranks' parts (``local_hashes``, or gathered ``_local``) and the scalars."""
+    parts = [[(i, tuple(tuple(b) for b in box), tuple(v)) for i, box, v in part] for part in parts]
+    by_tensor = _distinct(parts)
     h = hashlib.sha256()
-    for i, spec in enumerate(engine.specs):
+    for i, spec in enumerate(specs):
         boxes = by_tensor.get(i, {})
         covered = sum(box_numel(b) for b in boxes)
         if covered != max(1, spec.numel) or not boxes:
@@ -98,7 +111,7 @@ def state_digest(engine: Engine) -> str:
         s1 = sum(v[0] for v in boxes.values()) % _M
         s2 = sum(v[1] for v in boxes.values()) % _M
         h.update(f"{spec.name}:{list(spec.shape)}:{s1:016x}{s2:016x}\n".encode())  # the same bytes for any layout
-    h.update(json.dumps(engine.scalars(), sort_keys=True).encode())
+    h.update(json.dumps(scalars, sort_keys=True).encode())
     return h.hexdigest()
 
 

@@ -12,7 +12,7 @@ import torch.distributed as dist
 from liver.config.fields import from_dict, to_dict
 from liver.topology import ParallelConfig
 
-GENERATION_KINDS = ("start", "restart", "recover", "scale-out", "scale-in", "reshape")
+GENERATION_KINDS = ("start", "restart", "recover", "heal", "scale-out", "scale-in", "reshape")
 
 M = TypeVar("M")  # a message class
 
@@ -42,9 +42,12 @@ class GenerationSpec:
     old_generation: int | None = None
     old_parallel: ParallelConfig | None = None
     old_procs: tuple[int, ...] | None = None
+    old_ranks: tuple[int, ...] | None = None  # a heal: the old ranks that survive, as old_procs hold them
     load_from: str | None = None
 
     def __post_init__(self) -> None:
+        if self.old_ranks is not None and (self.old_procs is None or len(self.old_ranks) != len(self.old_procs)):
+            raise ValueError(f"generation {self.generation}: old_ranks={self.old_ranks} needs one process each")
         if self.kind not in GENERATION_KINDS:
             raise ValueError(f"generation.kind={self.kind!r}: allowed {', '.join(GENERATION_KINDS)}")
         if len(self.procs) != self.parallel.world_size:
@@ -96,6 +99,29 @@ class Progress:
     digest_s: float = 0.0
 
     KEY = "progress"
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Stalled:
+    """A rank whose generation broke under it (a peer vanished mid-collective): it stopped at the
+    last step it completed, holds its shards, and waits to be healed into ``heal/{generation}``
+    (``stalled/{g}/{proc}``)."""
+
+    proc: int
+    generation: int
+    step: int
+    error: str
+    hashes: tuple[Any, ...] | None = None  # its part of the state digest (``digest.local_hashes``), if asked
+    scalars: dict[str, Any] | None = None
+
+    @staticmethod
+    def key(generation: int, proc: int) -> str:
+        return f"stalled/{generation}/{proc}"
+
+    @staticmethod
+    def heal_key(generation: int) -> str:
+        """Where the controller names the generation that heals ``generation``'s survivors."""
+        return f"heal/{generation}"
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -44,6 +44,22 @@ class LayoutView:
         return view(spec, self.layout, rank)
 
 
+@dataclass(frozen=True)
+class Survivors:
+    """The ranks ``ranks`` of a view, renumbered 0.. in that order: what is left of a generation
+    after some of its processes vanished."""
+
+    view: "Layout | RankView"
+    ranks: tuple[int, ...]
+
+    @property
+    def size(self) -> int:
+        return len(self.ranks)
+
+    def box(self, spec: TensorSpec, rank: int) -> Box | None:
+        return box_of(self.view, spec, self.ranks[rank])
+
+
 def box_of(v: "Layout | RankView", spec: TensorSpec, rank: int) -> Box | None:
     """``rank``'s box of ``spec`` under a Layout (its analytic view) or any RankView."""
     return view(spec, v, rank) if isinstance(v, Layout) else v.box(spec, rank)

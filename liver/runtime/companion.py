@@ -110,7 +110,8 @@ class Preparation:
         s = self.spec
         old, new = layouts(self.adapter, self.job, s)
         self.plan = fetch_plan(self.store, s.generation)  # the controller's (protocol/store.py)
-        if not (_describes(self.plan.old, old) and _describes(self.plan.new, new)
+        old_ok = self.plan.old.size == len(s.old_ranks) if s.old_ranks is not None else _describes(self.plan.old, old)
+        if not (old_ok and _describes(self.plan.new, new)
                 and (self.plan.placement, self.plan.old_procs) == (list(s.procs), list(s.old_procs))):
             raise RuntimeError(f"plan/{s.generation} in the store does not match gen/{s.generation}")
         self.timings["plan_s"] = time.perf_counter() - t0

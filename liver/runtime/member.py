@@ -14,6 +14,7 @@ import time
 
 STARTED = time.time()
 
+import faulthandler  # noqa: E402
 import gc  # noqa: E402
 import json  # noqa: E402
 import os  # noqa: E402
@@ -30,12 +31,12 @@ import torch  # noqa: E402
 from liver.host import cores, priority  # noqa: E402
 from liver.checkpoint import dcp as ckpt  # noqa: E402
 from liver.checkpoint.periodic import PeriodicCheckpointer  # noqa: E402
-from liver.engine.digest import state_digest  # noqa: E402
+from liver.engine.digest import local_hashes, state_digest  # noqa: E402
 from liver.engine.interface import EngineAdapter, TrainingEngine  # noqa: E402
 from liver.protocol import store as protocol  # noqa: E402
 from liver.protocol.cut import agree, confirm  # noqa: E402
-from liver.protocol.messages import (GenerationSpec, Progress, Saved, StartReport, StopReport,  # noqa: E402
-                                    SwitchReport, Wish, read, write)
+from liver.protocol.messages import (GenerationSpec, Progress, Saved, Stalled, StartReport,  # noqa: E402
+                                    StopReport, SwitchReport, Wish, read, write)
 from liver.protocol.store import COMMIT, decide as decide_key  # noqa: E402
 from liver.runtime.boundary import Local, after_force, decide  # noqa: E402
 from liver.runtime.companion import Companion, Preparation  # noqa: E402
@@ -82,6 +83,7 @@ class Member:
         # the companions' store connection (made now, not beside the first preparation's steps)
         self._side = protocol.run_store(connect_store(spec.store_addr))
         self._side_user: Companion | None = None  # the last companion that used it
+        self._switching = False
 
     def _preparation(self, spec: GenerationSpec, **kw: Any) -> Preparation:
         c = self.config
@@ -144,29 +146,77 @@ class Member:
     # ---- the training loop ---------------------------------------------------------------
     def train(self) -> None:
         while self.engine is not None and self.engine.step < self.total_steps:
-            e = self.engine
-            st = e.train_step()
-            end = time.time()
-            digest, digest_s = None, 0.0
-            if self.digest == "step":  # a check, timed apart from the step
-                t0 = time.perf_counter()
-                digest = state_digest(e)
-                digest_s = time.perf_counter() - t0
-            if e.world.rank == 0 or self.config.log_rank in (-1, e.world.rank):
-                rec = Progress(step=st.step, generation=e.world.generation, loss=st.loss, step_s=st.step_s,
-                               time=end, parallel=e.layout.parallel.short(), preparing=self.companion is not None,
-                               tokens_per_s=st.tokens_per_s, grad_norm=st.grad_norm, mfu=st.mfu,
-                               memory_gib=torch.cuda.max_memory_reserved(self.device) / 2**30
-                               if self.device.type == "cuda" else None, digest=digest, digest_s=digest_s)
-                if e.world.rank == 0:  # one serialisation: the store and steps.jsonl get the same line
-                    line = json.dumps(to_dict(rec))
-                    self.store.set(Progress.KEY, line)
-                    self._steps_file().write(line + "\n")
-                if self.config.log_rank in (-1, e.world.rank):
-                    who = f"[rank {e.world.rank}] " if self.config.log_rank == -1 else ""
-                    print(who + step_line(rec), flush=True)
-            self.boundary(st.step_s)
+            try:
+                self._one_step()
+            except RuntimeError as err:
+                if not broken_group(err) or self._switching or self.engine is None or self.engine.world.all.size == 1:
+                    raise
+                self._stall(err)  # a collective broke: a peer of this generation vanished
         self.ckpt.wait()
+
+    def _one_step(self) -> None:
+        """One training step, its record, and the boundary after it."""
+        e = self.engine
+        st = e.train_step()
+        end = time.time()
+        digest, digest_s, broke = None, 0.0, None
+        if self.digest == "step":  # a check, timed apart from the step
+            t0 = time.perf_counter()
+            try:
+                digest = state_digest(e)
+            except RuntimeError as err:  # the step is done (its state moved on): it is logged first
+                broke = err
+            digest_s = time.perf_counter() - t0
+        if e.world.rank == 0 or self.config.log_rank in (-1, e.world.rank):
+            rec = Progress(step=st.step, generation=e.world.generation, loss=st.loss, step_s=st.step_s,
+                           time=end, parallel=e.layout.parallel.short(), preparing=self.companion is not None,
+                           tokens_per_s=st.tokens_per_s, grad_norm=st.grad_norm, mfu=st.mfu,
+                           memory_gib=torch.cuda.max_memory_reserved(self.device) / 2**30
+                           if self.device.type == "cuda" else None, digest=digest, digest_s=digest_s)
+            if e.world.rank == 0:  # one serialisation: the store and steps.jsonl get the same line
+                line = json.dumps(to_dict(rec))
+                self.store.set(Progress.KEY, line)
+                self._steps_file().write(line + "\n")
+            if self.config.log_rank in (-1, e.world.rank):
+                who = f"[rank {e.world.rank}] " if self.config.log_rank == -1 else ""
+                print(who + step_line(rec), flush=True)
+        if broke is not None:
+            raise broke
+        self.boundary(st.step_s)
+
+    # ---- a generation broken under it --------------------------------------------------------
+    def _stall(self, err: BaseException) -> None:
+        """Stop where the last step completed (an engine changes its state only after the step's
+        last collective), tell the controller, and wait to be healed: a new generation built from
+        the survivors' memory (``heal/{g}``), entered like a joiner enters one. No heal within the
+        groups' timeout: the error stands (the controller stops everyone and recovers from the
+        checkpoint)."""
+        e = self.engine
+        g = e.world.generation
+        e.world.abort()  # peers blocked on a group with this rank fail now too, and stall as well
+        if self.companion is not None:
+            self._abandon()
+        self.ckpt.wait(timeout_s=self.config.prepare.group_timeout_s)  # (it fails too, on gloo at once)
+        write(self.store, Stalled.key(g, self.proc),
+              Stalled(proc=self.proc, generation=g, step=e.step, error=f"{type(err).__name__}: {err}"[:500],
+                      hashes=local_hashes(e) if self.digest else None, scalars=e.scalars() if self.digest else None))
+        print(f"[liver] proc {self.proc}: generation {g} broke after step {e.step} ({type(err).__name__}); "
+              f"waiting to be healed", flush=True)
+        end = time.time() + self.config.prepare.group_timeout_s
+        key = Stalled.heal_key(g)
+        while not self.store.check([key]):
+            if time.time() > end:
+                raise err
+            time.sleep(0.01)
+        spec = GenerationSpec.fetch(self.store, int(self.store.get(key)))
+        prep = self._preparation(spec, store=self.store)  # nothing shared with the broken groups
+        prep.run()
+        if prep.defer_warm and prep.built and not prep.ready:
+            prep.warm()
+        if not prep.ready:
+            raise RuntimeError(f"proc {self.proc}: preparing the heal generation {spec.generation} failed: "
+                               f"{prep.error!r}") from err
+        self._switch(prep, {}, old_alive=False)
 
     def _side_store(self):
         """The companions' store connection: a rendezvous blocked on a late joiner must not queue
@@ -236,7 +286,16 @@ class Member:
         self.preparing_since = time.time()
         self.companion.start()
 
-    def _switch(self, prep: Preparation, extra: dict[str, Any]) -> None:
+    def _switch(self, prep: Preparation, extra: dict[str, Any], old_alive: bool = True) -> None:
+        """``old_alive``: the old generation's groups work (not so in a heal: no digest over them).
+        A failure in here is no stall: the old shards may be half streamed away."""
+        self._switching = True
+        try:
+            self._switch_now(prep, extra, old_alive)
+        finally:
+            self._switching = False
+
+    def _switch_now(self, prep: Preparation, extra: dict[str, Any], old_alive: bool) -> None:
         old = self.engine
         g = prep.generation
         rec: dict[str, Any] = {"proc": self.proc, "generation": g, **extra,
@@ -245,7 +304,7 @@ class Member:
             torch.cuda.synchronize()  # drain
         if old is not None:
             rec["old_step"] = old.step
-            if self.digest == "switch":
+            if self.digest == "switch" and old_alive:
                 t0 = time.perf_counter()
                 rec["digest_before"] = state_digest(old)
                 rec["digest_before_s"] = time.perf_counter() - t0
@@ -313,6 +372,15 @@ class Member:
         self.engine = None
 
 
+def broken_group(e: BaseException) -> bool:
+    """A collective that failed because a peer vanished (not a bug of the step itself)."""
+    if isinstance(e, getattr(torch.distributed, "DistError", ())):
+        return True
+    text = str(e)
+    return any(s in text for s in ("Connection closed by peer", "Connection reset by peer", "Broken pipe",
+                                   "gloo/transport", "NCCL communicator was aborted", "ncclRemoteError"))
+
+
 def step_line(p: Progress) -> str:
     """One line per step, as torchtitan prints it (memory and MFU where there is a GPU)."""
     line = (f"step: {p.step:<5d} loss: {p.loss:.4f}  grad_norm: {p.grad_norm:.4f}  "
@@ -344,6 +412,7 @@ def main(spec_path: str | None = None, boot: dict[str, float] | None = None) -> 
     forked it (both the fork's time: its template did the imports and ``warm_process``); without
     it, a worker on its own interpreter: this module's import times, and ``warm_process`` now."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # a Ctrl-C is the controller's: it stops the workers
+    faulthandler.register(signal.SIGUSR1, all_threads=True)  # `kill -USR1 PID`: every thread's stack to its log
     spec = WorkerSpec.read(spec_path or sys.argv[1])
     if boot is None:
         warm_process(spec.config.adapter)

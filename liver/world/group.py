@@ -223,6 +223,21 @@ class Group:
         recvs = [(torch.empty(1, device=self.device), p) for p in sorted(set(recv_from)) if p != self.rank]
         self.exchange(sends, recvs)
 
+    def abort(self) -> None:
+        """Break the communicator now and let go of it: its connections close once nothing holds
+        it (an abort alone leaves gloo's open), so every peer blocked in a collective on it fails at
+        once; a generation that lost a rank must not leave the others waiting on one another."""
+        if self.pg is None:
+            return
+        try:
+            backend = self.pg._get_backend(self.device)
+            if hasattr(backend, "abort"):
+                backend.abort()
+        except RuntimeError:  # already broken
+            pass
+        self.pg = None
+        self.comm = None
+
     def destroy(self) -> None:
         """Let go of the communicator (shut down when no other group shares it)."""
         if self.comm is not None:

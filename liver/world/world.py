@@ -8,6 +8,7 @@ background thread while another World trains, warmed (first collective done), ac
 from __future__ import annotations
 
 import contextlib
+import gc
 import time
 from datetime import timedelta
 
@@ -257,6 +258,19 @@ class World:
         if c10d._world.default_pg is self._with_pg(self.all, False).pg:
             c10d._update_default_pg(None)
         self._registered = False
+
+    def abort(self) -> None:
+        """Break every group of this generation (``Group.abort``): it lost a rank. Its meshes'
+        references go too, so that the communicators are freed (and their connections closed)."""
+        self.deactivate()
+        for g in self.every_group():
+            g.abort()
+        for mesh in self._meshes.values():
+            registry = getattr(mesh, "_pg_registry", None)
+            if registry is not None:
+                registry.clear()
+        self._meshes.clear()
+        gc.collect()
 
     def destroy(self) -> None:
         self.deactivate()

@@ -159,14 +159,16 @@ class NativeEngine:
         lr = float(self.optimizer.param_groups[0]["lr"])
         if self.scheduler is not None:
             self.scheduler.step()
+        # the state moved on: so do the counters, before the loss's collective (a peer that vanishes
+        # in it leaves state and counters agreeing)
+        self.step += 1
+        self.consumed_samples += job.train.global_batch
         if isinstance(loss, DTensor):
             loss = loss.full_tensor()
         total = torch.tensor([float(loss)], dtype=torch.float64, device=self.device)
         w.dp.allreduce(total)
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
-        self.step += 1
-        self.consumed_samples += job.train.global_batch
         dt = time.perf_counter() - t0
         tokens = job.train.global_batch * job.model.seq_len
         return StepStats(self.step, float(total.item()) / self.layout.dp, float(norm), lr, dt, tokens / dt)

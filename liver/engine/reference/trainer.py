@@ -171,6 +171,11 @@ class Engine:
         sched = OneFOneB(w.pp, (mb, m.seq_len, m.hidden_size), self.compute_dtype, self.device)
         losses = sched.run(forward, n_micro)
 
+        # every collective of the step comes before its update: a peer that vanishes mid-step leaves
+        # this rank's state at the last completed step (a heal starts from there)
+        loss = torch.tensor([sum(losses)], dtype=torch.float64, device=self.device)
+        w.dp.allreduce(loss)
+        w.pp.allreduce(loss)
         grads = [p[s.name].grad for s in self.local_params]
         if lay.dp > 1:
             flat = torch._utils._flatten_dense_tensors(grads)
@@ -188,9 +193,6 @@ class Engine:
             p[s.name].grad = None
         self.refresh()
 
-        loss = torch.tensor([sum(losses)], dtype=torch.float64, device=self.device)
-        w.dp.allreduce(loss)
-        w.pp.allreduce(loss)
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         self.step += 1

@@ -1,0 +1,63 @@
+"""Fail-stop without rollback: a rank killed without notice while every shard it held has a live
+replica on a surviving rank. The survivors stop at the last step they completed, and the next
+generation is built from their memory over the network: no checkpoint is read, no step re-runs,
+the state right after the heal is bit for bit the one the survivors held, and training goes on.
+Where a shard has no surviving copy, the periodic checkpoint stays the fallback. Real processes
+over gloo (`liver run`)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from liver.controller.heal import common_step, surviving_view, uncovered
+from liver.engine.reference import ADAPTER
+from liver.topology import ParallelConfig
+from liver.topology.presets import preset
+from test_run import background, check_continuous, kill_and_recover, wait_for
+
+
+def test_which_losses_can_be_healed():
+    job = preset("tiny")
+    specs = ADAPTER.state_specs(job)
+    dp2 = ADAPTER.layout(job, ParallelConfig(tp=2, dp=2))
+    procs = (10, 11, 12, 13)
+    assert uncovered(surviving_view(dp2, procs, [13]), specs) is None            # its replica is rank 1
+    assert uncovered(surviving_view(dp2, procs, [11, 12]), specs) is None        # one TP rank of each replica
+    assert "do not cover" in uncovered(surviving_view(dp2, procs, [11, 13]), specs)  # TP rank 1 gone twice
+    pp2 = ADAPTER.layout(job, ParallelConfig(pp=2))
+    assert uncovered(surviving_view(pp2, (0, 1), [1]), specs) is not None        # a stage with no replica
+    assert uncovered(surviving_view(pp2, (0, 1), [0, 1]), specs) == "no rank survived"
+    assert common_step([7, 7, 7]) == 7 and common_step([7, 8]) is None
+
+
+def steps_at(rep: dict, step: int) -> list[dict]:
+    return [s for s in rep["steps"] if s["step"] == step]
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("first,victim,new", [("1,1,2", 1, "tp1pp1dp1"),    # the one replica left holds all
+                                              ("2,1,2", 3, "tp1pp3dp1")])  # 3 survivors re-laid out over the network
+def test_kill9_of_a_replica_heals_from_the_survivors_without_rollback(tmp_path, first, victim, new):
+    run_dir = tmp_path / "run"
+    empty = tmp_path / "none.txt"
+    empty.write_text("# no events\n")
+    gpus = str(ParallelConfig.parse(first).world_size)
+    t, box = background(run_dir, "--events", str(empty), "--parallel", first, "--gpus", gpus, "--steps", "40",
+                        "--end-after-events", "-1", "--ckpt-every", "5")
+    latest = run_dir / "ckpt" / "latest.json"
+    wait_for(lambda: latest.exists() and json.loads(latest.read_text())["step"] >= 10, what="checkpoint 10")
+    rep, rec = kill_and_recover(run_dir, t, box, proc=victim)
+    assert rec["status"] == "healed from the surviving replicas", rec
+    assert rec["checkpoint"] is None and rec["new"] == new
+    assert rec["lost_steps"] == 0  # the step in flight never completed anywhere it matters
+    s = rec["restored_step"]
+    # the healed state is exactly what the survivors held after step s (their own parts of the
+    # digest, reported as they stopped), and what the job logged at step s where it got to log it
+    assert rec["digest_equal"] is True and rec["digest_before"] == rec["digest_after"]
+    logged = [x["digest"] for x in steps_at(rep, s) if x.get("digest")]
+    assert all(d == rec["digest_after"] for d in logged)
+    check_continuous(rep, 40)
+    assert len(rep["steps"]) == 40  # no step ran twice
+    assert rep["steps"][-1]["parallel"] == new
