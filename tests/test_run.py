@@ -279,8 +279,9 @@ def test_ctrl_c_ends_the_job_with_one_line_and_its_report(tmp_path):
 @pytest.mark.timeout(600)
 def test_a_missed_deadline_stops_every_leaving_process_once(tmp_path):
     """A scale-in whose deadline (50 ms) no handoff can meet: at the deadline both leaving processes
-    are stopped (not only the first), neither slot is counted as a survivor, the job recovers once
-    on the two others from its checkpoint, and the notice is not queued again with a new deadline."""
+    are stopped (not only the first), neither slot is counted as a survivor, the job goes on once on
+    the two others, and the notice is not queued again with a new deadline. The leaving ranks were
+    data-parallel replicas: the survivors heal from their own memory, nothing is rolled back."""
     events = tmp_path / "events.txt"
     events.write_text("at step 6: scale-in 2 deadline 0.05s\n")
     rep = liver(tmp_path / "run", "--events", str(events), "--parallel", "1,1,4", "--gpus", "4", "--steps", "30",
@@ -293,6 +294,8 @@ def test_a_missed_deadline_stops_every_leaving_process_once(tmp_path):
     assert len(missed) == 1 and missed[0]["status"].startswith("deadline missed"), statuses
     (rec,) = [e for e in rep["events"] if e["event"]["kind"] == "fail-stop"]
     assert sorted(rec["lost_slots"]) == [2, 3]  # both leaving slots, neither counted as a survivor
+    assert rec["status"] == "healed from the surviving replicas" and rec["lost_steps"] == 0, rec
+    assert rec["digest_equal"] is True and rec["new"] == missed[0]["new"]  # the scale-in's own target
     assert rep["steps"][-1]["step"] == 30 and rep["steps"][-1]["parallel"] == rec["new"]
     assert {s["generation"] for s in rep["steps"] if s["step"] > rec["restored_step"]} >= {rec["generation"]}
     check_continuous(rep, 30)

@@ -119,7 +119,17 @@ def _native_compat(d: dict[str, Any]) -> list[str]:
             f"periodic DCP checkpoints at steps {', '.join(map(str, d['nccl_checkpoints']))}."]
 
 
+def _heal(d: dict[str, Any]) -> list[str]:
+    h, c = d["heal"], d["checkpoint"]
+    return [f"{d['params'] / 1e6:.1f}M parameters, {d['layout']}, one replica killed at step {d['kill_at_step']} "
+            f"(checkpoint every {d['ckpt_every']}), {d['repeats']} runs each: healed from the survivor: stall "
+            f"{h['stall_s']:.2f} s (runs {h['stall_s_range'][0]:.2f}-{h['stall_s_range'][1]:.2f}), {h['lost_steps']:g} "
+            f"steps lost; from the checkpoint: stall {c['stall_s']:.2f} s, {c['lost_steps']:g} steps "
+            f"({c['lost_work_s']:.1f} s of work) lost: {c['total_lost_s']:.1f} s against {h['total_lost_s']:.2f} s."]
+
+
 RENDER: dict[str, Callable[[Any], list[str]]] = {
+    "heal": _heal,
     "compat": _compat, "native_compat": _native_compat,
     "handoffs": _handoffs, "overhead": _overhead, "transfer": _transfer, "cpu_reconfig": _cpu_reconfig,
     "boot": _boot, "core_binding": _core_binding, "plan": _plan, "plan_pickle": _plan_pickle}

@@ -68,7 +68,8 @@ class PeriodicCheckpointer:
             try:
                 dcp.save(sd, checkpoint_id=str(path), process_group=None if single else group.pg,
                          no_dist=single)
-                if is_rank0:
+                newer = latest(self.directory)
+                if is_rank0 and (newer is None or newer["step"] < step):  # (a late write never goes back)
                     tmp = self.directory / f".{LATEST}.{os.getpid()}"
                     tmp.write_text(json.dumps({**record, "written_at": time.time()}))
                     os.replace(tmp, self.directory / LATEST)
@@ -80,6 +81,12 @@ class PeriodicCheckpointer:
         self._thread = threading.Thread(target=write, name=f"ckpt-step{step}", daemon=True)
         self._thread.start()
         return True
+
+    def abandon(self) -> None:
+        """The generation broke under a write in flight: it never becomes the latest (rank 0 points
+        ``latest.json`` at it only after every rank wrote), and its thread, blocked on the broken
+        groups or failing, is left to end on its own; the next generation checkpoints afresh."""
+        self._thread = None
 
     def wait(self, timeout_s: float | None = None) -> None:
         if self._thread is not None:

@@ -37,6 +37,7 @@ class LiveController(Controller):
         super().__init__(*args, **kw)
         self.pending: GenerationSpec | None = None
         self.members: list[int] = []  # every process of the old and the pending generation
+        self._missed = None  # the scale-in whose missed deadline the next heal completes
 
     def run(self) -> dict[str, Any]:
         """The loop in a thread of its own at idle CPU priority: on a node whose cores the ranks
@@ -85,13 +86,29 @@ class LiveController(Controller):
     def _fail_stop(self, dead: list[Worker], preempted: bool = False) -> None:
         """Healed from the survivors' memory where they hold every shard (``heal.py``); else the
         checkpoint (``Controller._fail_stop``)."""
-        if not preempted and self.current is None and self.cfg.controller.heal_timeout_s > 0:
+        if self.cfg.controller.heal_timeout_s > 0 and (self.current is None or self._drop_missed(preempted)):
             try:
                 if self._heal(dead):
                     return
             except (ValueError, RuntimeError) as e:  # whatever went wrong, the checkpoint still holds
                 logs.PHASES.warning(f"healing from the survivors failed ({e}); recovering from the checkpoint")
         super()._fail_stop(dead, preempted)
+
+    def _drop_missed(self, preempted: bool) -> bool:
+        """A scale-in whose deadline passed while preparing: its leaving processes were stopped;
+        the survivors may heal where its pending generation is withdrawn (none switched to it).
+        The event ends here, with its outcome in its record."""
+        if not preempted or self.phase not in PENDING or decide(self.store, self.pending.generation, WITHDRAW) != WITHDRAW:
+            return False
+        h = self.current
+        h.record["status"] = ("deadline missed: the leaving processes were stopped at the deadline and the "
+                              "survivors healed from their replicas")
+        self._missed = h
+        self.records.append(h.record)
+        self.current, self.pending = None, None
+        self._wish()
+        self.go(Trigger.FAIL_STOP)
+        return True
 
     def _heal(self, dead: list[Worker]) -> bool:
         t0, old, failed_step = time.time(), self.active, self.step
@@ -103,7 +120,9 @@ class LiveController(Controller):
         if missing is not None:
             self.phase_log("no-heal", why=missing[:200])
             return False
-        parallel = target.choose(a, job, len(survivors), self.hardware, current=old.parallel)
+        missed, self._missed = self._missed, None
+        parallel = missed.target if missed is not None and missed.target.world_size == len(survivors) else \
+            target.choose(a, job, len(survivors), self.hardware, current=old.parallel)
         stalled = self._wait_for(old.generation, survivors, Stalled, self.cfg.controller.heal_timeout_s)
         step = heal.common_step(r.step for r in stalled.values()) if stalled else None
         if step is None:

@@ -196,7 +196,7 @@ class Member:
         e.world.abort()  # peers blocked on a group with this rank fail now too, and stall as well
         if self.companion is not None:
             self._abandon()
-        self.ckpt.wait(timeout_s=self.config.prepare.group_timeout_s)  # (it fails too, on gloo at once)
+        self.ckpt.abandon()  # a write in flight over the broken groups never becomes the latest
         write(self.store, Stalled.key(g, self.proc),
               Stalled(proc=self.proc, generation=g, step=e.step, error=f"{type(err).__name__}: {err}"[:500],
                       hashes=local_hashes(e) if self.digest else None, scalars=e.scalars() if self.digest else None))
