@@ -61,3 +61,40 @@ def test_kill9_of_a_replica_heals_from_the_survivors_without_rollback(tmp_path, 
     check_continuous(rep, 40)
     assert len(rep["steps"]) == 40  # no step ran twice
     assert rep["steps"][-1]["parallel"] == new
+
+
+@pytest.mark.timeout(600)
+def test_a_corrupt_newest_checkpoint_is_passed_over_for_the_one_before(tmp_path):
+    """No replica (two pipeline stages): the checkpoint is the way back; its newest one was damaged
+    on disk (a byte flipped) after it was published, so its checksum no longer matches and the
+    recovery reads the one before it, exactly."""
+    run_dir = tmp_path / "run"
+    empty = tmp_path / "none.txt"
+    empty.write_text("# no events\n")
+    t, box = background(run_dir, "--events", str(empty), "--parallel", "1,2,1", "--steps", "70",
+                        "--end-after-events", "-1", "--ckpt-every", "20")  # (the next one is 20 steps off)
+    latest = run_dir / "ckpt" / "latest.json"
+
+    def two_published():
+        try:
+            rec = json.loads(latest.read_text())
+        except (FileNotFoundError, json.JSONDecodeError):
+            return None
+        return rec if rec["step"] >= 40 and rec.get("previous") else None
+
+    newest = wait_for(two_published, what="two checkpoints")
+    data = sorted(p for p in (run_dir / "ckpt").glob(f"step{newest['step']:08d}/*.distcp"))[0]
+    raw = bytearray(data.read_bytes())
+    raw[len(raw) // 2] ^= 0xFF
+    data.write_bytes(bytes(raw))
+    import os
+    import signal
+    from test_run import procs
+    os.kill(next(p for p in procs(run_dir) if p["proc"] == 1)["pid"], signal.SIGKILL)
+    t.join(timeout=500)
+    rep = box["report"]
+    (rec,) = [e for e in rep["events"] if e["event"]["kind"] == "fail-stop"]
+    assert rec["status"] == "recovered"
+    assert rec["restored_step"] < newest["step"] and rec["checkpoint"] != newest["path"]
+    at = [s for s in rep["steps"] if s["step"] == rec["restored_step"] and s["generation"] == 0]
+    assert at[-1]["digest"] == rec["digest_after"]  # the one before, whole

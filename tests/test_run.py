@@ -114,7 +114,7 @@ def test_live_equals_restart_and_digests_hold(tmp_path):
     actions = ["scale-out 4 as 2,1,2", "reshape 1,2,2:3/1", "scale-in 2 deadline 60s as 2,1,1"]
     events2 = tmp_path / "events2.txt"
     events2.write_text("".join(f"at step {c}: {a}\n" for c, a in zip(cuts, actions)))
-    for mode in ("restart", "restart-forked"):  # new processes: fresh interpreters, or forked from the zygote
+    for mode in ("restart",):  # new processes as fresh interpreters (forked ones: tests/test_native.py)
         restart = liver(tmp_path / mode, "--events", str(events2), "--parallel", "1,2,1", "--steps", str(total),
                         "--ckpt-every", "0", "--mode", mode)
         assert restart["rc"] == 0

@@ -3,13 +3,17 @@
 Every ``every`` steps the engine's shards are copied to host memory at the iteration boundary
 (the only part on the training path) and a background thread writes them with DCP over the
 World's CPU (gloo) groups, so the write never shares a communicator with training. When rank 0's
-write returns, DCP has written the metadata of every rank: the checkpoint is complete and
-``latest.json`` is replaced atomically to point at it.
+write returns, DCP has written the metadata of every rank: the checkpoint is complete, rank 0 takes
+a checksum of its files, and ``latest.json`` is replaced atomically to point at it (and at the one
+before it). A recovery reads the newest checkpoint whose files still match their checksum: a
+corrupt newest one (a bad disk, a torn copy) is passed over for the one before.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
+import logging
 import os
 import threading
 import time
@@ -24,10 +28,40 @@ from liver.engine.interface import TrainingEngine as Engine
 LATEST = "latest.json"
 
 
-def latest(directory: str | Path) -> dict[str, Any] | None:
-    """The newest complete checkpoint under ``directory`` ({step, path, parallel}) or None."""
+def checksum(path: str | Path) -> str:
+    """sha256 over a checkpoint's files (names and bytes, in name order)."""
+    h = hashlib.sha256()
+    for f in sorted(Path(path).rglob("*")):
+        if f.is_file():
+            h.update(f.relative_to(path).as_posix().encode() + b"\0")
+            with open(f, "rb") as fh:
+                for block in iter(lambda: fh.read(1 << 20), b""):
+                    h.update(block)
+    return h.hexdigest()
+
+
+def _record(directory: str | Path) -> dict[str, Any] | None:
     f = Path(directory) / LATEST
-    return json.loads(f.read_text()) if f.exists() else None
+    try:
+        return json.loads(f.read_text()) if f.exists() else None
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        return None
+
+
+def latest(directory: str | Path, verify: bool = False) -> dict[str, Any] | None:
+    """The newest complete checkpoint under ``directory`` ({step, path, parallel, ...}) or None.
+    ``verify``: the newest whose files match their checksum (the one before it otherwise)."""
+    rec = _record(directory)
+    if not verify:
+        return rec
+    for r in (rec, (rec or {}).get("previous")):
+        if r is None:
+            continue
+        if "sha256" not in r or (Path(r["path"]).is_dir() and checksum(r["path"]) == r["sha256"]):
+            return r
+        logging.getLogger("liver.controller").warning(f"checkpoint {r['path']} does not match its checksum: "
+                                                      f"passed over")
+    return None
 
 
 class PeriodicCheckpointer:
@@ -68,10 +102,12 @@ class PeriodicCheckpointer:
             try:
                 dcp.save(sd, checkpoint_id=str(path), process_group=None if single else group.pg,
                          no_dist=single)
-                newer = latest(self.directory)
+                newer = _record(self.directory)
                 if is_rank0 and (newer is None or newer["step"] < step):  # (a late write never goes back)
+                    before = {k: v for k, v in newer.items() if k != "previous"} if newer else None
                     tmp = self.directory / f".{LATEST}.{os.getpid()}"
-                    tmp.write_text(json.dumps({**record, "written_at": time.time()}))
+                    tmp.write_text(json.dumps({**record, "sha256": checksum(path), "written_at": time.time(),
+                                               "previous": before}))
                     os.replace(tmp, self.directory / LATEST)
                 self.written.append(record)
             except BaseException as e:  # a peer died mid-write: the previous checkpoint stands

@@ -316,7 +316,7 @@ class Controller:
             tails = "\n".join(f"--- process {w.proc} (slot {w.slot}), exit {w.returncode}:\n"
                               f"{self.agent.log_tail(w.proc, 1500)}" for w in dead)
             raise ControllerError("every process of the job died; nothing to recover on. Last words:\n" + tails)
-        ck = latest(self.run_dir / "ckpt")
+        ck = latest(self.run_dir / "ckpt", verify=True)  # the newest whose files are whole
         n = len(survivors)
         old = self.active.parallel
         parallel = old if old.world_size == n else target.choose(self.adapter, self.job, n, self.hardware, current=old)
