@@ -15,7 +15,7 @@ from liver.controller.heal import common_step, surviving_view, uncovered
 from liver.engine.reference import ADAPTER
 from liver.topology import ParallelConfig
 from liver.topology.presets import preset
-from test_run import background, check_continuous, kill_and_recover, wait_for
+from test_run import background, check_continuous, kill_and_recover, steps_of, wait_for
 
 
 def test_which_losses_can_be_healed():
@@ -98,3 +98,26 @@ def test_a_corrupt_newest_checkpoint_is_passed_over_for_the_one_before(tmp_path)
     assert rec["restored_step"] < newest["step"] and rec["checkpoint"] != newest["path"]
     at = [s for s in rep["steps"] if s["step"] == rec["restored_step"] and s["generation"] == 0]
     assert at[-1]["digest"] == rec["digest_after"]  # the one before, whole
+
+
+@pytest.mark.timeout(600)
+def test_a_rank_that_hangs_is_detected_by_its_heartbeat_then_healed(tmp_path):
+    """SIGSTOP instead of a kill: its peers block in a collective with it and nothing fails by
+    itself; its heartbeat stops, the controller kills it after ``hang_timeout_s``, and the survivor
+    heals as after any fail-stop."""
+    import os
+    import signal
+    from test_run import procs
+    run_dir = tmp_path / "run"
+    empty = tmp_path / "none.txt"
+    empty.write_text("# no events\n")
+    t, box = background(run_dir, "--events", str(empty), "--parallel", "1,1,2", "--steps", "40",
+                        "--end-after-events", "-1", "--ckpt-every", "5", "--set", "controller.hang_timeout_s=2")
+    wait_for(lambda: any(s["step"] >= 8 for s in steps_of(run_dir)), what="step 8")
+    os.kill(next(p for p in procs(run_dir) if p["proc"] == 1)["pid"], signal.SIGSTOP)
+    t.join(timeout=500)
+    rep = box["report"]
+    (rec,) = [e for e in rep["events"] if e["event"]["kind"] == "fail-stop"]
+    assert rec["status"] == "healed from the surviving replicas" and rec["lost_steps"] == 0, rec
+    assert "-9" in rec["event"]["source"]  # killed by the controller once its heartbeat stopped
+    check_continuous(rep, 40)

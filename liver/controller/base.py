@@ -32,7 +32,7 @@ from liver.controller.events import Event, parse_action
 from liver.controller.phases import Phase, Trigger, advance
 from liver.controller.records import Handling, first, least, new_record
 from liver.protocol import store as protocol
-from liver.protocol.messages import M, GenerationSpec, Progress, StartReport, Wish, read, read_if, write
+from liver.protocol.messages import M, GenerationSpec, Progress, StartReport, Wish, beat_key, read, read_if, write
 from liver.protocol.worker import WorkerConfig
 from liver.runtime import preload
 from liver.topology import ParallelConfig
@@ -104,6 +104,7 @@ class Controller:
         self.endpoint: ControlEndpoint | None = None
         self.started_at = time.time()
         self._last_phase_t = self.started_at
+        self._hang_checked = 0.0
 
     def go(self, trigger: Trigger) -> None:
         """The one way the phase changes (``phases.TRANSITIONS``)."""
@@ -132,6 +133,7 @@ class Controller:
                     else read_if(self.store, Progress.KEY, Progress)
                 if self.progress and self.t_start is None:
                     self.t_start = self.progress.time
+                self._hung()
                 for w in self.agent.poll():
                     self._exited(w)
                 if not self.finished:
@@ -281,6 +283,22 @@ class Controller:
         self._last_phase_t = now
 
     # ---- failures ------------------------------------------------------------------------
+    def _hung(self) -> None:
+        """Once a second: a live worker whose heartbeat is older than ``hang_timeout_s`` (or that
+        never wrote one that long after it started) is killed; its exit is then a fail-stop."""
+        limit, now = self.cfg.controller.hang_timeout_s, time.time()
+        if not limit or now - self._hang_checked < 1.0:
+            return
+        self._hang_checked = now
+        for w in self.agent.alive():
+            key = beat_key(w.proc)
+            last = float(self.store.get(key)) if self.store.check([key]) else w.started
+            if now - last > limit:
+                self.phase_log("hung", proc=w.proc, slot=w.slot, silent_s=round(now - last, 1))
+                self.agent.kill(w.proc)
+                self._exited(w)  # (the kill took its exit status: no later poll reports it)
+                return
+
     def _exited(self, w: Worker) -> None:
         if self.finished:
             return

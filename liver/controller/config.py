@@ -18,7 +18,9 @@ class ControllerConfig:
     - ``memory_gib``: per-GPU memory for the target choice; unset: no limit.
     - ``heal_timeout_s``: live mode, a rank lost without notice while every shard it held has a
       replica on a surviving rank: the survivors' reports of where they stopped are awaited this
-      long, then the job is healed from their memory (no rollback); 0: always the checkpoint."""
+      long, then the job is healed from their memory (no rollback); 0: always the checkpoint.
+    - ``hang_timeout_s``: a worker whose heartbeat is older than this is hung (stopped, or stuck with
+      every thread held) and is killed: a fail-stop like any other; 0: never."""
 
     mode: str = "live"
     prepare_timeout_s: float = 300.0
@@ -26,6 +28,7 @@ class ControllerConfig:
     endpoint: bool = True
     memory_gib: float | None = None
     heal_timeout_s: float = 30.0
+    hang_timeout_s: float = 60.0
 
     def __post_init__(self) -> None:
         if self.end_after_events == -1 and not isinstance(self.end_after_events, bool):
@@ -41,5 +44,7 @@ class ControllerConfig:
                              "or -1 (train every step)")
         if isinstance(self.heal_timeout_s, bool) or not 0 <= self.heal_timeout_s <= 3600:
             raise ValueError(f"controller.heal_timeout_s={self.heal_timeout_s!r}: allowed 0 (never heal) to 3600 s")
+        if isinstance(self.hang_timeout_s, bool) or not (self.hang_timeout_s == 0 or 1 <= self.hang_timeout_s <= 86400):
+            raise ValueError(f"controller.hang_timeout_s={self.hang_timeout_s!r}: allowed 0 (never) or 1 to 86400 s")
         if self.memory_gib is not None and not 0 < self.memory_gib < 1 << 20:
             raise ValueError(f"controller.memory_gib={self.memory_gib!r}: allowed a positive size in GiB")

@@ -101,6 +101,12 @@ class Progress:
     KEY = "progress"
 
 
+def beat_key(proc: int) -> str:
+    """Where process ``proc`` writes the time every half second (``runtime.member.Heartbeat``): a
+    process that stops writing (SIGSTOP, a hang that holds every thread) is stopped as failed."""
+    return f"beat/{proc}"
+
+
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Stalled:
     """A rank whose generation broke under it (a peer vanished mid-collective): it stopped at the

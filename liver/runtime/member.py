@@ -36,7 +36,7 @@ from liver.engine.interface import EngineAdapter, TrainingEngine  # noqa: E402
 from liver.protocol import store as protocol  # noqa: E402
 from liver.protocol.cut import agree, confirm  # noqa: E402
 from liver.protocol.messages import (GenerationSpec, Progress, Saved, Stalled, StartReport,  # noqa: E402
-                                    StopReport, SwitchReport, Wish, read, write)
+                                    StopReport, SwitchReport, Wish, beat_key, read, write)
 from liver.protocol.store import COMMIT, decide as decide_key  # noqa: E402
 from liver.runtime.boundary import Local, after_force, decide  # noqa: E402
 from liver.runtime.companion import Companion, Preparation  # noqa: E402
@@ -49,6 +49,23 @@ from liver.runtime.switch import switch  # noqa: E402
 from liver.world.world import World, connect_store  # noqa: E402
 
 IMPORTED = time.time()
+
+
+class Heartbeat(threading.Thread):
+    """Writes this process's time to the store every half second, on a connection of its own, for
+    as long as the process runs: the controller takes a process that stopped writing for hung."""
+
+    def __init__(self, store_addr: str, proc: int) -> None:
+        super().__init__(name="liver-heartbeat", daemon=True)
+        self.store, self.key = protocol.run_store(connect_store(store_addr)), beat_key(proc)
+
+    def run(self) -> None:
+        while True:
+            try:
+                self.store.set(self.key, repr(time.time()))
+            except RuntimeError:  # the controller is gone: the job is ending
+                return
+            time.sleep(0.5)
 
 
 class Member:
@@ -73,6 +90,7 @@ class Member:
             torch.set_num_threads(1)
             self.device = torch.device("cpu")
         self.store = protocol.run_store(connect_store(spec.store_addr))
+        Heartbeat(spec.store_addr, spec.proc).start()
         self.ckpt = PeriodicCheckpointer(self.run_dir / "ckpt", cfg.checkpoint.every)
         self.adapter = cfg.adapter
         self.engine: TrainingEngine | None = None
