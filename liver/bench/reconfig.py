@@ -59,7 +59,10 @@ def workload(path: str | None) -> tuple[dict[str, Any], dict[int, list]]:
     tiny job."""
     if path is None:
         return {"preset": "tiny"}, SCENARIOS
-    data = read(path)
+    try:
+        data = read(path)
+    except ValueError as e:  # (the job file's reader names --config)
+        raise ValueError(str(e).replace("--config", "--workload", 1)) from None
     base = {k: data[k] for k in ("engine", "preset", "job", "prepare") if k in data}
     cfg = build(base)
     adapter, job = cfg.adapter, cfg.job

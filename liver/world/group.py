@@ -26,6 +26,19 @@ class Done:
         return True
 
 
+def _wrap(store: dist.Store, rank: int, size: int, be: Any, btype: Any, backend: str, device: torch.device,
+          name: str) -> ProcessGroup:
+    """A ``ProcessGroup`` over backend ``be`` (on the CPU too, for gloo), named after ``name``."""
+    pg = ProcessGroup(store, rank, size)
+    pg._set_default_backend(btype)
+    pg._register_backend(device, btype, be)
+    if device.type != "cpu" and backend == "gloo":
+        pg._register_backend(torch.device("cpu"), btype, be)
+    if hasattr(pg, "_set_group_name"):
+        pg._set_group_name(name.replace("/", "_"))
+    return pg
+
+
 class _Comm:
     """One communicator and the groups that use it: groups of successive generations over the
     same processes in the same order share it (``Group.share``); the last one to let go shuts it."""
@@ -93,14 +106,8 @@ class Group:
             btype = ProcessGroup.BackendType.NCCL
         else:
             raise ValueError(f"backend={backend!r}: allowed 'gloo', 'nccl'")
-        pg = ProcessGroup(prefix_store, rank, len(members))
-        pg._set_default_backend(btype)
-        pg._register_backend(device, btype, be)
-        if device.type != "cpu" and backend == "gloo":
-            pg._register_backend(torch.device("cpu"), btype, be)
-        if hasattr(pg, "_set_group_name"):
-            pg._set_group_name(name.replace("/", "_"))
-        return Group(name, members, rank, pg, backend, device)
+        return Group(name, members, rank, _wrap(prefix_store, rank, len(members), be, btype, backend, device, name),
+                     backend, device)
 
     @staticmethod
     def solo(name: str, members: list[int], backend: str, device: torch.device) -> "Group":
@@ -111,14 +118,7 @@ class Group:
             be, btype = dist.ProcessGroupNCCL(store, 0, 1), ProcessGroup.BackendType.NCCL
         else:
             be, btype = dist.ProcessGroupGloo(store, 0, 1), ProcessGroup.BackendType.GLOO
-        pg = ProcessGroup(store, 0, 1)
-        pg._set_default_backend(btype)
-        pg._register_backend(device, btype, be)
-        if device.type != "cpu" and backend == "gloo":
-            pg._register_backend(torch.device("cpu"), btype, be)
-        if hasattr(pg, "_set_group_name"):
-            pg._set_group_name(name.replace("/", "_"))
-        return Group(name, members, 0, pg, backend, device)
+        return Group(name, members, 0, _wrap(store, 0, 1, be, btype, backend, device, name), backend, device)
 
     def share(self, name: str, members: list[int], inherited: bool) -> "Group":
         """The same communicator under another role or generation: ``members`` (that generation's

@@ -20,7 +20,7 @@ from torch.distributed.tensor import DTensor
 
 from liver.engine.interface import StepStats
 from liver.engine.native.recipe import Recipe
-from liver.engine.native.resource import Placed, local_box, placed_state
+from liver.engine.native.resource import local_box, placed_state
 from liver.resource_view.view import Box
 from liver.topology import JobConfig
 from liver.world.world import World, forget_meshes
@@ -39,20 +39,15 @@ def build_model(recipe: Recipe, job: JobConfig, world: World, device: torch.devi
         model.to_empty(device=device)
         recipe.init_buffers(model, job)
     optimizer = recipe.optimizer(model, job)
+    amsgrad = any(g.get("amsgrad", False) for g in optimizer.param_groups)
+    keys = tuple(k for k in recipe.state_keys if k != "max_exp_avg_sq" or amsgrad)
     for group in optimizer.param_groups:
         for p in group["params"]:
             st = optimizer.state[p]
             st.setdefault("step", torch.tensor(0.0))
-            for key in recipe.state_keys:
-                if key == "max_exp_avg_sq" and not group.get("amsgrad", False):
-                    continue
+            for key in keys:
                 st.setdefault(key, torch.zeros_like(p, memory_format=torch.preserve_format))
-    return model, optimizer, placed_state(model, optimizer, _keys(recipe, optimizer))
-
-
-def _keys(recipe: Recipe, optimizer: torch.optim.Optimizer) -> tuple[str, ...]:
-    amsgrad = any(g.get("amsgrad", False) for g in optimizer.param_groups)
-    return tuple(k for k in recipe.state_keys if k != "max_exp_avg_sq" or amsgrad)
+    return model, optimizer, placed_state(model, optimizer, keys)
 
 
 def _local(t: torch.Tensor) -> torch.Tensor:
@@ -91,10 +86,6 @@ class NativeEngine:
                 if key != "step":
                     out[f"{name}.{key}"] = v
         return out
-
-    @property
-    def placed_by_name(self) -> dict[str, Placed]:
-        return {p.spec.name: p for p in self.placed}
 
     def _initialise(self) -> None:
         """Each parameter's whole initial value (from the seed and its name), cut to this rank's

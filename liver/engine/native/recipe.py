@@ -73,10 +73,10 @@ class Recipe(ABC):
     def check(self, job: JobConfig, parallel: ParallelConfig) -> None:
         """The model's own constraints on a layout (ValueError naming the field)."""
 
-    def rehearsal_job(self, job: JobConfig | None = None) -> JobConfig:
-        """A small job of this model, for rehearsals of the code paths (default: the job itself)."""
+    def rehearsal_job(self) -> JobConfig:
+        """A small job of this model, for rehearsals of the code paths (default: the tiny preset)."""
         from liver.topology.presets import preset
-        return job if job is not None else preset("tiny")
+        return preset("tiny")
 
     def train_step(self, model: nn.Module, optimizer: torch.optim.Optimizer, inputs: torch.Tensor,
                    targets: torch.Tensor, job: JobConfig) -> tuple[torch.Tensor, float]:
