@@ -49,7 +49,8 @@ FLAG_FIELDS = {"model": "preset", "gpus": "gpus", "parallel": "parallel", "steps
                "mock_steps": "prepare.mock_steps", "warm": "prepare.warm",
                "companion_share": "prepare.companion_share", "slots": "agent.slots",
                "events": "events.schedule", "trace": "events.trace", "compress": "events.compress",
-               "notice": "events.notice_s"}
+               "notice": "events.notice_s", "host": "controller.host", "port": "controller.port",
+               "on_join": "controller.on_join"}
 
 
 def run_config(args: argparse.Namespace):
@@ -58,7 +59,7 @@ def run_config(args: argparse.Namespace):
 
     layers = []
     for flag, key in FLAG_FIELDS.items():
-        value = getattr(args, flag)
+        value = getattr(args, flag, None)
         if value is None:
             continue
         if flag in ("events", "trace"):
@@ -79,6 +80,31 @@ def detected_slots(backend: str) -> int:
     return 4
 
 
+def _resume(args: argparse.Namespace) -> int:
+    """``liver controller --resume RUN_DIR``: the controller of a job whose controller died."""
+    from liver import logs
+    from liver.controller import journal
+    from liver.controller import report as rep
+    from liver.controller.job import run_job
+    from liver.controller.phases import Phase
+
+    run_dir = Path(args.resume)
+    state = journal.read(run_dir)
+    if state["mode"] != "live":
+        raise ValueError(f"--resume {run_dir}: a {state['mode']!r} job cannot be resumed (only live mode's)")
+    if state["phase"] is Phase.ENDED:
+        raise ValueError(f"--resume {run_dir}: that job ended")
+    cfg = state["cfg"]
+    logs.setup()
+    print(f"liver controller --resume: generation {state['gen']}, phase {state['phase'].value}, "
+          f"{len(state['queue'])} queued, nodes {', '.join(n['name'] for n in state['nodes'])}; run dir {run_dir}",
+          flush=True)
+    report = run_job(cfg, [], run_dir, {"model": cfg.preset, "events_source": "resumed", "nodes": 0},
+                     local_node=False, resume=state)
+    print("\n" + rep.summary(report))
+    return 1 if [e for e in report["events"] if e.get("digest_equal") is False] else 0
+
+
 def _run(args: argparse.Namespace) -> int:
     from liver.controller import report as rep
     from liver.controller.admission import check_schedule
@@ -87,8 +113,20 @@ def _run(args: argparse.Namespace) -> int:
 
     from liver import logs
 
+    if getattr(args, "resume", None):
+        return _resume(args)
+    nodes = args.nodes
+    if args.cmd == "run" and not 1 <= nodes <= 64:
+        raise ValueError(f"--nodes={nodes!r}: allowed 1 to 64 (agents on this machine)")
     cfg = run_config(args)
+    if nodes == 0 and cfg.agent.slots is None:  # `liver controller`: the slots are the agents' to offer
+        from liver.agent.config import MAX_SLOTS
+        cfg = replace(cfg, agent=replace(cfg.agent, slots=MAX_SLOTS))
     cfg = cfg.with_slots(detected_slots(cfg.backend))
+    if nodes > 1 and cfg.gpus > cfg.slots * nodes:
+        raise ValueError(f"gpus={cfg.gpus}: allowed 1 to {cfg.slots * nodes} ({nodes} nodes of {cfg.slots} slots)")
+    if nodes > 1:  # the schedule is checked against every node's slots
+        cfg = replace(cfg, agent=replace(cfg.agent, slots=cfg.slots * nodes))
     src = cfg.events
     if src.trace:
         events = parse_trace(src.trace, slots=cfg.slots, compress=src.compress, notice_s=src.notice_s)
@@ -99,20 +137,27 @@ def _run(args: argparse.Namespace) -> int:
         cfg = replace(cfg, gpus=gpus)
     elif src.schedule:
         events = parse_schedule(src.schedule)
+    elif nodes == 0:  # `liver controller`: events come from its nodes and its endpoint
+        events = []
     else:
         events = parse_schedule_text(DEFAULT_EVENTS, "embedded schedule")
     check_schedule(cfg, events)  # refused here, before anything of the job exists
     run_dir = Path(args.run_dir or tempfile.mkdtemp(prefix=f"liver-run-{cfg.controller.mode}-"))
     run_dir.mkdir(parents=True, exist_ok=True)
-    if not (src.trace or src.schedule):
+    if not (src.trace or src.schedule) and nodes:
         (run_dir / "events.txt").write_text(DEFAULT_EVENTS)
     (run_dir / "config.json").write_text(json.dumps(to_dict(cfg), indent=1))
     logs.setup()
     print(f"liver run --mode {cfg.controller.mode}: model {cfg.preset} ({cfg.job.model.num_params():,} parameters), "
           f"{cfg.gpus} of {cfg.slots} slots, {cfg.steps} steps, {len(events)} events, backend {cfg.backend}, "
           f"run dir {run_dir}", flush=True)
-    report = run_job(cfg, events, run_dir, {"model": cfg.preset, "events_source": str(src.trace or src.schedule or "embedded")},
-                     token=args.token)
+    meta = {"model": cfg.preset, "events_source": str(src.trace or src.schedule or "embedded"), "nodes": nodes}
+    if nodes > 1:
+        from liver.agent.local import local_agents
+        with local_agents(run_dir, nodes, cfg.slots // nodes, args.token):
+            report = run_job(cfg, events, run_dir, meta, token=args.token, local_node=False)
+    else:
+        report = run_job(cfg, events, run_dir, meta, token=args.token, local_node=nodes == 1)
     print("\n" + rep.summary(report))
     print(f"report: {run_dir / 'report.json'}\ntimeline: {run_dir / 'timeline.png'}")
     if report.get("interrupted"):
@@ -150,6 +195,67 @@ def _call(args: argparse.Namespace, method: str, path: str, body: dict | None = 
     except OSError as e:  # connection refused, timed out: the job has ended or is not reachable
         raise ValueError(f"the job's control endpoint at {url} does not answer ({e.__class__.__name__}: "
                          "the job may have ended)") from None
+
+
+def _status(args: argparse.Namespace) -> int:
+    code, body = _call(args, "GET", "/status")
+    if args.json or code != 200:
+        print(json.dumps(body, indent=1))
+        return 0 if code == 200 else 1
+    par = body.get("parallel") or {}
+    print(f"{body['mode']}: phase {body['phase']}, generation {body['generation']}"
+          + (f" (tp {par['tp']}, pp {par['pp']}, dp {par['dp']})" if par else "")
+          + f", step {body['step']}, {body['queued']} queued")
+    for n in body.get("nodes", []):
+        ranks = ", ".join(f"rank {r}: proc {p}" for r, p in n["ranks"]) or "no rank"
+        print(f"  node {n['node']:<16} {'up' if n['up'] else 'LOST'}{' (notice)' if n['notice'] else ''}  "
+              f"slots {n['slots'][0]}-{n['slots'][-1]}  {ranks}")
+    return 0
+
+
+def _agent(args: argparse.Namespace) -> int:
+    import os
+
+    from liver import logs
+    from liver.agent.notices import watchers
+    from liver.agent.service import AgentService
+
+    url, token = args.controller, args.token or os.environ.get("LIVER_TOKEN")
+    if args.run_dir and not url:
+        url, token = _await_control(Path(args.run_dir), args.connect_timeout, token)
+    if not url:
+        raise ValueError("--controller HOST:PORT (or --run-dir of the controller's run): the controller to join")
+    if not token:
+        raise ValueError("--token (or LIVER_TOKEN): the job's token, from the controller's control.json")
+    slots = args.slots or int(os.environ.get("LIVER_SLOTS", 0)) or detected_slots(args.backend)
+    node = args.node or os.environ.get("LIVER_NODE") or os.environ.get("SLURMD_NODENAME") \
+        or os.environ.get("HOSTNAME") or None
+    logs.setup()
+    svc = AgentService(url, token, slots, node=node, connect_timeout_s=args.connect_timeout, quiet=not args.verbose)
+    svc.notices = watchers(args)  # (started once every flag was checked)
+    return svc.run()
+
+
+def _await_control(run_dir: Path, timeout_s: float, token: str | None) -> tuple[str, str]:
+    """The controller's URL and token from its run directory's control.json, once it is there."""
+    import time
+
+    end = time.time() + timeout_s
+    while True:
+        try:
+            info = json.loads((run_dir / "control.json").read_text())
+            return info["url"], token or info["token"]
+        except (OSError, ValueError, KeyError, TypeError):
+            if time.time() > end:
+                raise ValueError(f"--run-dir {run_dir}: no controller's control.json there within {timeout_s:g} s") \
+                    from None
+            time.sleep(0.2)
+
+
+def _stop(args: argparse.Namespace) -> int:
+    code, body = _call(args, "POST", "/end", {"after": args.after})
+    print(json.dumps(body))
+    return 0 if code == 202 else 1
 
 
 def _scale(args: argparse.Namespace) -> int:
@@ -232,12 +338,8 @@ def _bench_heal(args: argparse.Namespace) -> int:
     return 0 if result["digests_equal"] else 1
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="liver", description=__doc__)
-    sub = p.add_subparsers(dest="cmd", required=True)
-    r = sub.add_parser("run", help="train and reconfigure live (the main job)",
-                       description="Flags set fields of the job (configs/*.toml: --config); unset flags leave "
-                                   "the file's value, or the field's default.")
+def _job_flags(r: argparse.ArgumentParser) -> None:
+    """The flags of a job (`liver run`, `liver controller`)."""
     r.add_argument("--config", default=None, metavar="FILE", help="a job file (TOML, see configs/)")
     r.add_argument("--set", action="append", metavar="SECTION.FIELD=VALUE",
                    help="set any field of the job, e.g. --set job.model.num_layers=8 (repeatable)")
@@ -278,7 +380,55 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--token", default=None, help="control token (default: random, in control.json)")
     r.add_argument("--no-endpoint", action="store_true")
     r.add_argument("--run-dir", default=None)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="liver", description=__doc__)
+    sub = p.add_subparsers(dest="cmd", required=True)
+    r = sub.add_parser("run", help="train and reconfigure live (the main job)",
+                       description="Flags set fields of the job (configs/*.toml: --config); unset flags leave "
+                                   "the file's value, or the field's default.")
+    _job_flags(r)
+    r.add_argument("--nodes", type=int, default=1, help="node agents on this machine, each a process of its own "
+                   "with --slots slots (default 1: the agent inside this process)")
     r.set_defaults(fn=_run)
+    c = sub.add_parser("controller", help="the job's controller alone: node agents (liver agent) join it",
+                       description="As `liver run`, but the workers run on the nodes whose agents register.")
+    _job_flags(c)
+    c.add_argument("--host", help="address the endpoint and the job's store listen on (default 127.0.0.1; "
+                                  "0.0.0.0: every interface)")
+    c.add_argument("--port", type=int, help="the endpoint's port (the store takes the next; default: any free)")
+    c.add_argument("--on-join", help="a node that registers mid-run: now (default), better, never")
+    c.add_argument("--resume", default=None, metavar="RUN_DIR",
+                   help="instead: go on with the job of RUN_DIR whose controller died (its journal.pkl); "
+                        "the endpoint listens where it did, the agents find it again")
+    c.set_defaults(fn=_run, nodes=0)
+    a = sub.add_parser("agent", help="a node agent: offers this node's slots to a job's controller")
+    a.add_argument("--controller", default=None, metavar="HOST:PORT", help="the controller's endpoint")
+    a.add_argument("--run-dir", default=None, help="instead: the controller's run directory (its control.json)")
+    a.add_argument("--token", default=None, help="the job's token (default: LIVER_TOKEN, or control.json)")
+    a.add_argument("--slots", type=int, default=None,
+                   help="worker slots (default: LIVER_SLOTS, or the GPU count on NCCL, 4 on CPU)")
+    a.add_argument("--backend", default="gloo", help="where --slots is unset: nccl counts the GPUs")
+    a.add_argument("--node", default=None, help="this node's name in the job (default: LIVER_NODE, "
+                                                "SLURMD_NODENAME, HOSTNAME, or host-pid)")
+    a.add_argument("--connect-timeout", type=float, default=300.0, help="seconds to wait for the controller")
+    a.add_argument("--verbose", action="store_true", help="worker output to the terminal too")
+    from liver.agent.notices import add_flags
+    add_flags(a)
+    a.set_defaults(fn=_agent)
+    st = sub.add_parser("status", help="a running job: its phase, generation, nodes and which ranks they hold")
+    st.add_argument("--run-dir", default=None, help="the run's directory (reads control.json)")
+    st.add_argument("--url", default=None)
+    st.add_argument("--token", default=None)
+    st.add_argument("--json", action="store_true")
+    st.set_defaults(fn=_status)
+    so = sub.add_parser("stop", help="end a running job after N more steps (an event in flight finishes first)")
+    so.add_argument("--after", type=int, default=0, metavar="N", help="steps to train before the end (default 0)")
+    so.add_argument("--run-dir", default=None, help="the run's directory (reads control.json)")
+    so.add_argument("--url", default=None)
+    so.add_argument("--token", default=None)
+    so.set_defaults(fn=_stop)
     sc = sub.add_parser("scale", help="send an event to a running `liver run`")
     sc.add_argument("action", nargs="+", help="scale-out N [as P] | scale-in N [deadline Ds] [as P] | reshape P")
     sc.add_argument("--run-dir", default=None, help="the run's directory (reads control.json)")

@@ -1,8 +1,10 @@
 """Node agent: starts worker processes on this node's slots (one per GPU, or per CPU slot), watches
 them, and stops them. It knows nothing about training; the controller tells it what to start.
 
-``procs.json`` in the run directory lists the live processes (proc id, slot, pid, role), so an
-operator (or a test) can see which process holds which slot.
+``procs.json`` in the run directory (``procs-NODE.json`` for a named node of several) lists the
+live processes (proc id, slot, pid, role), so an operator (or a test) can see which process holds
+which slot. Slots are the job's (global) slot ids: this node's run from ``slot_base``; a worker's
+spec and ``LOCAL_RANK`` carry the node-local one (its GPU).
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ class Starter(Protocol):
 @dataclass
 class Worker:
     proc: int
-    slot: int
+    slot: int                 # the job's slot id (``Nodes``); the node's own is slot - slot_base
     role: str
     generation: int
     pid: int
@@ -40,17 +42,21 @@ class Worker:
 
 
 class NodeAgent:
+    lost = False   # (the controller's own node is never lost to it, nor told to go)
+    notice = None
     def __init__(self, run_dir: Path, slots: int, base_spec: dict[str, Any], starter: Starter,
-                 quiet: bool = False, cores: dict[int, list[int]] | None = None) -> None:
+                 quiet: bool = False, cores: dict[int, list[int]] | None = None, name: str = "local",
+                 slot_base: int = 0, procs_file: str = "procs.json") -> None:
         """``base_spec``: what every worker's spec holds; ``starter``: how it makes processes;
-        ``cores``: slot -> the cores its worker is bound to (``liver.host.cores``), or None."""
+        ``cores``: node-local slot -> the cores its worker is bound to (``liver.host.cores``), or
+        None; ``name``: the node's; ``slot_base``: the job's slot id of its slot 0."""
         self.cores = cores
+        self.name, self.slot_base, self.procs_file = name, slot_base, procs_file
         self.run_dir = run_dir
         self.quiet = quiet  # worker output to its log file only
         self.slots = slots
         self.base_spec = base_spec
         self.workers: dict[int, Worker] = {}
-        self._next_proc = 0
         (run_dir / "specs").mkdir(parents=True, exist_ok=True)
         (run_dir / "logs").mkdir(parents=True, exist_ok=True)
         self.starter = starter
@@ -59,21 +65,21 @@ class NodeAgent:
         return {w.slot for w in self.workers.values() if w.returncode is None}
 
     def free_slots(self) -> list[int]:
-        return [s for s in range(self.slots) if s not in self.busy_slots()]
+        return [s for s in range(self.slot_base, self.slot_base + self.slots) if s not in self.busy_slots()]
 
-    def new_proc_ids(self, n: int) -> list[int]:
-        ids = list(range(self._next_proc, self._next_proc + n))
-        self._next_proc += n
-        return ids
-
-    def start(self, proc: int, slot: int, role: str, generation: int) -> Worker:
+    def start(self, proc: int, slot: int, role: str, generation: int, spec: dict[str, Any] | None = None) -> Worker:
+        """``spec``: the worker's spec beyond this node's part (default: the agent's ``base_spec``)."""
         if slot in self.busy_slots():
             raise RuntimeError(f"slot {slot} is busy")
-        spec = dict(self.base_spec, proc=proc, slot=slot, role=role, generation=generation,
-                    cores=self.cores[slot] if self.cores else None)
+        local = slot - self.slot_base
+        if not 0 <= local < self.slots:
+            raise RuntimeError(f"slot {slot} is not on node {self.name} (its slots: {self.slot_base} to "
+                               f"{self.slot_base + self.slots - 1})")
+        spec = dict(spec if spec is not None else self.base_spec, proc=proc, slot=local, role=role,
+                    generation=generation, cores=self.cores[local] if self.cores else None)
         path = self.run_dir / "specs" / f"proc{proc}.json"
         path.write_text(json.dumps(spec))
-        env = dict(os.environ, OMP_NUM_THREADS="1", LOCAL_RANK=str(slot))
+        env = dict(os.environ, OMP_NUM_THREADS="1", LOCAL_RANK=str(local))
         # a cold joiner boots at background priority: it must not slow the training it joins
         # (it restores its priority, where allowed, once it holds a rank)
         p = self.starter.start(str(path), env, str(self.run_dir / "logs" / f"proc{proc}.log"),
@@ -134,9 +140,9 @@ class NodeAgent:
         self.starter.close()
 
     def _write_procs(self) -> None:
-        rows = [{"proc": w.proc, "slot": w.slot, "pid": w.pid, "role": w.role,
-                 "cores": self.cores[w.slot] if self.cores else None,
+        rows = [{"proc": w.proc, "slot": w.slot, "node": self.name, "pid": w.pid, "role": w.role,
+                 "cores": self.cores[w.slot - self.slot_base] if self.cores else None,
                  "generation": w.generation, "alive": w.returncode is None} for w in self.workers.values()]
-        tmp = self.run_dir / ".procs.json"
+        tmp = self.run_dir / f".{self.procs_file}"
         tmp.write_text(json.dumps(rows, indent=1))
-        os.replace(tmp, self.run_dir / "procs.json")
+        os.replace(tmp, self.run_dir / self.procs_file)

@@ -11,6 +11,7 @@ the job restarts from the latest periodic checkpoint on the slots it still has.
 from __future__ import annotations
 
 import collections
+from dataclasses import replace
 import pickle
 import threading
 import time
@@ -19,36 +20,41 @@ from typing import Any
 
 from liver import logs
 from liver.host import cores
-from liver.agent.node import NodeAgent, Starter, Worker
-from liver.agent.zygote import ForkedWorkers
+from liver.agent.node import NodeAgent, Worker
+from liver.controller.metrics import Metrics
+from liver.controller.nodes import Nodes, RemoteNode
+from liver.agent import starters
 from liver.checkpoint.periodic import latest
 from liver.config import RunConfig
-from liver.config.fields import to_dict
-from liver.controller import target
+from liver.config.fields import from_dict, to_dict
+from liver.controller import journal, storehost, target
 from liver.controller.admission import admit, hardware_of, without
-from liver.controller.decisions import EndState, job_finished
+from liver.controller.decisions import EndState, job_finished, join_total
 from liver.controller.endpoint import ControlEndpoint
 from liver.controller.events import Event, parse_action
 from liver.controller.phases import Phase, Trigger, advance
 from liver.controller.records import Handling, first, least, new_record
 from liver.protocol import store as protocol
+from liver.protocol.agent import NODE_LOST, Register, Registered, Sync, SyncReply
 from liver.protocol.messages import M, GenerationSpec, Progress, StartReport, Wish, beat_key, read, read_if, write
 from liver.protocol.worker import WorkerConfig
 from liver.runtime import preload
+from liver.planner.nodes import tp_within_nodes
+from liver.planner.plan import Plan, plan_transfer
 from liver.topology import ParallelConfig
 from liver.transfer.rehearsal import rehearse
-from liver.world.world import make_store
+from liver.world.world import connect_store, make_store
 
 
 class ControllerError(RuntimeError):
     pass
 
 
-def forked_workers(backend: str, engine: str, joiners: bool) -> ForkedWorkers:
+def forked_workers(backend: str, engine: str, joiners: bool) -> dict[str, Any]:
     """Workers forked from the agent's zygote (and cold ``joiners`` from one at idle priority):
     their imports were done before they were needed (a CPU training step rehearsed too, for CPU
-    workers; GPU workers make their own CUDA context after the fork)."""
-    return ForkedWorkers(preload.for_backend(backend), preload.ENTRY, (engine,), joiners=joiners)
+    workers; GPU workers make their own CUDA context after the fork). A ``liver.agent.starters`` spec."""
+    return starters.forked(preload.for_backend(backend), preload.ENTRY, (engine,), joiners=joiners)
 
 
 def _last_line(text: str) -> str:
@@ -59,35 +65,58 @@ def _last_line(text: str) -> str:
 class Controller:
     mode = "base"
 
-    def starter(self, backend: str, engine: str) -> Starter:
-        """How this mode's node agent makes worker processes."""
+    @staticmethod
+    def starter(backend: str, engine: str) -> dict[str, Any]:
+        """How this mode's node agents make worker processes (a ``liver.agent.starters`` spec)."""
         raise NotImplementedError
 
     def tick(self) -> None:
         """One pass of the mode's handling of the current event."""
         raise NotImplementedError
 
-    def __init__(self, cfg: RunConfig, events: list[Event], run_dir: Path, token: str | None = None) -> None:
+    JOURNALED = ("gen", "active", "slot_of", "lost_slots", "phase", "current", "progress", "t_start", "end_at",
+                 "records", "started_at", "_joined", "_noticed", "_end_requested", "_ending")
+
+    def __init__(self, cfg: RunConfig, events: list[Event], run_dir: Path, token: str | None = None,
+                 local_node: bool = True, resume: dict[str, Any] | None = None) -> None:
         """``cfg`` with its slots set (``RunConfig.with_slots``); ``token``: the control endpoint's
-        (default: a random one, in the run's control.json)."""
+        (default: a random one, in the run's control.json); ``local_node``: the workers run on this
+        machine, from an agent in this process (else on the ``liver agent`` nodes that register);
+        ``resume``: a journal (``liver.controller.journal``) to go on from (``liver controller --resume``)."""
         self.cfg, self.run_dir, self.token = cfg, run_dir, token
         self.job = cfg.job
         self.adapter = cfg.adapter
-        self.hardware = hardware_of(cfg)
+        self._hardware = hardware_of(cfg)
         run_dir.mkdir(parents=True, exist_ok=True)
-        (run_dir / "steps.jsonl").write_text("")
+        if resume is None:
+            (run_dir / "steps.jsonl").write_text("")
         # its first event's planning and pickling, warm before any step runs beside them (on a
         # machine whose cores the controller shares with the workers)
         pickle.dumps(rehearse(self.adapter))
-        self.master, self.store_addr = make_store()
+        c = cfg.controller
+        self.store_pid: int | None = None  # the store's own process (``liver controller``), or this one
+        if resume is not None:
+            self.store_pid, self.store_addr = resume["store_pid"], resume["store_addr"]
+            self.master = connect_store(self.store_addr)
+        elif not local_node:
+            self.store_pid, self.store_addr = storehost.start(run_dir, c.host, c.port + 1 if c.port else 0, c.advertise)
+            self.master = connect_store(self.store_addr)
+        else:
+            self.master, self.store_addr = make_store(host=c.host, port=c.port + 1 if c.port else 0,
+                                                      advertise=c.advertise)
         self.store = protocol.run_store(self.master)
         worker = WorkerConfig(job=cfg.job, engine=cfg.engine, backend=cfg.backend, steps=cfg.steps, digest=cfg.digest, log_rank=cfg.log_rank, warm=cfg.warm,
                               transfer=cfg.transfer, prepare=cfg.prepare, checkpoint=cfg.checkpoint)
-        bind = cfg.agent.bind_cores and cfg.backend == "gloo"
-        self.agent = NodeAgent(run_dir, cfg.slots, {"store_addr": self.store_addr, "run_dir": str(run_dir),
-                                                    "config": to_dict(worker)},
-                               self.starter(cfg.backend, cfg.engine), quiet=cfg.agent.quiet,
-                               cores=cores.per_slot(cfg.slots, cores.available()) if bind else None)
+        self.base_spec = {"store_addr": self.store_addr, "run_dir": str(run_dir), "config": to_dict(worker)}
+        self.nodes = Nodes()
+        self.remote = not local_node
+        self.metrics = Metrics(self)
+        if local_node:
+            bind = cfg.agent.bind_cores and cfg.backend == "gloo"
+            self.nodes.add(lambda base: NodeAgent(run_dir, cfg.slots, self.base_spec,
+                                                  starters.make(self.starter(cfg.backend, cfg.engine)),
+                                                  quiet=cfg.agent.quiet,
+                                                  cores=cores.per_slot(cfg.slots, cores.available()) if bind else None))
         self.queue: collections.deque[Event] = collections.deque(events)
         self.lock = threading.Lock()
         self.records: list[dict[str, Any]] = []
@@ -105,6 +134,25 @@ class Controller:
         self.started_at = time.time()
         self._last_phase_t = self.started_at
         self._hang_checked = 0.0
+        self._joined: list[str] = []    # nodes that registered, their slots not yet offered
+        self._noticed: set[str] = set()  # nodes whose notice was queued
+        self._end_requested: int | None = None  # POST /end: steps from the next stable step
+        self._ending = False
+        self.resumed = resume is not None
+        self._url: str | None = None  # the endpoint's, where it was before (a resumed controller)
+        self._journaled: tuple | None = None
+        self._alive_said = 0.0
+        if resume is not None:
+            self._restore(resume)
+
+    @property
+    def hardware(self) -> target.Hardware:
+        """What the target choice assumes: the job's GPUs, and (on several nodes) the smallest
+        node's slot count, so that configurations whose TP groups fit in a node come first."""
+        up = self.nodes.up()
+        if len(up) < 2:
+            return self._hardware
+        return replace(self._hardware, node_slots=min(n.slots for n in up))
 
     def go(self, trigger: Trigger) -> None:
         """The one way the phase changes (``phases.TRANSITIONS``)."""
@@ -120,13 +168,24 @@ class Controller:
 
     # ---- the loop ------------------------------------------------------------------------
     def run(self) -> dict[str, Any]:
-        if self.cfg.controller.endpoint:
-            self.endpoint = ControlEndpoint(self.submit, self.status, self.run_dir, token=self.token,
-                                            queue=self.queued, withdraw=self.withdraw)
+        c = self.cfg.controller
+        if c.endpoint or self.remote:
+            port = int(self._url.rsplit(":", 1)[1]) if self.resumed else c.port  # (where the agents look)
+            self.endpoint = ControlEndpoint(self.submit, self.status, self.run_dir, host=c.host, port=port,
+                                            token=self.token, queue=self.queued, withdraw=self.withdraw,
+                                            agents=self.agent_request, metrics=self.metrics.exposition,
+                                            end=self.end_after)
             logs.PHASES.info(f"control endpoint {self.endpoint.url} (token in {self.run_dir / 'control.json'})")
         try:
-            parallel = self.cfg.parallel or target.choose(self.adapter, self.job, self.cfg.gpus, self.hardware)
-            self._start_generation(parallel, slots=list(range(self.cfg.gpus)), load_from=None, kind="start")
+            if self.resumed:
+                self.phase_log("resumed", phase=self.phase.value, queued=len(self.queue),
+                               nodes=list(self.nodes.nodes))
+                self._resume_phase()
+            else:
+                self._await_nodes()
+                parallel = self.cfg.parallel or target.choose(self.adapter, self.job, self.cfg.gpus, self.hardware)
+                self._start_generation(parallel, slots=self.nodes.free_slots()[: self.cfg.gpus], load_from=None,
+                                       kind="start")
             while not self.finished and not self.interrupted:
                 # one round trip a tick once the key exists (it is never deleted)
                 self.progress = read(self.store, Progress.KEY, Progress) if self.progress \
@@ -134,19 +193,24 @@ class Controller:
                 if self.progress and self.t_start is None:
                     self.t_start = self.progress.time
                 self._hung()
-                for w in self.agent.poll():
-                    self._exited(w)
+                self._watch_nodes()
+                self._exits(self.nodes.poll())
                 if not self.finished:
                     self.tick()
                     if self.phase is Phase.STABLE:
                         self._maybe_end()
+                self._journal()
                 time.sleep(0.01)
         except KeyboardInterrupt:  # Ctrl-C in this thread: the job ends here, with its report
             self.interrupted = True
         finally:
-            self.agent.shutdown()
+            self.nodes.shutdown()
+            self._await_shutdown()
             if self.endpoint is not None:
                 self.endpoint.close()
+            if self.store_pid is not None:  # the job is over: its store goes too
+                self.store.set(storehost.STOP_KEY, "1")
+            self._journal(force=True)
         for rec in self.records:  # the state digest each recovery started from
             if rec.get("status") == "recovered":
                 procs = list(GenerationSpec.fetch(self.store, rec["generation"]).procs)
@@ -172,6 +236,15 @@ class Controller:
             self.queue.append(ev)
             return {"accepted": ev.describe(), "position": len(self.queue)}
 
+    def end_after(self, steps: int) -> dict[str, Any]:
+        """From the control endpoint: the job ends ``steps`` steps from the latest one (an event in
+        flight finishes first: the end waits for the phase to be stable)."""
+        if not 0 <= steps <= 10**9:
+            raise ValueError(f"after={steps!r}: allowed 0 to 1000000000 steps")
+        with self.lock:
+            self._end_requested = steps
+        return {"ending": True, "after_steps": steps, "step": self.step}
+
     def queued(self) -> dict[str, Any]:
         """The events waiting, in the order they will be handled (the one in flight apart)."""
         with self.lock:
@@ -185,7 +258,7 @@ class Controller:
             n_now = self.current.record["gpus"] if self.current else len(self.active.procs) if self.active \
                 else self.cfg.gpus
             events = list(self.queue)
-            rest = without(events, position, n_now, self.cfg.slots - len(self.lost_slots), self.adapter, self.job,
+            rest = without(events, position, n_now, self.capacity(), self.adapter, self.job,
                            self.hardware)
             self.queue.clear()
             self.queue.extend(rest)
@@ -196,7 +269,21 @@ class Controller:
     def status(self) -> dict[str, Any]:
         return {"mode": self.mode, "phase": self.phase.value, "generation": self.gen,
                 "parallel": to_dict(self.active.parallel) if self.active else None,
-                "step": self.step, "queued": len(self.queue)}
+                "step": self.step, "queued": len(self.queue), "nodes": self.node_table()}
+
+    def node_table(self) -> list[dict[str, Any]]:
+        """Each node: its slots, whether it is up, and the active ranks it holds (rank, process)."""
+        ranks = list(enumerate(self.active.procs)) if self.active else []
+        with self.nodes.lock:
+            nodes = list(self.nodes.nodes.values())
+        return [{"node": n.name, "up": not n.lost, "notice": n.notice is not None,
+                 "slots": list(range(n.slot_base, n.slot_base + n.slots)),
+                 "ranks": [(r, p) for r, p in ranks if n.slot_base <= self.slot_of.get(p, -1) < n.slot_base + n.slots]}
+                for n in nodes]
+
+    def capacity(self) -> int:
+        """The slots the job can use now: those of its nodes that are up, less those lost."""
+        return len([s for s in self.nodes.slots() if s not in self.lost_slots])
 
     def _projected_gpus(self) -> int:
         n = len(self.active.procs) if self.active else self.cfg.gpus
@@ -208,11 +295,13 @@ class Controller:
 
     def validate(self, ev: Event, n_before: int) -> ParallelConfig:
         """Refuse (ValueError naming the field) what cannot be done; returns the target."""
-        return admit(ev, n_before, self.cfg.slots - len(self.lost_slots), self.adapter, self.job, self.hardware)
+        return admit(ev, n_before, self.capacity(), self.adapter, self.job, self.hardware)
 
     def _head_triggered(self) -> Event | None:
-        if not self.queue:
+        if not self.queue or self._ending:  # (an operator's end: no new event begins)
             return None
+        if any(isinstance(n, RemoteNode) and n.resumed for n in self.nodes.up()):
+            return None  # a controller that came back: not before its nodes said what they run
         ev = self.queue[0]
         if ev.at_step is not None and self.step < ev.at_step:
             return None
@@ -229,6 +318,13 @@ class Controller:
         """The event's target, its processes and its record (refused: ValueError)."""
         old = self.active
         n_old = len(old.procs)
+        if ev.node is not None:  # a node's notice: its ranks leave, however many it holds by now
+            on_node = [p for p in old.procs if self.nodes.node_of(self.slot_of[p]).name == ev.node]
+            if not on_node:
+                raise ValueError(f"{ev.source}: node {ev.node} holds no rank of the job any more")
+            ev.gpus = n_old - len(on_node)
+            if ev.parallel is not None and ev.parallel.world_size != ev.gpus:
+                ev.parallel = None
         tgt = self.validate(ev, n_old)
         old_layout, new_layout = self.adapter.layout(self.job, old.parallel), self.adapter.layout(self.job, tgt)
         if ev.kind == "reshape" and (new_layout.tp, new_layout.pp, new_layout.dp, new_layout.layers_per_stage) \
@@ -237,10 +333,12 @@ class Controller:
         h = Handling(event=ev, record=new_record(ev, self._arrival(ev), old.parallel, tgt, old.generation, self.step),
                      target=tgt)
         if ev.kind == "scale-out":
-            free = [s for s in self.agent.free_slots() if s not in self.lost_slots]
+            free = [s for s in self.nodes.free_slots() if s not in self.lost_slots]
             if len(free) < ev.gpus - n_old:
                 raise ValueError(f"{ev.source}: scale-out {ev.gpus}: only {len(free)} free slots")
             h.join_slots = free[: ev.gpus - n_old]
+        elif ev.kind == "scale-in" and ev.node is not None:
+            h.leaving = on_node
         elif ev.kind == "scale-in":
             by_slot = sorted(old.procs, key=lambda p: self.slot_of[p], reverse=True)
             h.leaving = by_slot[: n_old - ev.gpus]  # the most recently added slots go
@@ -250,23 +348,61 @@ class Controller:
                           kind: str) -> GenerationSpec:
         """Fresh processes for a whole generation (first start, restart, recovery)."""
         self.gen += 1
-        procs = self.agent.new_proc_ids(len(slots))
-        spec = GenerationSpec(generation=self.gen, parallel=parallel, procs=tuple(procs), load_from=load_from, kind=kind)
-        spec.publish(self.store)
-        self._wish()
+        procs = self.nodes.new_proc_ids(len(slots))
         for p, s in zip(procs, slots):
             self.slot_of[p] = s
-            self.agent.start(p, s, "start", self.gen)
+        placed = self._within_nodes(self.adapter.layout(self.job, parallel), procs)
+        spec = GenerationSpec(generation=self.gen, parallel=parallel, procs=tuple(placed), load_from=load_from,
+                              kind=kind)
+        spec.publish(self.store)
+        self._wish()
+        for p in procs:
+            self.nodes.start(p, self.slot_of[p], "start", self.gen)
         self.active = spec
         self.phase_log("generation", generation=self.gen, parallel=parallel.short(), kind=kind,
-                       procs=procs, load_from=load_from)
+                       procs=procs, load_from=load_from, **self._where(spec))
         return spec
+
+    def _within_nodes(self, layout, placement: list[int]) -> list[int]:
+        """``placement`` (rank -> process) with each TP group on one node where the nodes allow."""
+        if len(self.nodes.nodes) < 2:
+            return list(placement)
+        return tp_within_nodes(layout, placement, {p: self.nodes.node_of(self.slot_of[p]).name for p in placement})
+
+    def plan(self, old: ParallelConfig, new: ParallelConfig, old_procs: list[int], new_procs: list[int],
+             old_view=None) -> Plan:
+        """The transfer plan from ``old`` (or ``old_view``, a heal's survivors) to ``new``: the
+        placement that moves fewest bytes, with each TP group kept on one node where it can be."""
+        a, job = self.adapter, self.job
+        src = old_view if old_view is not None else a.view(job, a.layout(job, old))
+        dst, specs = a.view(job, a.layout(job, new)), a.state_specs(job)
+        plan = plan_transfer(src, dst, specs, old_procs, new_procs)
+        placed = self._within_nodes(a.layout(job, new), plan.placement)
+        if placed != plan.placement:
+            plan = plan_transfer(src, dst, specs, old_procs, new_procs, placement=placed)
+        return plan
+
+    def _where(self, spec: GenerationSpec) -> dict[str, Any]:
+        """Which node holds which ranks of ``spec`` (for the log), where the job has several nodes."""
+        if len(self.nodes.nodes) < 2:
+            return {}
+        by: dict[str, list[int]] = {}
+        for r, p in enumerate(spec.procs):
+            by.setdefault(self.nodes.node_of(self.slot_of[p]).name, []).append(r)
+        return {"ranks_by_node": by}
 
     def _wish(self, wanted: int = 0, stop_at: int = 0, force: int = 0) -> None:
         write(self.store, Wish.KEY, Wish(wanted=wanted, stop_at=stop_at, force=force, end_at=self.end_at))
 
     def _maybe_end(self) -> None:
-        """Nothing left to do: end the job ``end_after_events`` steps from now, if asked."""
+        """Nothing left to do: end the job ``end_after_events`` steps from now, if asked; or as an
+        operator asked (``POST /end``), once no event is in flight."""
+        if self._end_requested is not None and self.current is None and self.progress \
+                and self.progress.generation == self.active.generation:
+            self.end_at, self._end_requested = self.progress.step + max(1, self._end_requested), None
+            self._ending = True
+            self._wish()
+            return
         n = self.cfg.controller.end_after_events
         if n is None or self.queue or self.current is not None or self.end_at \
                 or not self.progress or self.progress.generation != self.active.generation:
@@ -282,6 +418,154 @@ class Controller:
                             "since_last_s": round(now - self._last_phase_t, 4)})
         self._last_phase_t = now
 
+    # ---- the journal (``liver controller``) -------------------------------------------------
+    def _journal(self, force: bool = False) -> None:
+        """The controller's state to the run directory when it changed (and, every second, that
+        it is alive to the store's own process)."""
+        if self.store_pid is None:
+            return
+        now = time.time()
+        if now - self._alive_said > 1.0:
+            self.store.set(storehost.ALIVE_KEY, str(now))
+            self._alive_said = now
+        with self.nodes.lock:
+            nodes = [n for n in self.nodes.nodes.values() if isinstance(n, RemoteNode)]
+            mark = (self.phase, self.gen, len(self.records), tuple(e.describe() for e in self.queue), self.end_at,
+                    self._ending, tuple(self._joined), tuple(self._noticed), self.nodes._next_proc,
+                    tuple((n.name, n.lost, n.notice is not None, n._next, len(n.workers),
+                           sum(w.returncode is None for w in n.workers.values())) for n in nodes))
+            if mark == self._journaled and not force:
+                return
+            state = {k: getattr(self, k) for k in self.JOURNALED}
+            state.update(queue=list(self.queue), cfg=self.cfg, mode=self.mode, token=self.endpoint.token if self.endpoint
+                         else self.token, url=self.endpoint.url if self.endpoint else None, store_pid=self.store_pid,
+                         store_addr=self.store_addr, next_proc=self.nodes._next_proc, next_slot=self.nodes._next_slot,
+                         nodes=[n.record() for n in nodes])
+        journal.write(self.run_dir, state)
+        self._journaled = mark
+
+    def _restore(self, state: dict[str, Any]) -> None:
+        for k in self.JOURNALED:
+            setattr(self, k, state[k])
+        if self.current is not None:  # (its CPU count starts again in this process)
+            self.current.cpu0 = time.thread_time()
+        self.queue.extend(state["queue"])
+        self.token, self._url = state["token"], state["url"]
+        self.nodes._next_proc, self.nodes._next_slot = state["next_proc"], state["next_slot"]
+        for rec in state["nodes"]:
+            node = RemoteNode.restored(rec)
+            self.nodes.nodes[node.name] = node
+            self.nodes.workers.update(node.workers)
+
+    def _resume_phase(self) -> None:
+        """What a controller that came back does first about the phase it was in (the mode's)."""
+
+    # ---- nodes ---------------------------------------------------------------------------
+    def agent_request(self, what: str, body: dict[str, Any]) -> dict[str, Any]:
+        """A node agent's message (the endpoint's threads): ``register`` or ``sync``."""
+        if what == "register":
+            return to_dict(self._register(from_dict(Register, body, "register")))
+        msg = from_dict(Sync, body, "sync")
+        node = self.nodes.nodes.get(msg.node)
+        if not isinstance(node, RemoteNode) or node.lost or node.resumed:
+            if isinstance(node, RemoteNode):
+                node.last_seen = time.time()  # (alive: it registers again at once)
+            return to_dict(SyncReply(registered=False))
+        return to_dict(node.sync(msg))
+
+    def _register(self, msg: Register) -> Registered:
+        with self.nodes.lock:
+            old = self.nodes.nodes.get(msg.node)
+            if isinstance(old, RemoteNode) and not old.lost and old.slots == msg.slots:
+                node = old  # the same agent, back (it lost its controller, or a reply)
+                node.reconcile(msg.workers, msg.done)
+            else:
+                if old is not None:  # declared lost before: it comes back as a new node
+                    if not isinstance(old, RemoteNode) or not old.lost:
+                        raise ValueError(f"node {msg.node!r}: a node of that name is in the job with "
+                                         f"{old.slots} slots; allowed: a name of its own")
+                    self.nodes.nodes.pop(msg.node)
+                node = self.nodes.add(lambda base: RemoteNode(msg.node, base, msg.slots, msg.host))
+                for r in msg.workers:  # processes of a generation it was declared lost from
+                    node.workers[r.proc] = Worker(r.proc, r.slot, r.role, r.generation, r.pid, time.time())
+                    node.kill(r.proc)
+                self._joined.append(node.name)
+        self.phase_log("node", node=msg.node, host=msg.host, slots=list(range(node.slot_base, node.slot_base + node.slots)))
+        return Registered(node=node.name, slot_base=node.slot_base, base_spec=self.base_spec,
+                          starter=self.starter(self.cfg.backend, self.cfg.engine))
+
+    def _await_shutdown(self, timeout_s: float = 5.0) -> None:
+        """The agents' acknowledgement of the job's end (their next sync), so they end too."""
+        end = time.time() + timeout_s
+        while time.time() < end and any(isinstance(n, RemoteNode) and not n.lost and n.commands
+                                        for n in self.nodes.nodes.values()):
+            time.sleep(0.05)
+
+    def _await_nodes(self) -> None:
+        """Until the nodes that registered give the job its first GPUs (at once on this machine)."""
+        end, said = time.time() + self.cfg.controller.prepare_timeout_s, False
+        while len(self.nodes.free_slots()) < self.cfg.gpus:
+            if self.interrupted:
+                raise KeyboardInterrupt
+            if time.time() > end:
+                raise ControllerError(f"gpus={self.cfg.gpus}: only {len(self.nodes.free_slots())} slots registered "
+                                      f"within controller.prepare_timeout_s={self.cfg.controller.prepare_timeout_s:g} s")
+            if not said:
+                logs.PHASES.info(f"waiting for node agents with {self.cfg.gpus} slots "
+                                 f"(liver agent --controller {self.endpoint.url if self.endpoint else '?'})")
+                said = True
+            time.sleep(0.05)
+        self._joined.clear()  # (the first generation places itself on them)
+
+    def _watch_nodes(self) -> None:
+        """A node gone silent is a fail-stop of its ranks; a notice a node received is a scale-in of
+        its ranks; a node that joined offers its slots (``controller.on_join``)."""
+        now, limit = time.time(), self.cfg.controller.agent_timeout_s
+        for n in list(self.nodes.nodes.values()):
+            if not isinstance(n, RemoteNode) or n.lost:
+                continue
+            if now - n.last_seen > limit:
+                gone = n.mark_lost()
+                self.phase_log("node-lost", node=n.name, silent_s=round(now - n.last_seen, 1),
+                               procs=[w.proc for w in gone])
+                self._exits(gone)
+            elif n.notice is not None and n.name not in self._noticed:
+                self._noticed.add(n.name)
+                self._node_notice(n)
+        while self._joined and self.phase is Phase.STABLE and self.active is not None:
+            self._node_joined(self._joined.pop(0))
+
+    def _node_notice(self, n: RemoteNode) -> None:
+        held = [p for p in self.active.procs if self.nodes.node_of(self.slot_of[p]) is n] if self.active else []
+        ev = Event(kind="scale-in", gpus=len(self.active.procs) - len(held) if self.active else 0,
+                   deadline_s=n.notice.deadline_s, source=f"node {n.name} ({n.notice.source})", node=n.name)
+        ev.arrived = time.time()
+        self.phase_log("notice", node=n.name, source=n.notice.source, deadline_s=n.notice.deadline_s, procs=held)
+        with self.lock:
+            if held:
+                self.queue.appendleft(ev)  # (ahead of anything queued: the provider does not wait)
+            else:
+                self.records.append({"event": ev.to_dict(), "status": "done: the node held no rank"})
+
+    def _node_joined(self, name: str) -> None:
+        n_now = self._projected_gpus()
+
+        def step_s(n: int) -> float | None:
+            try:
+                p = target.choose(self.adapter, self.job, n, self.hardware)
+            except ValueError:
+                return None
+            return target.step_time(self.job, self.adapter.layout(self.job, p), self.hardware)
+
+        total = join_total(self.cfg.controller.on_join, n_now, self.capacity(), step_s)
+        if total is None:
+            self.phase_log("node-idle", node=name, policy=self.cfg.controller.on_join, gpus=n_now)
+            return
+        ev = Event(kind="scale-out", gpus=total, source=f"node {name} joined")
+        ev.arrived = time.time()
+        with self.lock:
+            self.queue.append(ev)
+
     # ---- failures ------------------------------------------------------------------------
     def _hung(self) -> None:
         """Once a second: a live worker whose heartbeat is older than ``hang_timeout_s`` (or that
@@ -290,14 +574,24 @@ class Controller:
         if not limit or now - self._hang_checked < 1.0:
             return
         self._hang_checked = now
-        for w in self.agent.alive():
+        for w in self.nodes.alive():
             key = beat_key(w.proc)
             last = float(self.store.get(key)) if self.store.check([key]) else w.started
             if now - last > limit:
                 self.phase_log("hung", proc=w.proc, slot=w.slot, silent_s=round(now - last, 1))
-                self.agent.kill(w.proc)
+                self.nodes.kill(w.proc)
                 self._exited(w)  # (the kill took its exit status: no later poll reports it)
                 return
+
+    def _exits(self, ws: list[Worker]) -> None:
+        """Exits seen together (a whole node's, say): the Active World's failures are one fail-stop."""
+        failed = [w for w in ws if w.returncode != 0 and not w.leaving and self.active is not None
+                  and w.proc in self.active.procs]
+        for w in ws:
+            if w not in failed:
+                self._exited(w)
+        if failed and not self.finished:
+            self._fail_stop(failed)
 
     def _exited(self, w: Worker) -> None:
         if self.finished:
@@ -306,7 +600,7 @@ class Controller:
             # the job's end: every rank of the Active World done, the last one to exit checks (a
             # rank marked to leave by a handoff that the end cut short may well be the last)
             if self.active and w.proc in self.active.procs and w.returncode == 0:
-                codes = tuple(self.agent.workers[p].returncode for p in self.active.procs)
+                codes = tuple(self.nodes.workers[p].returncode for p in self.active.procs)
                 if job_finished(EndState(step=self.step, steps=self.cfg.steps, end_at=self.end_at,
                                          active_exit_codes=codes)):
                     self.go(Trigger.END)
@@ -316,8 +610,20 @@ class Controller:
         else:
             self._joiner_died(w)
 
+    def _dead(self, dead: list[Worker]) -> str:
+        """What a fail-stop's record says of its dead: the processes, their nodes, how they ended."""
+        lost = sorted({self.nodes.where(w.proc) for w in dead if w.returncode == NODE_LOST})
+        exited = [w for w in dead if w.returncode != NODE_LOST]
+        parts = [f"node {', '.join(lost)} lost (no agent sync for {self.cfg.controller.agent_timeout_s:g} s)"] if lost else []
+        if exited:
+            on = sorted({self.nodes.where(w.proc) for w in exited}) if len(self.nodes.nodes) > 1 else []
+            parts.append(f"process {[w.proc for w in exited]}{' on ' + ', '.join(on) if on else ''} exited "
+                         f"{[w.returncode for w in exited]}")
+        return "; ".join(parts)
+
     def _joiner_died(self, w: Worker) -> None:
-        logs.PHASES.warning(f"process {w.proc} (slot {w.slot}, {w.role}) died: {self.agent.log_tail(w.proc, 300)!r}")
+        logs.PHASES.warning(f"process {w.proc} (slot {w.slot} on node {self.nodes.where(w.proc)}, {w.role}) died: "
+                            f"{self.nodes.log_tail(w.proc, 300)!r}")
 
     def _fail_stop(self, dead: list[Worker], preempted: bool = False) -> None:
         """A rank vanished: stop everyone, restart from the latest checkpoint on the slots left.
@@ -329,10 +635,10 @@ class Controller:
         dead_slots = {w.slot for w in dead}
         self.lost_slots |= dead_slots
         survivors = [self.slot_of[p] for p in self.active.procs if self.slot_of[p] not in dead_slots]
-        self.agent.stop_all()
+        self.nodes.stop_all()
         if not survivors:
             tails = "\n".join(f"--- process {w.proc} (slot {w.slot}), exit {w.returncode}:\n"
-                              f"{self.agent.log_tail(w.proc, 1500)}" for w in dead)
+                              f"{self.nodes.log_tail(w.proc, 1500)}" for w in dead)
             raise ControllerError("every process of the job died; nothing to recover on. Last words:\n" + tails)
         ck = latest(self.run_dir / "ckpt", verify=True)  # the newest whose files are whole
         n = len(survivors)
@@ -354,15 +660,14 @@ class Controller:
             self.current = None
         self.go(Trigger.FAIL_STOP)
         self._start_generation(parallel, sorted(survivors), ck["path"] if ck else None, "recover")
-        rec = {"event": {"kind": "fail-stop", "source": f"process {[w.proc for w in dead]} exited "
-                         f"{[w.returncode for w in dead]}"},
+        rec = {"event": {"kind": "fail-stop", "source": self._dead(dead)},
                "status": "recovered", "generation": self.gen, "old_generation": old_generation,
                "old": old.short(), "new": parallel.short(),
                "failed_at_step": failed_step, "restored_step": ck["step"] if ck else 0,
                "lost_steps": failed_step - (ck["step"] if ck else 0), "checkpoint": ck["path"] if ck else None,
                "lost_slots": sorted(dead_slots), "t_event": t0,
                # what the dead processes said last (a traceback's final line, where there was one)
-               "last_words": {w.proc: _last_line(self.agent.log_tail(w.proc, 2000)) for w in dead}}
+               "last_words": {w.proc: _last_line(self.nodes.log_tail(w.proc, 2000)) for w in dead}}
         self.records.append(rec)
         self.phase_log("fail-stop", **{k: rec[k] for k in ("failed_at_step", "restored_step", "lost_steps", "new",
                                                           "last_words")})

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from liver.controller.decisions import JOIN_POLICIES
+
 MODES = ("live", "restart", "restart-forked")
 
 
@@ -20,7 +22,17 @@ class ControllerConfig:
       replica on a surviving rank: the survivors' reports of where they stopped are awaited this
       long, then the job is healed from their memory (no rollback); 0: always the checkpoint.
     - ``hang_timeout_s``: a worker whose heartbeat is older than this is hung (stopped, or stuck with
-      every thread held) and is killed: a fail-stop like any other; 0: never."""
+      every thread held) and is killed: a fail-stop like any other; 0: never.
+    - ``host``, ``port``: where the control endpoint (and the job's store) listen: loopback by
+      default; a job on several machines binds an address the agents reach ("0.0.0.0": all).
+      ``port`` 0: any free one (the endpoint's; the store takes ``port + 1`` when it is set).
+      ``advertise``: the name the workers on other machines reach the store by (a Kubernetes
+      Service's, say); unset: ``host``, or this machine's name where ``host`` is 0.0.0.0.
+    - ``on_join``: a node that registers while the job runs: "now" scale out onto its slots, "better"
+      only when the new count's best configuration is estimated faster per sample, "never" (the
+      operator decides, ``liver scale``).
+    - ``agent_timeout_s``: a node agent silent this long has lost its node: a fail-stop of its
+      ranks."""
 
     mode: str = "live"
     prepare_timeout_s: float = 300.0
@@ -29,6 +41,11 @@ class ControllerConfig:
     memory_gib: float | None = None
     heal_timeout_s: float = 30.0
     hang_timeout_s: float = 60.0
+    host: str = "127.0.0.1"
+    port: int = 0
+    advertise: str | None = None
+    on_join: str = "now"
+    agent_timeout_s: float = 10.0
 
     def __post_init__(self) -> None:
         if self.end_after_events == -1 and not isinstance(self.end_after_events, bool):
@@ -46,5 +63,16 @@ class ControllerConfig:
             raise ValueError(f"controller.heal_timeout_s={self.heal_timeout_s!r}: allowed 0 (never heal) to 3600 s")
         if isinstance(self.hang_timeout_s, bool) or not (self.hang_timeout_s == 0 or 1 <= self.hang_timeout_s <= 86400):
             raise ValueError(f"controller.hang_timeout_s={self.hang_timeout_s!r}: allowed 0 (never) or 1 to 86400 s")
+        if not isinstance(self.host, str) or not self.host or len(self.host) > 253 or any(c.isspace() for c in self.host):
+            raise ValueError(f"controller.host={self.host!r}: allowed a host name or address")
+        if self.advertise is not None and (not isinstance(self.advertise, str) or not self.advertise
+                                           or len(self.advertise) > 253 or any(c.isspace() for c in self.advertise)):
+            raise ValueError(f"controller.advertise={self.advertise!r}: allowed a host name or address")
+        if isinstance(self.port, bool) or not isinstance(self.port, int) or not 0 <= self.port <= 65534:
+            raise ValueError(f"controller.port={self.port!r}: allowed 0 (any free port) to 65534")
+        if self.on_join not in JOIN_POLICIES:
+            raise ValueError(f"controller.on_join={self.on_join!r}: allowed {', '.join(map(repr, JOIN_POLICIES))}")
+        if isinstance(self.agent_timeout_s, bool) or not 1 <= self.agent_timeout_s <= 3600:
+            raise ValueError(f"controller.agent_timeout_s={self.agent_timeout_s!r}: allowed 1 to 3600 s")
         if self.memory_gib is not None and not 0 < self.memory_gib < 1 << 20:
             raise ValueError(f"controller.memory_gib={self.memory_gib!r}: allowed a positive size in GiB")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
+from typing import Callable
 
 
 class NoticeAction(enum.Enum):
@@ -42,3 +43,27 @@ def job_finished(s: EndState) -> bool:
     cleanly; processes of a pending generation, or leaving ones, do not keep it alive."""
     last = min(s.steps, s.end_at) if s.end_at else s.steps
     return s.step >= last and all(c == 0 for c in s.active_exit_codes)
+
+
+JOIN_POLICIES = ("now", "better", "never")
+
+
+def join_total(policy: str, n_now: int, capacity: int, step_time: Callable[[int], float | None]) -> int | None:
+    """How many GPUs the job scales out to when a node offers its slots (``capacity``: every usable
+    slot), or None to stay. ``step_time(n)``: the estimated step time of the best configuration
+    for n GPUs, or None where no configuration is valid. "now": the largest valid count; "better":
+    that one only if its steps are estimated faster per sample than now; "never": an operator
+    decides (``liver scale``)."""
+    if policy not in JOIN_POLICIES:
+        raise ValueError(f"controller.on_join={policy!r}: allowed {', '.join(JOIN_POLICIES)}")
+    if policy == "never" or capacity <= n_now:
+        return None
+    valid = [n for n in range(capacity, n_now, -1) if step_time(n) is not None]
+    if not valid:
+        return None
+    n = valid[0]
+    if policy == "better":
+        now = step_time(n_now)
+        if now is not None and not step_time(n) < now:
+            return None
+    return n

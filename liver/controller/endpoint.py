@@ -3,8 +3,12 @@
 ``POST /scale`` with ``{"action": "scale-out 4"}`` (the events-file grammar) queues an event after
 the controller validated it (400 with the reason otherwise; nothing changes); ``GET /status``
 returns the controller's state; ``GET /queue`` lists the events waiting, and ``POST /withdraw``
-with ``{"position": N}`` takes the N-th back (refused if the events after it would not hold). A request without the right ``Authorization: Bearer TOKEN`` gets
-401 and is not looked at further.
+with ``{"position": N}`` takes the N-th back (refused if the events after it would not hold);
+``POST /end`` with ``{"after": N}`` ends the job N steps from now (``liver stop``);
+``GET /metrics`` is the Prometheus text for operators; ``POST /agent/register`` and
+``POST /agent/sync`` are the node agents' (``liver.protocol.agent``). A request without the right
+``Authorization: Bearer TOKEN`` gets 401 and is not looked at further. Connections are kept open
+(HTTP/1.1): an agent syncs ten times a second over one.
 """
 
 from __future__ import annotations
@@ -31,21 +35,30 @@ class ControlEndpoint:
     def __init__(self, submit: Callable[[str], dict[str, Any]], status: Callable[[], dict[str, Any]],
                  run_dir: Path, host: str = "127.0.0.1", port: int = 0, token: str | None = None,
                  queue: Callable[[], dict[str, Any]] | None = None,
-                 withdraw: Callable[[int], dict[str, Any]] | None = None) -> None:
+                 withdraw: Callable[[int], dict[str, Any]] | None = None,
+                 agents: Callable[[str, dict[str, Any]], dict[str, Any]] | None = None,
+                 metrics: Callable[[], tuple[str, bytes]] | None = None,
+                 end: Callable[[int], dict[str, Any]] | None = None) -> None:
         """``GET /status``, ``POST /scale {"action": ...}``; with ``queue`` and ``withdraw`` also
-        ``GET /queue`` and ``POST /withdraw {"position": N}``."""
-        routes = "GET /status, GET /queue, POST /scale, POST /withdraw"
+        ``GET /queue`` and ``POST /withdraw {"position": N}``; with ``agents``, ``POST /agent/WHAT``
+        (``agents(WHAT, body)``); with ``metrics``, ``GET /metrics`` (its content type and body);
+        with ``end``, ``POST /end {"after": N}`` (the job ends N steps from now)."""
+        routes = "GET /status, GET /queue, GET /metrics, POST /scale, POST /withdraw, POST /agent/register, " \
+                 "POST /agent/sync, POST /end"
         self.token = token or secrets.token_urlsafe(24)
         token_bytes = self.token.encode()
 
         class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
             def log_message(self, *args: Any) -> None:
                 return
 
-            def _reply(self, code: int, body: dict[str, Any]) -> None:
-                data = json.dumps(body).encode()
+            def _reply(self, code: int, body: dict[str, Any], kind: str = "application/json",
+                       data: bytes | None = None) -> None:
+                data = json.dumps(body).encode() if data is None else data
                 self.send_response(code)
-                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Type", kind)
                 self.send_header("Content-Length", str(len(data)))
                 self.end_headers()
                 self.wfile.write(data)
@@ -54,6 +67,7 @@ class ControlEndpoint:
                 given = self.headers.get("Authorization", "")
                 ok = given.startswith("Bearer ") and hmac.compare_digest(given[7:].encode(), token_bytes)
                 if not ok:
+                    self.close_connection = True  # (a body it sent is not read)
                     self._reply(401, {"error": "missing or wrong token (Authorization: Bearer TOKEN)"})
                 return ok
 
@@ -62,6 +76,9 @@ class ControlEndpoint:
                     return
                 if self.path == "/queue" and queue is not None:
                     return self._reply(200, queue())
+                if self.path == "/metrics" and metrics is not None:
+                    kind, data = metrics()
+                    return self._reply(200, {}, kind, data)
                 if self.path != "/status":
                     return self._reply(404, {"error": f"path {_short(self.path)!r}: allowed {routes}"})
                 self._reply(200, status())
@@ -69,14 +86,26 @@ class ControlEndpoint:
             def do_POST(self) -> None:
                 if not self._authorised():
                     return
-                if self.path not in ("/scale", "/withdraw") or (self.path == "/withdraw" and withdraw is None):
+                agent_path = agents is not None and self.path in ("/agent/register", "/agent/sync")
+                if not agent_path and (self.path not in ("/scale", "/withdraw", "/end")
+                                       or (self.path == "/withdraw" and withdraw is None)
+                                       or (self.path == "/end" and end is None)):
+                    self.close_connection = True  # (its body is not read)
                     return self._reply(404, {"error": f"path {_short(self.path)!r}: allowed {routes}"})
                 length = self.headers.get("Content-Length", "0")
                 if not length.isdigit() or int(length) > MAX_BODY_BYTES:
                     self.close_connection = True  # the body is not read
                     return self._reply(413, {"error": f"Content-Length {_short(length)!r}: allowed up to "
                                                       f"{MAX_BODY_BYTES} bytes"})
-                key, kind = ("action", str) if self.path == "/scale" else ("position", int)
+                if agent_path:
+                    try:
+                        body = json.loads(self.rfile.read(int(length)) or b"{}")
+                        if not isinstance(body, dict):
+                            raise ValueError("body: expected a JSON object")
+                        return self._reply(200, agents(self.path.rsplit("/", 1)[1], body))
+                    except (ValueError, RecursionError) as e:
+                        return self._reply(400, {"error": _short(str(e), 400)})
+                key, kind = {"/scale": ("action", str), "/withdraw": ("position", int), "/end": ("after", int)}[self.path]
                 try:
                     body = json.loads(self.rfile.read(int(length)) or b"{}")
                     value = body[key]
@@ -86,11 +115,12 @@ class ControlEndpoint:
                     example = '"scale-out N ..."' if key == "action" else "N"
                     return self._reply(400, {"error": f"body: expected JSON {{\"{key}\": {example}}}"})
                 try:
-                    self._reply(202, submit(value) if key == "action" else withdraw(value))
+                    self._reply(202, {"action": submit, "position": withdraw, "after": end}[key](value))
                 except ValueError as e:
                     self._reply(400, {"error": _short(str(e), 400)})
 
             def _not_allowed(self) -> None:
+                self.close_connection = True
                 self._reply(405, {"error": f"method {self.command}: allowed {routes}"})
 
             do_PUT = do_DELETE = do_PATCH = do_HEAD = do_OPTIONS = _not_allowed

@@ -56,6 +56,7 @@ class Event:
     source: str = ""                       # file:line, "http", ...
     arrived: float | None = None           # wall time it reached the job (control endpoint)
     announced: bool = False                # restart mode: its stop step was published ahead
+    node: str | None = None                # scale-in: the node whose ranks leave (its notice)
 
     def describe(self) -> str:
         what = self.kind + (f" {self.gpus}" if self.gpus is not None and self.kind != "reshape" else "")
@@ -69,7 +70,7 @@ class Event:
         return {"kind": self.kind, "gpus": self.gpus,
                 "parallel": self.parallel.short() if self.parallel else None,
                 "at_step": self.at_step, "at_time": self.at_time, "deadline_s": self.deadline_s,
-                "source": self.source}
+                "source": self.source, **({"node": self.node} if self.node else {})}
 
 
 class EventError(ValueError):

@@ -14,11 +14,14 @@ from liver.controller.events import Event
 
 
 def run_job(cfg: RunConfig, events: list[Event], run_dir: Path, meta: dict[str, Any] | None = None,
-            token: str | None = None) -> dict[str, Any]:
-    """``cfg`` with its slots set. Everything is checked before any process starts."""
+            token: str | None = None, local_node: bool = True, resume: dict[str, Any] | None = None) -> dict[str, Any]:
+    """``cfg`` with its slots set. Everything is checked before any process starts.
+    ``local_node``: the workers run from an agent in this process (else: on the ``liver agent``
+    nodes that register with the controller's endpoint); ``resume``: the journal of a controller
+    that died, to go on from."""
     check_schedule(cfg, events)
     run_dir.mkdir(parents=True, exist_ok=True)
-    ctl = CONTROLLERS[cfg.controller.mode](cfg, events, run_dir, token=token)
+    ctl = CONTROLLERS[cfg.controller.mode](cfg, events, run_dir, token=token, local_node=local_node, resume=resume)
     result = ctl.run()
     report = rep.build(run_dir, result, {"params": cfg.job.model.num_params(), "backend": cfg.backend,
                                          "interrupted": result["interrupted"],

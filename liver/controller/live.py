@@ -11,14 +11,13 @@ import threading
 import time
 from typing import Any
 
-from liver.agent.node import Starter, Worker
+from liver.agent.node import Worker
 from liver.host.priority import background
 from liver.controller.base import Controller, forked_workers
 from liver.controller.decisions import NoticeAction, on_notice
 from liver.controller.events import Event
 from liver.controller.phases import PENDING, Phase, Trigger
 from liver.controller.records import switch_metrics
-from liver.planner.plan import plan_transfer
 from liver import logs
 from liver.controller import heal, report, target
 from liver.controller.records import first
@@ -30,14 +29,40 @@ from liver.protocol.store import COMMIT, WITHDRAW, decide, decided, get, publish
 class LiveController(Controller):
     mode = "live"
 
-    def starter(self, backend: str, engine: str) -> Starter:
+    @staticmethod
+    def starter(backend: str, engine: str) -> dict[str, Any]:
         return forked_workers(backend, engine, joiners=True)
 
+    JOURNALED = Controller.JOURNALED + ("pending", "members", "_missed")
+
     def __init__(self, *args: Any, **kw: Any) -> None:
-        super().__init__(*args, **kw)
         self.pending: GenerationSpec | None = None
         self.members: list[int] = []  # every process of the old and the pending generation
         self._missed = None  # the scale-in whose missed deadline the next heal completes
+        super().__init__(*args, **kw)
+
+    def _resume_phase(self) -> None:
+        """Back after a restart: a pending generation no rank committed yet is withdrawn and its
+        event queued again first (its joiners stopped: they prepared for a controller that is
+        gone); one that was committed is switching, and is watched to its end as before."""
+        if self.phase not in PENDING:
+            return
+        g, h = self.pending.generation, self.current
+        if decide(self.store, g, WITHDRAW) != WITHDRAW:
+            return self._committed()
+        self._wish()
+        for p in h.joiners:
+            self.nodes.kill(p)
+        for p in h.leaving:
+            self.nodes.workers[p].leaving = False
+        h.record["attempts"][-1]["cancelled"] = "the controller restarted"
+        h.record["status"] = "interrupted by a controller restart; queued again"
+        self.records.append(h.record)
+        with self.lock:
+            self.queue.appendleft(h.event)
+        self.current, self.pending = None, None
+        self.go(Trigger.CANCEL)
+        self.phase_log("cancelled", generation=g, why="the controller restarted; its event is queued again")
 
     def run(self) -> dict[str, Any]:
         """The loop in a thread of its own at idle CPU priority: on a node whose cores the ranks
@@ -129,7 +154,7 @@ class LiveController(Controller):
             self.phase_log("no-heal", why="the survivors did not all report one step" if stalled else
                            f"not every survivor reported within {self.cfg.controller.heal_timeout_s:g} s")
             return False
-        plan = plan_transfer(view, a.view(job, a.layout(job, parallel)), specs, survivors, survivors)
+        plan = self.plan(old.parallel, parallel, survivors, survivors, old_view=view)
         self.gen += 1
         spec = GenerationSpec(generation=self.gen, parallel=parallel, procs=tuple(plan.placement), kind="heal",
                               old_generation=old.generation, old_parallel=old.parallel, old_procs=tuple(survivors),
@@ -147,15 +172,14 @@ class LiveController(Controller):
         before = None  # the survivors' state as they stopped, from their own parts of the digest
         if all(r.hashes is not None for r in stalled.values()):
             before = combine(specs, [r.hashes for r in stalled.values()], next(iter(stalled.values())).scalars)
-        rec = {"event": {"kind": "fail-stop", "source": f"process {[w.proc for w in dead]} exited "
-                         f"{[w.returncode for w in dead]}"},
+        rec = {"event": {"kind": "fail-stop", "source": self._dead(dead)},
                "status": report.HEALED, "generation": self.gen,
                "old_generation": old.generation, "old": old.parallel.short(), "new": parallel.short(),
                "failed_at_step": failed_step, "restored_step": step, "lost_steps": max(0, failed_step - step),
                "checkpoint": None, "lost_slots": sorted(w.slot for w in dead), "t_event": t0,
                "heal_s": time.time() - t0, "bytes_moved": plan.bytes_moved,
                "digest_before": before, "digest_after": first(switched.values(), "digest_after"),
-               "last_words": {w.proc: self.agent.log_tail(w.proc, 2000).strip().splitlines()[-1:] for w in dead}}
+               "last_words": {w.proc: self.nodes.log_tail(w.proc, 2000).strip().splitlines()[-1:] for w in dead}}
         self.records.append(rec)
         self.phase_log("healed", restored_step=step, lost_steps=rec["lost_steps"], heal_s=round(rec["heal_s"], 3))
         return True
@@ -168,7 +192,7 @@ class LiveController(Controller):
             got = self._collect(g, procs, cls)
             if got is not None:
                 return got
-            for w in self.agent.poll():
+            for w in self.nodes.poll():
                 if w.proc in procs:
                     return None
             time.sleep(0.01)
@@ -189,14 +213,12 @@ class LiveController(Controller):
     def _launch(self) -> None:
         h, old = self.current, self.active
         rec = h.record
-        h.joiners = self.agent.new_proc_ids(len(h.join_slots))
+        h.joiners = self.nodes.new_proc_ids(len(h.join_slots))
         for p, s in zip(h.joiners, h.join_slots):
             self.slot_of[p] = s
         new_procs = [p for p in old.procs if p not in h.leaving] + h.joiners
         t0 = time.perf_counter()
-        a, job = self.adapter, self.job
-        plan = plan_transfer(a.view(job, a.layout(job, old.parallel)), a.view(job, a.layout(job, h.target)),
-                             a.state_specs(job), list(old.procs), new_procs)
+        plan = self.plan(old.parallel, h.target, list(old.procs), new_procs)
         self.gen += 1
         spec = GenerationSpec(generation=self.gen, parallel=h.target, procs=tuple(plan.placement),
                               old_generation=old.generation, old_parallel=old.parallel,
@@ -210,9 +232,9 @@ class LiveController(Controller):
                    joiners=h.joiners, leaving=h.leaving, procs=plan.placement)
         rec.setdefault("attempts", []).append({"generation": self.gen, "t": time.time(), "joiners": h.joiners})
         for p in h.joiners:
-            self.agent.start(p, self.slot_of[p], "joiner", self.gen)
+            self.nodes.start(p, self.slot_of[p], "joiner", self.gen)
         for p in h.leaving:
-            self.agent.workers[p].leaving = True
+            self.nodes.workers[p].leaving = True
         self.pending = spec
         self.members = sorted(set(old.procs) | set(plan.placement))
         self._wish(wanted=self.gen)
@@ -243,10 +265,10 @@ class LiveController(Controller):
                 self.phase_log("deadline-near", generation=g, seconds_left=round(left, 3))
             if left < 0:  # the provider takes the GPUs now: every leaving process goes, in one recovery
                 rec["deadline_met"] = False
-                gone = [self.agent.workers[p] for p in h.leaving if self.agent.workers[p].returncode is None]
+                gone = [self.nodes.workers[p] for p in h.leaving if self.nodes.workers[p].returncode is None]
                 for w in gone:
                     w.leaving = False
-                    self.agent.kill(w.proc)
+                    self.nodes.kill(w.proc)
                 self.phase_log("preempted", procs=[w.proc for w in gone])
                 if gone:
                     return self._fail_stop(gone, preempted=True)
@@ -327,14 +349,14 @@ class LiveController(Controller):
         never changed) and re-plan, or close the event."""
         h = self.current
         for p in h.joiners:
-            self.agent.kill(p)
+            self.nodes.kill(p)
         for p in h.leaving:
-            self.agent.workers[p].leaving = False
+            self.nodes.workers[p].leaving = False
         h.record["attempts"][-1]["cancelled"] = why
         self.phase_log("cancelled", generation=self.pending.generation, why=why)
         ev = h.event
         if replan and ev.kind == "scale-out":
-            ev.gpus = min(ev.gpus, self.cfg.slots - len(self.lost_slots))
+            ev.gpus = min(ev.gpus, self.capacity())
             if ev.parallel is not None and ev.parallel.world_size != ev.gpus:
                 ev.parallel = None  # the named configuration no longer fits: the controller chooses
         try:
@@ -371,13 +393,13 @@ class LiveController(Controller):
         self.active, self.pending = self.pending, None
         self.go(Trigger.SWITCHED)
         self.phase_log("switch", generation=self.active.generation, switch_s=round(rec["switch_s"], 4),
-                       transfer_s=round(rec["transfer_s"], 4))
+                       transfer_s=round(rec["transfer_s"], 4), **self._where(self.active))
 
     def _watch_cleanup(self) -> None:
         h = self.current
-        leaving = [self.agent.workers[p] for p in h.leaving]
+        leaving = [self.nodes.workers[p] for p in h.leaving]
         if all(w.returncode is not None for w in leaving) or time.time() - h.record["switch_end"] > 30:
             for w in leaving:
-                self.agent.kill(w.proc)
+                self.nodes.kill(w.proc)
             self._close("done", Trigger.CLEANED)
             self.phase_log("cleanup", generation=self.active.generation)

@@ -7,9 +7,9 @@ from __future__ import annotations
 import shutil
 import threading
 import time
+from typing import Any
 
-from liver.agent.interpreter import FreshInterpreters
-from liver.agent.node import Starter
+from liver.agent import starters
 from liver.controller.base import Controller, forked_workers
 from liver.controller.events import Event
 from liver.controller.phases import Phase, Trigger
@@ -21,8 +21,9 @@ from liver.runtime import preload
 class RestartController(Controller):
     mode = "restart"
 
-    def starter(self, backend: str, engine: str) -> Starter:
-        return FreshInterpreters(preload.FRESH_MODULE)
+    @staticmethod
+    def starter(backend: str, engine: str) -> dict[str, Any]:
+        return starters.fresh(preload.FRESH_MODULE)
 
     def tick(self) -> None:
         if self.phase is Phase.STABLE:
@@ -53,14 +54,14 @@ class RestartController(Controller):
         if not ev.announced:
             self._wish(stop_at=self.step + 1)
         for p in h.leaving:
-            self.agent.workers[p].leaving = True
+            self.nodes.workers[p].leaving = True
         self.go(Trigger.STOP)
         self.phase_log("stop", event=ev.kind, old=h.record["old"], new=h.record["new"])
 
     def _watch_stop(self) -> None:
         g = self.active.generation
         saved = read_if(self.store, Saved.key(g), Saved)
-        if saved is None or any(self.agent.workers[p].returncode is None for p in self.active.procs):
+        if saved is None or any(self.nodes.workers[p].returncode is None for p in self.active.procs):
             return
         h = self.current
         rec = h.record
@@ -102,5 +103,6 @@ class ForkedRestartController(RestartController):
 
     mode = "restart-forked"
 
-    def starter(self, backend: str, engine: str) -> Starter:
+    @staticmethod
+    def starter(backend: str, engine: str) -> dict[str, Any]:
         return forked_workers(backend, engine, joiners=False)

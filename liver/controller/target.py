@@ -20,6 +20,7 @@ class Hardware:
     tp_bandwidth: float = 150e9    # bytes/s for TP all-reduce (within a node)
     dp_bandwidth: float = 50e9     # bytes/s for the DP gradient all-reduce
     memory_bytes: float | None = None  # per GPU; None: no limit (CPU)
+    node_slots: int | None = None  # GPUs per node (the smallest); a TP group larger runs over dp_bandwidth
 
 
 def state_bytes_per_rank(adapter: EngineAdapter, job: JobConfig, layout: Layout) -> int:
@@ -38,7 +39,9 @@ def step_time(job: JobConfig, layout: Layout, hw: Hardware) -> float:
         4 * m.num_layers / layout.pp * micro * act * 2 * (layout.tp - 1) / layout.tp
     dp_bytes = 0.0 if layout.dp == 1 else \
         2 * (layout.dp - 1) / layout.dp * 4 * m.num_params() / (layout.tp * layout.pp)
-    return compute * bubble + tp_bytes / hw.tp_bandwidth + dp_bytes / hw.dp_bandwidth
+    fits = hw.node_slots is None or (layout.tp <= hw.node_slots and hw.node_slots % layout.tp == 0)
+    tp_link = hw.tp_bandwidth if fits else hw.dp_bandwidth  # (a TP group split over nodes)
+    return compute * bubble + tp_bytes / tp_link + dp_bytes / hw.dp_bandwidth
 
 
 def candidates(adapter: EngineAdapter, job: JobConfig, gpus: int) -> list[Layout]:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import gc
 import time
+import socket
 from datetime import timedelta
 
 import torch
@@ -22,11 +23,14 @@ from liver.world.group import Group, warm_once
 from liver.world.sharing import Sharing
 
 
-def make_store(timeout_s: float = 600.0) -> tuple[dist.TCPStore, str]:
-    """A job's TCPStore, served by this process on a free loopback port; returns it and its address."""
-    store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False,
-                          timeout=timedelta(seconds=timeout_s))
-    return store, f"127.0.0.1:{store.port}"
+def make_store(timeout_s: float = 600.0, host: str = "127.0.0.1", port: int = 0,
+               advertise: str | None = None) -> tuple[dist.TCPStore, str]:
+    """A job's TCPStore, served by this process (on a free port where ``port`` is 0); returns it
+    and the address its clients use (``advertise``, else ``host``; this machine's name where
+    ``host`` is 0.0.0.0)."""
+    store = dist.TCPStore(host, port, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=timeout_s))
+    reach = advertise or (socket.gethostname() if host in ("0.0.0.0", "::") else host)
+    return store, f"{reach}:{store.port}"
 
 
 def connect_store(addr: str, timeout_s: float = 120.0) -> dist.TCPStore:

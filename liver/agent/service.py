@@ -1,0 +1,251 @@
+"""``liver agent``: one per node. It offers the node's slots to the job's controller, starts and
+kills the workers the controller asks for (a ``NodeAgent``, as inside ``liver run``), reports
+their exits, and passes on a preemption notice its watchers see (``liver.agent.notices``).
+
+It talks to the controller by ``liver.protocol.agent`` messages over the control endpoint, with
+the job's token. If the controller goes away the workers train on (they need only the job's store
+and each other) and the agent keeps trying; once a controller answers again it registers anew,
+naming the processes it still runs. It ends when the controller says the job is done (its workers
+stopped), or, if it never reached a controller, after ``connect_timeout_s``.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import queue
+import socket
+import threading
+import time
+from pathlib import Path
+from typing import Any, Callable
+from urllib.parse import urlsplit
+
+from liver import logs
+from liver.agent import starters
+from liver.agent.node import NodeAgent, Worker
+from liver.config.fields import from_dict, to_dict
+from liver.protocol.agent import SYNC_S, Command, Exited, Notice, Register, Registered, Running, Sync, SyncReply
+
+
+class ControllerGone(ConnectionError):
+    pass
+
+
+class Link:
+    """One kept-open HTTP connection to the controller's endpoint; JSON in and out."""
+
+    def __init__(self, url: str, token: str, timeout_s: float = 5.0) -> None:
+        u = urlsplit(url if "://" in url else f"http://{url}")
+        if u.scheme != "http" or not u.hostname or not u.port:
+            raise ValueError(f"controller={url!r}: allowed HOST:PORT or http://HOST:PORT")
+        self.host, self.port, self.token, self.timeout_s = u.hostname, u.port, token, timeout_s
+        self.conn: http.client.HTTPConnection | None = None
+
+    def post(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
+        data = json.dumps(body).encode()
+        headers = {"Authorization": f"Bearer {self.token}", "Content-Type": "application/json"}
+        for attempt in (0, 1):  # a kept connection the server closed meanwhile: once more, anew
+            try:
+                if self.conn is None:
+                    self.conn = http.client.HTTPConnection(self.host, self.port, timeout=self.timeout_s)
+                self.conn.request("POST", path, data, headers)
+                r = self.conn.getresponse()
+                reply = json.loads(r.read() or b"{}")
+            except (OSError, http.client.HTTPException, ValueError) as e:
+                self.close()
+                if attempt:
+                    raise ControllerGone(f"controller {self.host}:{self.port}: {e}") from None
+                continue
+            if r.status == 401:
+                raise PermissionError(f"controller {self.host}:{self.port} refused the token: {reply.get('error')}")
+            if r.status != 200:
+                raise ValueError(f"controller {self.host}:{self.port} {path}: {r.status} {reply.get('error')}")
+            return reply
+        raise AssertionError("unreachable")
+
+    def close(self) -> None:
+        if self.conn is not None:
+            self.conn.close()
+            self.conn = None
+
+
+class AgentService:
+    """Two threads: the main one starts, kills and watches the processes (a first start waits for
+    the zygote's imports, seconds); the link thread syncs with the controller every ``SYNC_S``
+    whatever the main one is doing, so a busy agent is never taken for a lost one."""
+
+    def __init__(self, controller: str, token: str, slots: int, node: str | None = None,
+                 run_dir: str | None = None, connect_timeout_s: float = 300.0, quiet: bool = True,
+                 notices: list[Callable[[], Notice | None]] | None = None) -> None:
+        """``node``: its name in the job (default: the host name and this process's id);
+        ``run_dir``: where its workers' specs and logs go (default: the controller's run directory,
+        which a job on several machines has on a shared file system); ``notices``: watchers, each
+        a call that returns a ``Notice`` once the node has one."""
+        if isinstance(slots, bool) or not isinstance(slots, int) or not 1 <= slots <= 4096:
+            raise ValueError(f"slots={slots!r}: allowed 1 to 4096 worker slots")
+        self.link = Link(controller, token)
+        self.slots, self.node = slots, node or f"{socket.gethostname()}-{os.getpid()}"
+        self.run_dir, self.connect_timeout_s, self.quiet = run_dir, connect_timeout_s, quiet
+        self.notices = notices or []
+        self.agent: NodeAgent | None = None
+        self.starter = None
+        self.done = 0          # the last command carried out (main thread)
+        self._queued = 0       # the last command handed to the main thread (link thread)
+        self._delivered = 0    # the last ``done`` the controller received
+        self._inbox: queue.Queue = queue.Queue()
+        self._lock = threading.Lock()
+        self._started: list[Running] = []
+        self._exited: list[Exited] = []
+        self._running: tuple[Running, ...] = ()  # what it runs, for a registration anew
+        self._notice: Notice | None = None
+        self._notice_sent = False
+        self._stop = threading.Event()
+
+    # ---- the link thread -------------------------------------------------------------------
+    def register(self) -> Registered:
+        with self._lock:
+            workers, done = self._running, self.done
+        msg = Register(node=self.node, slots=self.slots, host=socket.gethostname(), pid=os.getpid(), workers=workers,
+                       done=done)
+        reply = from_dict(Registered, self.link.post("/agent/register", to_dict(msg)), "registered")
+        logs.PHASES.info(f"node {self.node}: registered, slots {reply.slot_base} to "
+                         f"{reply.slot_base + self.slots - 1} of the job")
+        return reply
+
+    def _link(self) -> None:
+        lost_at: float | None = None
+        while not self._stop.is_set():
+            try:
+                reply = self._sync()
+                if not reply.registered:
+                    self._inbox.put(self.register())  # (the main thread re-bases its node)
+                    continue
+            except ControllerGone as e:
+                if lost_at is None:
+                    lost_at = time.time()
+                    logs.PHASES.warning(f"node {self.node}: lost the controller ({e}); the workers train on, "
+                                        "trying again every second")
+                self._stop.wait(1.0)
+                continue
+            except (ValueError, PermissionError) as e:  # the controller refused what it was sent
+                logs.PHASES.warning(f"node {self.node}: {e}")
+                self._stop.wait(1.0)
+                continue
+            if lost_at is not None:
+                logs.PHASES.info(f"node {self.node}: controller back after {time.time() - lost_at:.1f} s")
+                lost_at = None
+            for c in reply.commands:
+                if c.id > self._queued:
+                    self._inbox.put(c)
+                    self._queued = c.id
+            self._stop.wait(SYNC_S)
+
+    def _sync(self) -> SyncReply:
+        with self._lock:
+            started, exited, done = tuple(self._started), tuple(self._exited), self.done
+            notice = self._notice if not self._notice_sent else None
+        msg = Sync(node=self.node, done=done, started=started, exited=exited, notice=notice)
+        reply = from_dict(SyncReply, self.link.post("/agent/sync", to_dict(msg)), "sync")
+        with self._lock:  # delivered
+            self._started = self._started[len(started):]
+            self._exited = self._exited[len(exited):]
+            self._notice_sent = self._notice_sent or notice is not None
+            self._delivered = done
+        return reply
+
+    # ---- the main thread ---------------------------------------------------------------------
+    def run(self) -> int:
+        first = self._connect(self.connect_timeout_s)
+        self._rebase(first)
+        link = threading.Thread(target=self._link, name="liver-agent-link", daemon=True)
+        link.start()
+        try:
+            while True:
+                self._watch()
+                try:
+                    item = self._inbox.get(timeout=SYNC_S / 2)
+                except queue.Empty:
+                    continue
+                if isinstance(item, Registered):
+                    self._rebase(item)
+                elif self._carry_out(item):
+                    return 0
+        finally:
+            self._stop.set()
+            if self.agent is not None:
+                self.agent.shutdown()
+            self.link.close()
+
+    def _connect(self, timeout_s: float) -> Registered:
+        end = time.time() + timeout_s
+        while True:
+            try:
+                return self.register()
+            except ControllerGone:
+                if time.time() > end:
+                    raise ControllerGone(f"node {self.node}: no controller at {self.link.host}:{self.link.port} "
+                                         f"within {timeout_s:g} s") from None
+                time.sleep(0.5)
+
+    def _rebase(self, reply: Registered) -> None:
+        """The node's agent for the slots the controller gave: kept where they are the same (the
+        controller came back), made anew otherwise (the node was taken for lost: whatever still
+        runs here belongs to no generation any more)."""
+        if self.agent is not None and self.agent.slot_base == reply.slot_base:
+            return
+        if self.agent is not None:
+            self.agent.stop_all()
+        if self.starter is None:
+            self.starter = starters.make(reply.starter)
+        run_dir = Path(self.run_dir or reply.base_spec["run_dir"])
+        self.agent = NodeAgent(run_dir, self.slots, reply.base_spec, self.starter, quiet=self.quiet, name=self.node,
+                               slot_base=reply.slot_base, procs_file=f"procs-{self.node}.json")
+        self._publish_running()
+
+    def _watch(self) -> None:
+        exits = [Exited(proc=w.proc, returncode=w.returncode, tail=self.agent.log_tail(w.proc, 2000))
+                 for w in self.agent.poll()]
+        if exits:
+            with self._lock:
+                self._exited += exits
+            self._publish_running()
+        if self._notice is None:
+            for watch in self.notices:
+                n = watch()
+                if n is not None:
+                    logs.PHASES.warning(f"node {self.node}: preemption notice from {n.source}, "
+                                        f"{n.deadline_s:g} s to leave")
+                    with self._lock:
+                        self._notice = n
+                    break
+
+    def _publish_running(self) -> None:
+        running = tuple(Running(proc=w.proc, slot=w.slot, role=w.role, generation=w.generation, pid=w.pid)
+                        for w in self.agent.alive())
+        with self._lock:
+            self._running = running
+
+    def _carry_out(self, c: Command) -> bool:
+        """One command; True at ``shutdown``."""
+        if c.id <= self.done:
+            return False
+        if c.op == "start":
+            w: Worker = self.agent.start(c.proc, c.slot, c.role, c.generation)
+            with self._lock:
+                self._started.append(Running(proc=w.proc, slot=w.slot, role=w.role, generation=w.generation,
+                                             pid=w.pid))
+        elif c.op == "kill" and c.proc in self.agent.workers:
+            self.agent.kill(c.proc)
+        elif c.op == "shutdown":
+            self.agent.shutdown()
+        with self._lock:
+            self.done = c.id
+        self._publish_running()
+        if c.op == "shutdown":
+            end = time.time() + 3.0  # its acknowledgement, where the controller still listens
+            while time.time() < end and self._delivered < c.id:
+                time.sleep(SYNC_S / 2)
+            return True
+        return False

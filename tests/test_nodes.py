@@ -1,0 +1,233 @@
+"""A job on several nodes, each a separate process tree on loopback: `liver controller` and one
+`liver agent` per node, real workers over gloo. Nodes join (scale-out onto them), one gets a
+preemption notice (scale-in of its rank within the deadline), one is SIGKILLed with its whole
+tree (agent and workers: recovery), and the job that began on node0 and node1 ends on node2 and
+node3. Every switch keeps the state digest; the recovery loses at most the steps since the
+checkpoint. `/metrics` is scraped and `liver status` read while it runs."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from liver.agent.local import start_agent, stop_agent
+from liver.cli import main
+from liver.controller.endpoint import request
+
+
+class Job:
+    def __init__(self, run_dir: Path, *args: str):
+        self.run_dir = run_dir
+        run_dir.mkdir(parents=True, exist_ok=True)
+        self.log = open(run_dir / "controller.log", "ab")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "liver.cli", "controller", "--run-dir", str(run_dir), "--gpus", "2",
+             "--steps", "100000", "--end-after-events", "-1", "--digest", "--ckpt-every", "5",
+             "--set", "controller.agent_timeout_s=4", *args],
+            env=dict(os.environ, OMP_NUM_THREADS="1"), stdout=self.log, stderr=subprocess.STDOUT,
+            start_new_session=True)
+        self.agents: dict[str, subprocess.Popen] = {}
+        end = time.time() + 60
+        while not (run_dir / "control.json").exists():
+            assert self.proc.poll() is None and time.time() < end, self.tail()
+            time.sleep(0.1)
+        info = json.loads((run_dir / "control.json").read_text())
+        self.url, self.token = info["url"], info["token"]
+
+    def agent(self, name: str, *extra: str) -> None:
+        self.agents[name] = start_agent(self.run_dir, name, 1, extra=extra)
+
+    def status(self) -> dict:
+        try:
+            return request(self.url, self.token, "GET", "/status")[1]
+        except OSError:  # (a controller starting again: not listening yet)
+            return {"phase": None, "step": 0, "parallel": None, "nodes": []}
+
+    def wait(self, cond, what: str, timeout: float = 150.0) -> dict:
+        end = time.time() + timeout
+        while time.time() < end:
+            assert self.proc.poll() is None, f"controller exited while waiting for {what}:\n{self.tail()}"
+            s = self.status()
+            if cond(s):
+                return s
+            time.sleep(0.1)
+        raise AssertionError(f"timed out waiting for {what}: {self.status()}\n{self.tail()}")
+
+    def tail(self) -> str:
+        return "\n".join(line for line in (self.run_dir / "controller.log").read_text().splitlines()
+                         if not line.startswith("step:"))[-4000:]
+
+    def close(self) -> None:
+        for p in [self.proc, *self.agents.values()]:
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGKILL)
+                p.wait()
+        self.log.close()
+
+
+def ranks(s: dict) -> int:
+    p = s["parallel"]
+    return p["tp"] * p["pp"] * p["dp"] if p else 0
+
+
+def holders(s: dict) -> set[str]:
+    return {n["node"] for n in s["nodes"] if n["ranks"]}
+
+
+@pytest.mark.timeout(600)
+def test_nodes_join_get_a_notice_and_vanish_and_the_job_moves_across_them(tmp_path):
+    job = Job(tmp_path / "run")
+    try:
+        for name in ("node0", "node1"):
+            job.agent(name, "--notice-file", str(job.run_dir / f"notice-{name}"))
+        s = job.wait(lambda s: s["step"] >= 3, "the first generation")
+        assert holders(s) == {"node0", "node1"}
+        job.agent("node2")  # registers mid-run: on_join "now" scales out onto it
+        job.wait(lambda s: s["phase"] == "stable" and ranks(s) == 3, "the scale-out onto node2")
+        job.agent("node3")
+        s = job.wait(lambda s: s["phase"] == "stable" and ranks(s) == 4, "the scale-out onto node3")
+        assert holders(s) == {"node0", "node1", "node2", "node3"}
+
+        code, text = scrape(job)  # metrics for operators, mid-run
+        assert code == 200
+        assert metric(text, "liver_agents") == 4 and metric(text, "liver_generation_info", ranks="4") == 1
+        assert metric(text, "liver_events_total", kind="scale-out", outcome="done") == 2
+        assert metric(text, "liver_downtime_seconds_count") == 2 and metric(text, "liver_step") >= 3
+
+        (job.run_dir / "notice-node0").write_text("30")  # node0's provider: 30 s to leave
+        s = job.wait(lambda s: s["phase"] == "stable" and ranks(s) == 3 and "node0" not in holders(s),
+                     "the scale-in of node0")
+        assert next(n for n in s["nodes"] if n["node"] == "node0")["notice"]
+        assert main(["status", "--url", job.url, "--token", job.token]) == 0
+
+        os.killpg(job.agents["node1"].pid, signal.SIGKILL)  # node1 vanishes: agent and worker at once
+        s = job.wait(lambda s: s["phase"] == "stable" and holders(s) == {"node2", "node3"} and ranks(s) == 2,
+                     "the recovery on node2 and node3")
+        assert not next(n for n in s["nodes"] if n["node"] == "node1")["up"]
+        step = s["step"]
+        job.wait(lambda s: s["step"] >= step + 3, "training after the recovery")
+        assert request(job.url, job.token, "POST", "/end", {"after": 2})[0] == 202
+        assert job.proc.wait(120) == 0, job.tail()
+        for name, a in job.agents.items():
+            if name != "node1":
+                assert stop_agent(a, 30) == 0, (job.run_dir / f"agent-{name}.log").read_text()[-2000:]
+    finally:
+        job.close()
+    rep = json.loads((job.run_dir / "report.json").read_text())
+    events = rep["events"]
+    kinds = [(e["event"]["kind"], e["status"]) for e in events]
+    assert kinds == [("scale-out", "done"), ("scale-out", "done"), ("scale-in", "done"), ("fail-stop", "recovered")]
+    for e in events[:3]:
+        assert e["digest_before"] == e["digest_after"] and e["digest_after"] is not None
+    assert events[2]["deadline_met"] is True and events[2]["event"]["node"] == "node0"
+    rec = events[3]
+    assert "node node1 lost" in rec["event"]["source"]
+    # at most the steps since the last whole checkpoint (every 5, written beside training: the one
+    # begun last may not be whole yet when the node goes)
+    assert rec["restored_step"] % 5 == 0 and 0 <= rec["lost_steps"] <= 10
+    steps = [s["step"] for s in rep["steps"]]
+    assert steps[-1] > rec["restored_step"] and max(steps) == steps[-1]
+
+
+def scrape(job: Job) -> tuple[int, str]:
+    import urllib.request
+
+    req = urllib.request.Request(job.url + "/metrics", headers={"Authorization": f"Bearer {job.token}"})
+    with urllib.request.urlopen(req, timeout=10) as r:
+        return r.status, r.read().decode()
+
+
+def metric(text: str, name: str, **labels: str) -> float:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    for fam in text_string_to_metric_families(text):
+        for s in fam.samples:
+            if s.name == name and all(s.labels.get(k) == v for k, v in labels.items()):
+                return s.value
+    raise AssertionError(f"{name} {labels} not in the metrics:\n{text[:3000]}")
+
+
+def steps_done(run_dir: Path) -> int:
+    lines = (run_dir / "steps.jsonl").read_text().splitlines()
+    return max((json.loads(x)["step"] for x in lines if x.strip()), default=0)
+
+
+@pytest.mark.timeout(600)
+def test_the_controller_dies_mid_handoff_and_a_new_one_goes_on_with_the_job(tmp_path):
+    """SIGKILL of the controller while a scale-out onto a new node prepares: the workers train on
+    (the store lives in a process of its own), the agents keep their workers; `liver controller
+    --resume` finds the job in its journal, withdraws the handoff no rank committed (or watches the
+    one that was) and does it again: the scale-out completes with its digest kept, nothing lost."""
+    job = Job(tmp_path / "run")
+    try:
+        for name in ("node0", "node1"):
+            job.agent(name)
+        job.wait(lambda s: s["step"] >= 3, "the first generation")
+        job.agent("node2")
+        job.wait(lambda s: s["phase"] in ("prepare", "ready", "switch"), "the scale-out onto node2 to begin")
+        os.killpg(job.proc.pid, signal.SIGKILL)
+        job.proc.wait()
+        before = steps_done(job.run_dir)
+        time.sleep(3.0)
+        assert steps_done(job.run_dir) > before  # training goes on without a controller
+        job.proc = subprocess.Popen([sys.executable, "-m", "liver.cli", "controller", "--resume", str(job.run_dir)],
+                                    env=dict(os.environ, OMP_NUM_THREADS="1"), stdout=job.log,
+                                    stderr=subprocess.STDOUT, start_new_session=True)
+        s = job.wait(lambda s: s["phase"] == "stable" and ranks(s) == 3, "the scale-out after the restart")
+        assert holders(s) == {"node0", "node1", "node2"}
+        assert request(job.url, job.token, "POST", "/end", {"after": 2})[0] == 202
+        assert job.proc.wait(120) == 0, job.tail()
+        for name, a in job.agents.items():
+            assert stop_agent(a, 30) == 0, (job.run_dir / f"agent-{name}.log").read_text()[-2000:]
+    finally:
+        job.close()
+    rep = json.loads((job.run_dir / "report.json").read_text())
+    done = [e for e in rep["events"] if e["status"] == "done"]
+    assert len(done) == 1 and done[0]["event"]["kind"] == "scale-out" and done[0]["new"] == "tp1pp3dp1"
+    assert done[0]["digest_before"] == done[0]["digest_after"] is not None
+    others = [e["status"] for e in rep["events"] if e["status"] != "done"]
+    assert others in ([], ["interrupted by a controller restart; queued again"])
+    assert not any(e["event"]["kind"] == "fail-stop" for e in rep["events"])
+    steps = [s["step"] for s in rep["steps"]]
+    assert steps == sorted(set(steps))  # no step trained twice: nothing was rolled back
+
+
+@pytest.mark.timeout(300)
+def test_liver_run_with_several_nodes_on_this_machine(tmp_path):
+    """`liver run --nodes 2`: two agents on loopback, each a process tree of its own; the job scales
+    out from node0's slot onto node1's, and every agent ends with the job."""
+    events = tmp_path / "events.txt"
+    events.write_text("at step 3: scale-out 2\n")
+    run_dir = tmp_path / "run"
+    rc = main(["run", "--run-dir", str(run_dir), "--nodes", "2", "--slots", "1", "--gpus", "1", "--digest",
+               "--events", str(events), "--end-after-events", "3", "--ckpt-every", "0", "--set",
+               "controller.on_join=never"])
+    assert rc == 0
+    rep = json.loads((run_dir / "report.json").read_text())
+    (ev,) = rep["events"]
+    assert ev["status"] == "done" and ev["digest_before"] == ev["digest_after"]
+    rows = {p["node"] for n in ("node0", "node1") for p in json.loads((run_dir / f"procs-{n}.json").read_text())}
+    assert rows == {"node0", "node1"}  # one process on each node
+    assert all(not p["alive"] for n in ("node0", "node1") for p in json.loads((run_dir / f"procs-{n}.json").read_text()))
+
+
+@pytest.mark.parametrize("args,words", [
+    (["agent", "--token", "t"], "--controller HOST:PORT"),
+    (["agent", "--controller", "127.0.0.1:9"], "--token (or LIVER_TOKEN)"),
+    (["agent", "--controller", "ftp://x:1", "--token", "t"], "controller='ftp://x:1': allowed HOST:PORT"),
+    (["agent", "--controller", "127.0.0.1:9", "--token", "t", "--slots", "-2"], "slots=-2: allowed 1 to 4096"),
+    (["agent", "--controller", "127.0.0.1:9", "--token", "t", "--notice-sigterm", "0"], "--notice-sigterm=0"),
+    (["run", "--nodes", "0"], "--nodes=0: allowed 1 to 64"),
+    (["controller", "--port", "70000"], "controller.port=70000"),
+    (["controller", "--on-join", "often"], "controller.on_join='often'"),
+])
+def test_bad_node_flags_are_refused_naming_the_flag(args, words, capsys, monkeypatch):
+    monkeypatch.delenv("LIVER_TOKEN", raising=False)
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert words in err and "Traceback" not in err

@@ -1,0 +1,211 @@
+"""The pure parts of a job on several nodes, in-process: TP groups placed within nodes, the policy
+for a node that joins, the controller's side of an agent (commands, acknowledgements, exits), the
+job's slot ids, the agent protocol's messages and the endpoint's agent routes."""
+
+import http.client
+import json
+from collections import Counter
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from liver.agent.node import Worker
+from liver.config.fields import from_dict, to_dict
+from liver.controller.decisions import join_total
+from liver.controller.nodes import Nodes, RemoteNode
+from liver.planner.nodes import tp_groups_split, tp_within_nodes
+from liver.protocol.agent import KILLED, NODE_LOST, Exited, Notice, Running, Sync, SyncReply
+from liver.topology import ParallelConfig
+from liver.topology.config import ModelConfig, TrainConfig
+from liver.topology.layout import Layout
+
+
+@st.composite
+def placements(draw):
+    tp = draw(st.sampled_from([1, 2, 4]))
+    dp = draw(st.integers(1, 3))
+    pp = draw(st.integers(1, 2))
+    n = tp * dp * pp
+    procs = draw(st.permutations(list(range(100, 100 + n))))
+    nodes = draw(st.lists(st.sampled_from("abcd"), min_size=n, max_size=n))
+    return tp, dp, pp, list(procs), dict(zip(procs, nodes))
+
+
+def layout_of(tp: int, dp: int, pp: int) -> Layout:
+    model = ModelConfig(num_layers=4, hidden_size=16, num_heads=4, ffn_size=32, vocab_size=64, vocab_multiple=16,
+                        seq_len=8)
+    return Layout(model, ParallelConfig(tp=tp, pp=pp, dp=dp), TrainConfig(global_batch=dp * 2, micro_batch=1),
+                  tp * pp * dp)
+
+
+@settings(max_examples=400, deadline=None)
+@given(placements())
+def test_tp_groups_land_within_nodes_wherever_the_counts_allow(case):
+    tp, dp, pp, placement, node_of = case
+    lay = layout_of(tp, dp, pp)
+    out = tp_within_nodes(lay, placement, node_of)
+    assert sorted(out) == sorted(placement)  # the same processes, one rank each
+    if tp_groups_split(lay, placement, node_of) == 0:
+        assert out == placement  # nothing to mend: unchanged
+    if all(c % tp == 0 for c in Counter(node_of.values()).values()):
+        assert tp_groups_split(lay, out, node_of) == 0
+    for g in lay.all_groups("tp"):  # a group that was whole on one node keeps its processes
+        if len({node_of[placement[r]] for r in g}) == 1:
+            assert [out[r] for r in g] == [placement[r] for r in g]
+    assert tp_groups_split(lay, out, node_of) <= tp_groups_split(lay, placement, node_of)
+
+
+def test_a_split_group_is_mended_with_the_fewest_moves():
+    lay = layout_of(2, 2, 1)  # TP groups (0, 1) and (2, 3)
+    placement = [10, 11, 12, 13]
+    node_of = {10: "a", 11: "b", 12: "a", 13: "b"}  # both groups split
+    out = tp_within_nodes(lay, placement, node_of)
+    assert tp_groups_split(lay, out, node_of) == 0
+    assert sum(a == b for a, b in zip(out, placement)) == 2  # each group kept one of its processes
+
+
+def steps(table):
+    return lambda n: table.get(n)
+
+
+@pytest.mark.parametrize("policy,table,n_now,cap,want", [
+    ("now", {2: 1.0, 3: 0.9, 4: 0.8}, 2, 4, 4),
+    ("now", {2: 1.0, 3: 0.9}, 2, 4, 3),          # 4 is not a valid count: the largest that is
+    ("now", {2: 1.0}, 2, 4, None),                # no larger valid count
+    ("better", {2: 1.0, 4: 1.2}, 2, 4, None),     # slower: stay
+    ("better", {2: 1.0, 4: 0.7}, 2, 4, 4),
+    ("never", {2: 1.0, 4: 0.1}, 2, 4, None),
+    ("now", {2: 1.0, 4: 0.5}, 4, 4, None),        # no more slots than ranks
+])
+def test_join_policy(policy, table, n_now, cap, want):
+    assert join_total(policy, n_now, cap, steps(table)) == want
+
+
+def test_join_policy_refuses_an_unknown_one():
+    with pytest.raises(ValueError, match="controller.on_join='often'"):
+        join_total("often", 2, 4, steps({}))
+
+
+def test_a_remote_node_resends_until_acknowledged_and_reports_each_exit_once():
+    n = RemoteNode("n0", 4, 2)
+    assert n.free_slots() == [4, 5]
+    n.start(7, 4, "joiner", 3)
+    n.start(8, 5, "start", 3)
+    assert n.free_slots() == []
+    first = n.sync(Sync(node="n0"))
+    assert [(c.op, c.proc) for c in first.commands] == [("start", 7), ("start", 8)]
+    again = n.sync(Sync(node="n0", done=1, started=(Running(proc=7, slot=4, role="joiner", generation=3, pid=99),)))
+    assert [c.id for c in again.commands] == [2]  # the first one was carried out
+    assert n.workers[7].pid == 99
+    n.sync(Sync(node="n0", done=2, exited=(Exited(proc=8, returncode=1, tail="boom"),)))
+    n.sync(Sync(node="n0", done=2, exited=(Exited(proc=8, returncode=1, tail="boom"),)))  # (a resent report)
+    out = n.poll()
+    assert [(w.proc, w.returncode) for w in out] == [(8, 1)] and n.poll() == []
+    assert n.log_tail(8) == "boom" and n.free_slots() == [5]
+    n.kill(7)  # killed for the job at once; the agent does it at its next sync
+    assert n.workers[7].returncode == KILLED and n.free_slots() == [4, 5]
+    assert [(c.op, c.proc) for c in n.sync(Sync(node="n0", done=2)).commands] == [("kill", 7)]
+    n.sync(Sync(node="n0", done=3, exited=(Exited(proc=7, returncode=-9),)))
+    assert n.poll() == []  # its exit was the controller's own doing: not reported again
+
+
+def test_a_lost_node_gives_up_its_processes_and_its_slots():
+    nodes = Nodes()
+    a = nodes.add(lambda base: RemoteNode("a", base, 2))
+    b = nodes.add(lambda base: RemoteNode("b", base, 3))
+    assert (a.slot_base, b.slot_base) == (0, 2) and nodes.slots() == [0, 1, 2, 3, 4]
+    nodes.start(0, 3, "start", 0)
+    assert nodes.where(0) == "b" and nodes.free_slots() == [0, 1, 2, 4]
+    gone = b.mark_lost()
+    assert [(w.proc, w.returncode) for w in gone] == [(0, NODE_LOST)]
+    assert nodes.slots() == [0, 1] and nodes.free_slots() == [0, 1]
+    a.notice = Notice(source="SIGTERM", deadline_s=30)
+    assert nodes.slots() == []  # a node with a notice takes no new process
+    with pytest.raises(ValueError, match="node 'a' is already in the job"):
+        nodes.add(lambda base: RemoteNode("a", base, 1))
+    with pytest.raises(KeyError, match="slot 9"):
+        nodes.node_of(9)
+    assert isinstance(nodes.workers[0], Worker)
+
+
+def test_agent_messages_check_their_fields():
+    msg = Sync(node="n", done=3, exited=(Exited(proc=1, returncode=0),), notice=Notice(source="x", deadline_s=2.0))
+    assert from_dict(Sync, json.loads(json.dumps(to_dict(msg))), "sync") == msg
+    with pytest.raises(ValueError, match="sync.done='3': expected an integer"):
+        from_dict(Sync, {"node": "n", "done": "3"}, "sync")
+    with pytest.raises(ValueError, match="sync.extra: no such field"):
+        from_dict(Sync, {"node": "n", "extra": 1}, "sync")
+    with pytest.raises(ValueError, match="command.op='reboot'"):
+        from_dict(SyncReply, {"commands": [{"id": 1, "op": "reboot"}]}, "reply")
+
+
+def test_the_endpoint_serves_agents_over_one_kept_connection(tmp_path):
+    from liver.controller.endpoint import ControlEndpoint
+
+    seen = []
+
+    def agents(what, body):
+        seen.append(what)
+        if body.get("bad"):
+            raise ValueError("sync.bad: no such field")
+        return {"ok": what}
+
+    ep = ControlEndpoint(lambda a: {}, lambda: {}, tmp_path, token="t", agents=agents)
+    try:
+        port = int(ep.url.rsplit(":", 1)[1])
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
+        auth = {"Authorization": "Bearer t", "Content-Type": "application/json"}
+        for i in range(5):
+            conn.request("POST", "/agent/sync", json.dumps({"n": i}), auth)
+            r = conn.getresponse()
+            assert (r.status, json.loads(r.read())) == (200, {"ok": "sync"})
+        conn.request("POST", "/agent/sync", json.dumps({"bad": 1}), auth)
+        r = conn.getresponse()
+        assert r.status == 400 and "sync.bad" in json.loads(r.read())["error"]
+        conn.request("POST", "/agent/sync", "[1, 2", auth)
+        r = conn.getresponse()
+        assert r.status == 400
+        r.read()
+        conn.request("POST", "/agent/register", "{}", {"Authorization": "Bearer nope"})
+        r = conn.getresponse()
+        assert r.status == 401
+        r.read()
+        conn.close()
+        assert seen == ["sync"] * 6
+    finally:
+        ep.close()
+
+
+def test_a_node_restored_from_the_journal_is_reconciled_with_what_its_agent_runs():
+    """The journal had procs 1 and 2 started (commands 1, 2, carried out) and the start of 3
+    (command 3) not yet. The agent, back, runs 2 only and did command 2 last: 1 ended while no
+    controller listened (its exit is reported, code unknown), 3 is still to come, and what the new
+    controller sent before the agent came back (kill 2) follows it."""
+    n = RemoteNode("a", 0, 4)
+    n.start(1, 0, "start", 0)
+    n.start(2, 1, "start", 0)
+    n.sync(Sync(node="a", done=2))
+    n.start(3, 2, "joiner", 1)
+    back = RemoteNode.restored(n.record())
+    assert back.resumed
+    back.kill(2)
+    back.reconcile([Running(proc=2, slot=1, role="start", generation=0, pid=5)], done=2)
+    assert [(w.proc, w.returncode) for w in back.poll()] == [(1, -1)]
+    assert back.workers[3].returncode is None and not back.resumed
+    assert [(c.id, c.op, c.proc) for c in back.commands] == [(3, "start", 3), (4, "kill", 2)]
+
+
+def test_commands_the_journal_never_saw_do_not_swallow_new_ones():
+    """The old controller sent commands 4 and 5 after its last journal write (the agent did them);
+    the new one's first command must come after 5, not be taken for one already done."""
+    n = RemoteNode("a", 0, 4)
+    for p in (1, 2, 3):
+        n.start(p, p - 1, "start", 0)
+    n.sync(Sync(node="a", done=3))
+    back = RemoteNode.restored(n.record())
+    back.kill(3)  # id 4 in the new controller's numbering
+    back.reconcile([Running(proc=p, slot=p - 1, role="start", generation=0, pid=p) for p in (2, 3)], done=5)
+    assert [w.proc for w in back.poll()] == [1]
+    assert [(c.id, c.op, c.proc) for c in back.commands] == [(6, "kill", 3)]
+    assert back.sync(Sync(node="a", done=5)).commands[0].id == 6
