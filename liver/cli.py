@@ -329,6 +329,88 @@ def _bench_boot(args: argparse.Namespace) -> int:
         f"fresh/this: CPU {r['cpu_ratio_fresh_over_this']:.1f}x, wall {r['wall_ratio_fresh_over_this']:.1f}x"))
 
 
+def _sim_run(args: argparse.Namespace) -> int:
+    from liver.sim import engine, sources
+    from liver.sim.models import sim_model
+    from liver.sim.profile import load
+
+    job, prof = sim_model(args.model), load(args.profile)
+    if args.trace:
+        start, changes = sources.from_trace(args.trace, args.gpus_per_node, notice_s=args.notice_s, hours=args.hours)
+    elif args.events:
+        start, changes = args.gpus, sources.from_schedule(args.events, args.gpus)
+    else:
+        start = args.gpus
+        changes = sources.synthetic(args.gpus, prof.node_size, args.interval_min * 60, args.notice_s, args.hours,
+                                    seed=args.seed)
+    policies = list(engine.POLICIES) if args.policy == "all" else [args.policy]
+    rows = [engine.simulate(job, prof, p, start, changes, args.hours).summary() for p in policies]
+    return _print_rows(rows, args.json, lambda r: (
+        f"{r['policy']:<16} goodput {r['goodput']:.4f}  efficiency {r['efficiency']:.4f}  downtime {r['downtime_s']:.1f} s"
+        f"  lost {r['lost_s']:.1f} s  events {r['events']} (fail-stops {r['fail_stops']})"))
+
+
+def _sim_calibrate(args: argparse.Namespace) -> int:
+    from liver.sim import calibrate
+
+    if args.check:
+        ok = calibrate.check(Path(args.results), Path(args.out))
+        print(f"{args.out}: " + (f"what {args.results} gives" if ok else "out of date (liver sim calibrate)"))
+        return 0 if ok else 1
+    data = calibrate.write(Path(args.results), Path(args.out))
+    print(json.dumps(data["profiles"]["h200"]["values"], indent=1))
+    return 0
+
+
+def _sim_validate(args: argparse.Namespace) -> int:
+    from liver.sim import calibrate
+
+    result = calibrate.validate(*calibrate.measurements(Path(args.results)))
+    print(json.dumps(result if args.json else result["summary"], indent=1))
+    return 0
+
+
+def _sim_project(args: argparse.Namespace) -> int:
+    from liver.sim import project
+
+    out = Path(args.out)
+    if args.what == "goodput":
+        result = project.goodput(out, Path(args.traces), model=args.model, gpus=args.gpus, seeds=args.seeds)
+    else:
+        result = getattr(project, args.what)(out)
+    print(json.dumps({k: v for k, v in result.items() if k != "rows"}, indent=1))
+    return 0
+
+
+def _bench_target(args: argparse.Namespace) -> int:
+    from liver.bench.target import run
+
+    lo, _, hi = args.counts.partition("-")
+    result = run(list(range(int(lo), int(hi or lo) + 1)), steps=args.steps,
+                 run_dir=Path(args.run_dir) if args.run_dir else None)
+    print(json.dumps(result, indent=1))
+    return 0
+
+
+def _bench_sim_speed(args: argparse.Namespace) -> int:
+    import time
+
+    from liver.sim import engine, sources
+    from liver.sim.models import sim_model
+    from liver.sim.profile import load
+
+    start, changes = sources.from_trace(args.trace, args.gpus_per_node, hours=8)
+    job, prof = sim_model(args.model), load("h200")
+    t0, c0 = time.perf_counter(), time.process_time()
+    out = engine.simulate(job, prof, "live", start, changes, 8)
+    row = {"trace": args.trace, "gpus_at_peak": max([start] + [c.gpus for c in changes]), "model": args.model,
+           "hours": 8, "changes": len(changes), "wall_s": time.perf_counter() - t0,
+           "cpu_s": time.process_time() - c0, "goodput": out.goodput, "goal_s": 10.0}
+    row["met"] = row["cpu_s"] <= row["goal_s"]
+    print(json.dumps(row, indent=1))
+    return 0 if row["met"] else 1
+
+
 def _bench_heal(args: argparse.Namespace) -> int:
     from liver.bench.heal import run
 
@@ -441,6 +523,41 @@ def main(argv: list[str] | None = None) -> int:
     q.add_argument("--url", default=None)
     q.add_argument("--token", default=None)
     q.set_defaults(fn=_queue)
+    sm = sub.add_parser("sim", help="the calibrated simulator of elastic training (liver/sim)")
+    ssub = sm.add_subparsers(dest="sim", required=True)
+    sr = ssub.add_parser("run", help="one job under a trace, a schedule or a volatility regime, by policy")
+    sr.add_argument("--model", default="14b", help="1b, 3b, 7b, 14b, 30b, 70b, 175b")
+    sr.add_argument("--profile", default="h200", help="h200 (calibrated) or a800-pcie")
+    sr.add_argument("--gpus", type=int, default=32, help="GPUs at the start (schedule, regime)")
+    src2 = sr.add_mutually_exclusive_group()
+    src2.add_argument("--trace", help="a spot trace (time_ms,add|remove,nodeNAME)")
+    src2.add_argument("--events", help="a schedule file (time triggers)")
+    sr.add_argument("--gpus-per-node", type=int, default=1, help="GPUs of a trace's node")
+    sr.add_argument("--interval-min", type=float, default=10.0, help="regime: mean minutes between events")
+    sr.add_argument("--notice-s", type=float, default=120.0, help="a loss's notice (s)")
+    sr.add_argument("--hours", type=float, default=8.0)
+    sr.add_argument("--seed", type=int, default=0)
+    sr.add_argument("--policy", default="all", help="live, restart-storage, restart-memory, dp-only, all")
+    sr.add_argument("--json", action="store_true")
+    sr.set_defaults(fn=_sim_run)
+    sc2 = ssub.add_parser("calibrate", help="fit the H200 profile to bench/results (writes liver/sim/calibration.json)")
+    sc2.add_argument("--results", default="bench/results")
+    sc2.add_argument("--out", default=str(Path(__file__).parent / "sim" / "calibration.json"))
+    sc2.add_argument("--check", action="store_true", help="only check that the file is what the results give")
+    sc2.set_defaults(fn=_sim_calibrate)
+    sv = ssub.add_parser("validate", help="leave-one-out: each measured event against the fit of the others")
+    sv.add_argument("--results", default="bench/results")
+    sv.add_argument("--json", action="store_true", help="every event, not only the summary")
+    sv.set_defaults(fn=_sim_validate)
+    sp = ssub.add_parser("project", help="a projection, JSON and PNG: downtime, prepare or goodput")
+    sp.add_argument("what", choices=["downtime", "prepare", "goodput"])
+    sp.add_argument("--out", required=True)
+    sp.add_argument("--traces", default=str(Path(__file__).resolve().parent.parent.parent / "shared" / "traces" / "bamboo"),
+                    help="the folder of p3-trace.csv and g4dn-trace.csv")
+    sp.add_argument("--model", default="14b", help="goodput: the model")
+    sp.add_argument("--gpus", type=int, default=32, help="goodput: the regimes' GPUs")
+    sp.add_argument("--seeds", type=int, default=5, help="goodput: runs of each regime")
+    sp.set_defaults(fn=_sim_project)
     b = sub.add_parser("bench", help="benchmarks (JSON output)")
     bsub = b.add_subparsers(dest="bench", required=True)
     bp = bsub.add_parser("plan", help="planner speed on GPT-3 175B at 1,024-2,048 ranks")
@@ -508,6 +625,16 @@ def main(argv: list[str] | None = None) -> int:
     bhe.add_argument("--steps", type=int, default=60)
     bhe.add_argument("--run-dir", default=None)
     bhe.set_defaults(fn=_bench_heal)
+    bta = bsub.add_parser("target", help="every valid configuration timed on CPU against the controller's choice")
+    bta.add_argument("--counts", default="2-8", help="process counts, e.g. 2-8")
+    bta.add_argument("--steps", type=int, default=25, help="steps per configuration")
+    bta.add_argument("--run-dir", default=None)
+    bta.set_defaults(fn=_bench_target)
+    bss = bsub.add_parser("sim-speed", help="the simulator's CPU time for an 8-hour trace at 1,024 GPUs")
+    bss.add_argument("--trace", required=True, help="a spot trace (p3: 32 nodes at its peak)")
+    bss.add_argument("--gpus-per-node", type=int, default=32)
+    bss.add_argument("--model", default="70b")
+    bss.set_defaults(fn=_bench_sim_speed)
     args = p.parse_args(argv)
     try:
         return args.fn(args)

@@ -128,7 +128,42 @@ def _heal(d: dict[str, Any]) -> list[str]:
             f"({c['lost_work_s']:.1f} s of work) lost: {c['total_lost_s']:.1f} s against {h['total_lost_s']:.2f} s."]
 
 
+def _sim_validation(d: dict[str, Any]) -> list[str]:
+    s, floor = d["summary"], d["noise_floor_same_event_twice"]
+    parts = [f"{q.removesuffix('_s').replace('_', ' ')} median {v['median_abs_error']:.1%}, worst "
+             f"{v['worst_abs_error']:.0%} ({v['events']} events; the same event measured twice differs by "
+             f"{floor[q]:.1%})" for q, v in s.items()]
+    return ["leave-one-out over the H200 handoffs: " + "; ".join(parts) + "."]
+
+
+def _sim_downtime(d: dict[str, Any]) -> list[str]:
+    rows = [r for r in d["rows"] if r.get("live_downtime_s") is not None and r["gpus"] in (64, 1024)]
+    parts = [f"{r['model']} on {r['gpus']} ({r['profile']}): live {r['live_downtime_s']:.2f} s, restart "
+             f"{r['restart_downtime_s']:.0f} s" for r in rows if r["model"] in ("70b", "175b")]
+    g = d["goal_70b_1024_h200"]
+    return ["; ".join(parts) + f". Goal (70B, 1,024 H200-class GPUs, live at most {g['goal_s']:g} s): "
+            + ("met" if g["met"] else "not met") + "."]
+
+
+def _sim_goodput(d: dict[str, Any]) -> list[str]:
+    out = []
+    for prof in dict.fromkeys(r["profile"] for r in d["rows"]):
+        for regime in ("every 10 min", "bamboo p3", "bamboo g4dn"):
+            rs = {r["policy"]: r for r in d["rows"] if r["profile"] == prof and r["regime"] == regime}
+            if rs:
+                out.append(f"{prof}, {regime}: " + ", ".join(f"{p} {r['goodput']:.1%} (samples {r['efficiency']:.1%})"
+                                                              for p, r in rs.items()))
+    return [f"{d['model']}, {d['gpus']} GPUs, {d['hours']:g} h, notice {d['notice_s']} s: " + "; ".join(out) + "."]
+
+
+def _sim_speed(d: dict[str, Any]) -> list[str]:
+    return [f"an {d['hours']} h trace ({d['changes']} changes, {d['gpus_at_peak']} GPUs at its peak, {d['model']}) "
+            f"in {d['cpu_s']:.1f} s of one core's CPU (goal: {d['goal_s']:g} s)."]
+
+
 RENDER: dict[str, Callable[[Any], list[str]]] = {
+    "sim_validation": _sim_validation, "sim_downtime": _sim_downtime, "sim_goodput": _sim_goodput,
+    "sim_speed": _sim_speed,
     "heal": _heal,
     "compat": _compat, "native_compat": _native_compat,
     "handoffs": _handoffs, "overhead": _overhead, "transfer": _transfer, "cpu_reconfig": _cpu_reconfig,

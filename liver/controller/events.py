@@ -170,18 +170,9 @@ def parse_schedule_text(text: str, path: str) -> list[Event]:
     return events
 
 
-def parse_trace(path: str | Path, *, slots: int, compress: float, notice_s: float = 120.0) -> list[Event]:
-    """A spot trace (``time_ms,add|remove,nodeNAME``) as scale events over ``slots`` local GPUs.
-
-    Time is divided by ``compress``. The node count is mapped proportionally onto the slots
-    (peak of the trace -> all slots, at least one); an event is made only when the local count
-    changes. A removal becomes a scale-in notice ``notice_s`` (compressed) before the node goes
-    (later if the previous event is later: events keep their order); its deadline is the removal.
-    """
-    if not compress > 0 or compress == float("inf"):
-        raise EventError(f"--compress={compress}: allowed a positive factor")
-    if not notice_s >= 0 or notice_s == float("inf"):
-        raise EventError(f"--notice={notice_s}: allowed a non-negative number of seconds")
+def trace_counts(path: str | Path) -> list[tuple[int, int]]:
+    """A spot trace's nodes up over time: (time in ms, nodes up) at each time a line changes it;
+    EventError naming the file and line of a malformed one."""
     up: set[str] = set()
     counts: list[tuple[int, int]] = []  # (time in ms, exact: no float rounding between lines, nodes up)
     for n, raw in enumerate(read_text(path, "trace").splitlines(), 1):
@@ -209,9 +200,25 @@ def parse_trace(path: str | Path, *, slots: int, compress: float, notice_s: floa
             counts.append((t_ms, len(up)))
     if not counts:
         raise EventError(f"{path}: empty trace")
-    peak = max(c for _, c in counts)
-    if peak == 0:
+    if max(c for _, c in counts) == 0:
         raise EventError(f"{path}: no node is ever up (every add is removed at the same instant)")
+    return counts
+
+
+def parse_trace(path: str | Path, *, slots: int, compress: float, notice_s: float = 120.0) -> list[Event]:
+    """A spot trace (``time_ms,add|remove,nodeNAME``) as scale events over ``slots`` local GPUs.
+
+    Time is divided by ``compress``. The node count is mapped proportionally onto the slots
+    (peak of the trace -> all slots, at least one); an event is made only when the local count
+    changes. A removal becomes a scale-in notice ``notice_s`` (compressed) before the node goes
+    (later if the previous event is later: events keep their order); its deadline is the removal.
+    """
+    if not compress > 0 or compress == float("inf"):
+        raise EventError(f"--compress={compress}: allowed a positive factor")
+    if not notice_s >= 0 or notice_s == float("inf"):
+        raise EventError(f"--notice={notice_s}: allowed a non-negative number of seconds")
+    counts = trace_counts(path)
+    peak = max(c for _, c in counts)
     local = [(t / 1000 / compress, max(1, min(slots, math.ceil(c * slots / peak)))) for t, c in counts]
     events, current = [], local[0][1]
     for t, c in local[1:]:

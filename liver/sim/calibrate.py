@@ -1,0 +1,291 @@
+"""Calibration: a profile's parameters fitted to this project's measured runs, and the check of the
+fit on events it did not see.
+
+``measurements(results)`` reads every ``gpu_reconfig.json`` under bench/results that holds live and
+restart events (the handoffs benchmark on H200), the step times of its reports, the planner's speed
+(``plan.json``) and a joiner's boot (``boot.json``). ``fit(events, steps, ...)`` derives each
+parameter by a stated rule: a median of per-event ratios, or least squares on the events (below,
+per parameter). ``validate`` fits on all events but one and predicts that one (leave-one-out):
+its live downtime, transfer, preparation and restart downtime.
+
+    liver sim calibrate [--results bench/results] [--out liver/sim/calibration.json] [--check]
+    liver sim validate [--json]
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import statistics
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from liver.sim.profile import CALIBRATION, GB, H200_CLUSTER
+from liver.topology import ParallelConfig
+
+PEAK_BF16 = {"H200": 989e12, "H100": 989e12, "A100": 312e12, "A800": 312e12}
+# what two GPUs of one host cannot show, stated (README: "Simulator")
+STATED = {
+    "group_growth_s": (0.4, "stated setting: NCCL communicator set-up grows about 0.4 s per doubling of the ranks"),
+    "rendezvous_s_per_rank": (0.002, "stated setting: the store's rendezvous, 2 ms a rank"),
+    "host_bw": (25 * GB, "stated setting: pinned host copies, 25 GB/s a GPU"),
+    "cuda_init_s": (0.0, "measured together with process_start_s (a fresh interpreter's imports and CUDA)"),
+    "inter_bw": (H200_CLUSTER["inter_bw"], "stated setting: 8 x 400 Gb/s NICs a node, 50 GB/s a GPU"),
+    "storage_cap_bw": (H200_CLUSTER["storage_cap_bw"], "stated setting: a 100 GB/s parallel file system"),
+    "dp_overlap": (0.5, "stated setting: half of the gradient all-reduce hidden behind the backward pass"),
+    "node_size": (8, "stated setting: 8 GPUs a node"),
+    "memory_bytes": (141e9, "the H200's memory"),
+    "detect_s": (5.0, "stated setting: a fail-stop noticed within 5 s (heartbeats, collective timeouts)"),
+}
+
+
+@dataclass(frozen=True)
+class Event:
+    """One measured handoff, with its restart counterpart."""
+
+    source: str
+    kind: str
+    params: int
+    old: ParallelConfig
+    new: ParallelConfig
+    downtime_live_s: float
+    transfer_s: float
+    switch_s: float
+    prepare_s: float
+    groups_s: float
+    mock_s: float
+    max_rank_bytes: int
+    downtime_restart_s: float
+    save_s: float
+    load_s: float
+    start_s: float
+    init_s: float
+    fresh: bool            # the restart's processes were fresh interpreters (not forked)
+
+    @property
+    def joiners(self) -> bool:
+        return self.new.world_size > self.old.world_size
+
+
+@dataclass(frozen=True)
+class Step:
+    source: str
+    params: int
+    tokens: int
+    parallel: ParallelConfig
+    step_s: float
+    peak_flops: float
+
+
+def _par(text: str) -> ParallelConfig:
+    """``tp2pp1dp1`` as the reports write it."""
+    t, rest = text[2:].split("pp")
+    p, d = rest.split("dp")
+    return ParallelConfig(tp=int(t), pp=int(p), dp=int(d))
+
+
+def measurements(results: Path) -> tuple[list[Event], list[Step], dict[str, float]]:
+    """Every measured event and step of ``results`` (bench/results), and the direct measurements."""
+    events, steps, direct = [], [], {}
+    for f in sorted(results.glob("*/gpu_reconfig.json")):
+        d = json.loads(f.read_text())
+        if not d.get("events") or "downtime_restart_s" not in d["events"][0] or not d.get("gpus"):
+            continue
+        fresh = "forked" not in f.parent.name
+        for e in d["events"]:
+            events.append(Event(source=f"{f.parent.name}:{e['event']}:{e['old']}->{e['new']}", kind=e["event"],
+                                params=d["params"], old=_par(e["old"]), new=_par(e["new"]),
+                                downtime_live_s=e["downtime_live_s"], transfer_s=e["transfer_s"], switch_s=e["switch_s"],
+                                prepare_s=e["prepare_s"], groups_s=e["groups_s"], mock_s=e["mock_warmup_s"],
+                                max_rank_bytes=e["max_rank_bytes"], downtime_restart_s=e["downtime_restart_s"],
+                                save_s=e["restart_save_s"], load_s=e["restart_load_s"],
+                                start_s=e["restart_process_start_s"], init_s=e["restart_group_init_s"], fresh=fresh))
+        rep = f.parent / "report-live.json"
+        if rep.exists():
+            r = json.loads(rep.read_text())
+            job = r["job"]
+            tokens = job["train"]["global_batch"] * job["model"]["seq_len"]
+            peak = next((v for k, v in PEAK_BF16.items() if k in d["gpus"][0]), None)
+            by: dict[str, list[float]] = {}
+            for s in r["steps"]:
+                by.setdefault(s["parallel"], []).append(s["step_s"])
+            for par, ts in by.items():
+                if len(ts) >= 5 and peak:
+                    steps.append(Step(f.parent.name, d["params"], tokens, _par(par), statistics.median(ts[2:]), peak))
+    plan = results / "cpu-planner-speed" / "plan.json"
+    if plan.exists():
+        rows = json.loads(plan.read_text())
+        direct["plan_s_per_krank"] = statistics.median(r["plan_s"] / (max(r["ranks_old"], r["ranks_new"]) / 1000)
+                                                       for r in rows)
+    boot = results / "cpu-joiner-boot" / "boot.json"
+    if boot.exists():
+        rows = json.loads(boot.read_text())
+        direct["joiner_boot_s"] = next(r["wall_s"] for r in rows if r["start"] != "fresh interpreter")
+    return events, steps, direct
+
+
+def _median(xs: list[float], what: str) -> float:
+    xs = [x for x in xs if math.isfinite(x)]
+    if not xs:
+        raise ValueError(f"calibration: no measured event gives {what}")
+    return statistics.median(xs)
+
+
+def _lsq(xs: list[list[float]], ys: list[float]) -> list[float]:
+    """Least squares of ys on the columns of xs, in relative terms (each row over its y: the
+    small events count as much as the large ones)."""
+    import numpy as np
+
+    a, b = np.asarray(xs, dtype=float), np.asarray(ys, dtype=float)
+    w = 1.0 / np.maximum(np.abs(b), 1e-9)
+    a, b = a * w[:, None], b * w
+    sol, *_ = np.linalg.lstsq(a, b, rcond=None)
+    return [float(v) for v in sol]
+
+
+def state_gb(e: Event) -> float:
+    return e.params * 14 / e.new.world_size / GB
+
+
+def fit(events: list[Event], steps: list[Step], direct: dict[str, float]) -> tuple[dict[str, float], dict[str, str]]:
+    """The profile's values, and where each came from."""
+    v: dict[str, float] = {}
+    src: dict[str, str] = {}
+    # live quantities from the runs of one code version (the fresh-interpreter restart runs;
+    # the forked-restart run is older, its preparation differs: restart quantities only)
+    same = [e for e in events if e.fresh] or events
+    moving = [e for e in same if e.max_rank_bytes > 0 and e.transfer_s > 0]
+    v["intra_bw"] = _median([e.max_rank_bytes / e.transfer_s for e in moving], "a transfer")
+    src["intra_bw"] = "median of the busiest rank's bytes / the measured transfer time"
+    v["switch_fixed_s"] = max(0.0, _median([e.switch_s - e.transfer_s for e in same], "a switch"))
+    src["switch_fixed_s"] = "median of switch time less transfer time"
+    v["first_step_s"] = max(0.0, _median([e.downtime_live_s - e.switch_s for e in moving], "a first step"))
+    src["first_step_s"] = ("median of downtime less switch time where state moved (the new generation's "
+                           "first step: its allocations and first collectives)")
+    joining = [e for e in same if e.joiners]
+    v["group_init_s"] = _median([e.groups_s for e in joining], "a joiner's groups")
+    src["group_init_s"] = "median of a new generation's group set-up with a joiner (2 ranks)"
+    v["mock_s_per_gparam"] = _median([e.mock_s / (e.params / e.new.world_size / 1e9) for e in joining], "a mock warm-up")
+    src["mock_s_per_gparam"] = "median of a joiner's mock warm-up per billion parameters it holds"
+    v["prepare_joiner_s"] = max(0.0, _median([e.prepare_s - e.groups_s - e.mock_s for e in joining], "a joiner's rest"))
+    src["prepare_joiner_s"] = "median of a scale-out's preparation less its groups and mock warm-up"
+    staying = [e for e in same if not e.joiners]
+    base, per_state, per_moved = _lsq([[1.0, state_gb(e), e.max_rank_bytes / GB] for e in staying],
+                                      [e.prepare_s for e in staying])
+    v["prepare_base_s"], v["prepare_s_per_gb"], v["prepare_s_per_moved_gb"] = base, per_state, per_moved
+    src["prepare_base_s"] = src["prepare_s_per_gb"] = src["prepare_s_per_moved_gb"] = (
+        "least squares over the handoffs on the same processes: preparation against a rank's new state and the "
+        "busiest rank's bytes (GB); paced at the companion share, so it is the pace's figure as much as the machine's")
+    total = [e.params * 12 for e in events]
+    fixed, inv_bw = _lsq([[1.0, t / e.old.world_size] for t, e in zip(total, events)], [e.save_s for e in events])
+    v["save_fixed_s"], v["save_bw_per_rank"] = max(0.0, fixed), 1 / inv_bw
+    src["save_fixed_s"] = src["save_bw_per_rank"] = "least squares: save time against the bytes a rank writes (DCP)"
+    fixed, inv_bw = _lsq([[1.0, t / e.new.world_size] for t, e in zip(total, events)], [e.load_s for e in events])
+    v["load_fixed_s"], v["load_bw_per_rank"] = max(0.0, fixed), 1 / inv_bw
+    src["load_fixed_s"] = src["load_bw_per_rank"] = \
+        "least squares: load time against the bytes a rank reads and reshards (DCP)"
+    fresh = [e for e in events if e.fresh]
+    v["process_start_s"] = _median([e.start_s for e in fresh], "a fresh process start")
+    src["process_start_s"] = "median of the restart's process start (fresh interpreters: imports, CUDA)"
+    v["restart_fixed_s"] = max(0.0, _median([e.downtime_restart_s - e.save_s - e.load_s - e.start_s - e.init_s
+                                             for e in events], "a restart's rest"))
+
+    src["restart_fixed_s"] = "median of the restart downtime less its save, load, start and group parts"
+    single = [s for s in steps if s.parallel.world_size == 1]
+    v["mfu"] = _median([6 * s.params * s.tokens / (s.peak_flops * s.step_s) for s in single], "a one-GPU step")
+    src["mfu"] = "median of 6 N tokens / (peak x step time) over one-GPU steps"
+    v["peak_flops"] = steps[0].peak_flops if steps else 989e12
+    src["peak_flops"] = "the GPU's bf16 dense peak"
+    for k in ("plan_s_per_krank", "joiner_boot_s"):
+        if k not in direct:
+            raise ValueError(f"calibration: {k} needs bench/results/"
+                             f"{'cpu-planner-speed/plan.json' if k == 'plan_s_per_krank' else 'cpu-joiner-boot/boot.json'}")
+        v[k] = direct[k]
+    src["plan_s_per_krank"] = "measured: the planner on GPT-3 175B at 1,024 to 2,048 ranks, per 1,000 ranks"
+    src["joiner_boot_s"] = "measured: a joiner forked from the zygote, before its mock world (CPU)"
+    for k, (val, why) in STATED.items():
+        v[k], src[k] = val, why
+    return v, src
+
+
+# ---- prediction and validation --------------------------------------------------------------
+def predict(e: Event, v: dict[str, float]) -> dict[str, float]:
+    """What the fitted values say of a measured event (on its own machine: one node)."""
+    transfer = e.max_rank_bytes / v["intra_bw"]
+    downtime = v["switch_fixed_s"] + transfer + (v["first_step_s"] if e.max_rank_bytes else 0.0)
+    if e.joiners:
+        prepare = v["group_init_s"] + v["mock_s_per_gparam"] * e.params / e.new.world_size / 1e9 + v["prepare_joiner_s"]
+    else:
+        prepare = v["prepare_base_s"] + v["prepare_s_per_gb"] * state_gb(e) + v["prepare_s_per_moved_gb"] * \
+            e.max_rank_bytes / GB
+    total = e.params * 12
+    restart = (v["save_fixed_s"] + total / (e.old.world_size * v["save_bw_per_rank"]) + v["load_fixed_s"]
+               + total / (e.new.world_size * v["load_bw_per_rank"]) + (v["process_start_s"] if e.fresh else e.start_s)
+               + e.init_s + v["restart_fixed_s"])
+    return {"downtime_live_s": downtime, "transfer_s": transfer, "prepare_s": prepare, "downtime_restart_s": restart}
+
+
+def noise_floor(events: list[Event]) -> dict[str, float]:
+    """The same event measured twice in one run (the x2-twice scenario): the median relative
+    difference between the two, per quantity. No model of a single figure can do better."""
+    by: dict[str, list[Event]] = {}
+    for e in events:
+        by.setdefault(e.source, []).append(e)
+    out = {}
+    for q in QUANTITIES:
+        diffs = [abs(getattr(a, q) - getattr(b, q)) / ((getattr(a, q) + getattr(b, q)) / 2)
+                 for pair in by.values() if len(pair) == 2 for a, b in [pair] if getattr(a, q) + getattr(b, q) > 0]
+        out[q] = statistics.median(diffs) if diffs else None
+    return out
+
+
+QUANTITIES = ("downtime_live_s", "transfer_s", "prepare_s", "downtime_restart_s")
+
+
+def validate(events: list[Event], steps: list[Step], direct: dict[str, float]) -> dict[str, Any]:
+    """Leave-one-out: each event predicted by the fit of all the others; relative errors."""
+    rows = []
+    for i, e in enumerate(events):
+        v, _ = fit(events[:i] + events[i + 1:], steps, direct)
+        p = predict(e, v)
+        row = {"event": e.source}
+        for q in QUANTITIES:
+            meas = getattr(e, q)
+            if q == "transfer_s" and e.max_rank_bytes == 0:
+                continue  # nothing moved: no transfer to predict
+            if q != "downtime_restart_s" and not e.fresh:
+                continue  # (the live figures of the older, forked-restart run are not fitted)
+            row[q] = {"measured": meas, "simulated": p[q], "error": (p[q] - meas) / meas if meas else 0.0}
+        rows.append(row)
+    summary = {}
+    for q in QUANTITIES:
+        errs = [abs(r[q]["error"]) for r in rows if q in r]
+        worst = max((r for r in rows if q in r), key=lambda r: abs(r[q]["error"]))
+        summary[q] = {"events": len(errs), "median_abs_error": statistics.median(errs), "worst_abs_error": max(errs),
+                      "worst_event": worst["event"], "within_5pct_median": statistics.median(errs) <= 0.05}
+    return {"method": "leave-one-out over the measured events", "summary": summary,
+            "noise_floor_same_event_twice": noise_floor(events), "events": rows}
+
+
+def calibrate(results: Path) -> dict[str, Any]:
+    events, steps, direct = measurements(results)
+    if not events:
+        raise ValueError(f"{results}: no measured handoffs (*/gpu_reconfig.json with live and restart events)")
+    values, sources = fit(events, steps, direct)
+    return {"profiles": {"h200": {"values": values, "sources": sources,
+                                  "measured_events": [e.source for e in events],
+                                  "measured_steps": len(steps)}}}
+
+
+def write(results: Path, out: Path = CALIBRATION) -> dict[str, Any]:
+    data = calibrate(results)
+    out.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
+    return data
+
+
+def check(results: Path, out: Path = CALIBRATION) -> bool:
+    """The committed file is what the measurements give (a reproducible fit)."""
+    have = json.loads(out.read_text())
+    want = json.loads(json.dumps(calibrate(results), sort_keys=True))
+    return have == want

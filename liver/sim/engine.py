@@ -1,0 +1,346 @@
+"""The job under a stream of GPU changes, for one way of handling them (a ``Policy``), in SimPy.
+
+Between changes the job trains at the step time of its configuration (``costs.step_time``). A
+change is handled as its policy does it, one at a time, in the order they come (a later one
+waits): a notice starts a live handoff's preparation beside training (slower by the steady-state
+overhead), then its pause; a restart pauses for all of its phases; a loss that comes before the
+handoff is ready (or without notice) is a fail-stop: the work since the last checkpoint is lost,
+unless the policy heals from replicas. Periodic checkpoints are taken every ``ckpt_interval_s``.
+
+Goodput (DESIGN.md): useful training time / wall time, counting downtime, lost (rolled-back) work
+and slower steps. ``efficiency``: the samples trained against those an ideal job (no cost to
+change, the best configuration for the GPUs there are at every moment) would have trained; it
+also counts the slower configurations a policy is held to (data-parallel-only resizing).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Iterator
+
+import simpy
+
+from liver.sim import costs
+from liver.sim.profile import Profile
+from liver.sim.sources import Change
+from liver.topology import JobConfig, Layout
+
+TORCHFT_JOIN_STALL_S = 0.46   # measured here (DESIGN.md): torchft's join stall, CPU machine
+TORCHFT_KILL_STALL_S = 1.8    # ... its stall after a SIGKILL, with 2 s heartbeats
+
+
+@dataclass
+class Outcome:
+    policy: str
+    wall_s: float
+    useful_s: float = 0.0
+    samples: float = 0.0
+    ideal_samples: float = 0.0
+    downtime_s: float = 0.0
+    lost_s: float = 0.0
+    slow_s: float = 0.0           # training time lost to the overhead of preparing beside it
+    idle_s: float = 0.0           # no configuration fits the GPUs there are
+    events: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def goodput(self) -> float:
+        return self.useful_s / self.wall_s if self.wall_s else 0.0
+
+    @property
+    def efficiency(self) -> float:
+        return self.samples / self.ideal_samples if self.ideal_samples else 0.0
+
+    def summary(self) -> dict[str, Any]:
+        return {"policy": self.policy, "wall_s": self.wall_s, "goodput": self.goodput, "efficiency": self.efficiency,
+                "useful_s": self.useful_s, "downtime_s": self.downtime_s, "lost_s": self.lost_s, "slow_s": self.slow_s,
+                "idle_s": self.idle_s, "events": len(self.events),
+                "fail_stops": sum(e["kind"] == "fail-stop" for e in self.events)}
+
+
+class Sim:
+    """One run: ``start_gpus`` at time 0, then ``changes``, for ``hours``."""
+
+    def __init__(self, job: JobConfig, prof: Profile, policy: "Policy", start_gpus: int, changes: list[Change],
+                 hours: float, ckpt_interval_s: float = 1800.0, overhead: float = 0.002) -> None:
+        self.job, self.prof, self.policy = job, prof, policy
+        self.changes, self.end = sorted(changes, key=lambda c: c.t), hours * 3600
+        self.avail = start_gpus
+        self.ckpt_interval_s, self.overhead = ckpt_interval_s, overhead
+        self.out = Outcome(policy.name, self.end)
+        self.layout: Layout | None = policy.first(self, start_gpus)
+        self._ckpt = (0.0, 0.0, 0.0)  # (time, useful, samples) at the last checkpoint
+        self._step: dict[Layout, float] = {}
+
+    # ---- time ------------------------------------------------------------------------------
+    def step_s(self, lay: Layout) -> float:
+        if lay not in self._step:
+            self._step[lay] = costs.step_time(self.job, lay, self.prof)
+        return self._step[lay]
+
+    def train(self, env: simpy.Environment, dt: float, rate: float = 1.0) -> Iterator[Any]:
+        """``dt`` of training (at ``rate`` of full speed: a preparation beside it), or idling when
+        no configuration fits."""
+        dt = max(0.0, min(dt, self.end - env.now))
+        if dt <= 0:
+            return
+        if self.layout is None:
+            self.out.idle_s += dt
+        else:
+            t0, u0, s0 = env.now, self.out.useful_s, self.out.samples
+            self.out.useful_s += dt * rate
+            self.out.slow_s += dt * (1 - rate)
+            self.out.samples += dt * rate / self.step_s(self.layout) * self.job.train.global_batch
+            k = self.ckpt_interval_s
+            last = int((t0 + dt) // k) * k  # the last periodic checkpoint in this stretch
+            if last > self._ckpt[0] and last >= t0:
+                f = (last - t0) / dt
+                self._ckpt = (last, u0 + f * (self.out.useful_s - u0), s0 + f * (self.out.samples - s0))
+        yield env.timeout(dt)
+
+    def pause(self, env: simpy.Environment, dt: float) -> Iterator[Any]:
+        dt = max(0.0, min(dt, self.end - env.now))
+        self.out.downtime_s += dt
+        if dt > 0:
+            yield env.timeout(dt)
+
+    def checkpointed(self, env: simpy.Environment) -> None:
+        """The whole state is saved now (a restart's save): nothing before this can be lost."""
+        self._ckpt = (env.now, self.out.useful_s, self.out.samples)
+
+    def roll_back(self) -> float:
+        """A fail-stop: the work since the last checkpoint is lost; returns its training time."""
+        _, u, s = self._ckpt
+        lost = self.out.useful_s - u
+        self.out.lost_s += lost
+        self.out.useful_s, self.out.samples = u, s
+        return lost
+
+    def record(self, env: simpy.Environment, kind: str, **kw: Any) -> None:
+        self.out.events.append({"t": env.now, "kind": kind, "gpus": self.avail,
+                                "config": self.layout.parallel.short() if self.layout else None, **kw})
+
+    # ---- the run ---------------------------------------------------------------------------
+    def _job(self, env: simpy.Environment) -> Iterator[Any]:
+        actions, prev = [], 0.0
+        for c in self.changes:  # a notice comes notice_s before its loss, not before the change before it
+            at = max(c.t - c.notice_s, prev) if c.gpus < self._before(c) else c.t
+            actions.append((at, c))
+            prev = c.t
+        for at, c in actions:
+            if at >= self.end:
+                break
+            if at > env.now:
+                yield from self.train(env, at - env.now)
+            yield from self.policy.handle(self, env, c)
+        yield from self.train(env, self.end - env.now)
+
+    def _before(self, c: Change) -> int:
+        prev = self._counts_before.get(c.t)
+        return prev if prev is not None else c.gpus
+
+    def run(self) -> Outcome:
+        self._counts_before: dict[float, int] = {}
+        n = self.avail
+        for c in self.changes:
+            self._counts_before[c.t] = n
+            n = c.gpus
+        self.out.ideal_samples = self._ideal()
+        env = simpy.Environment()
+        env.process(self._job(env))
+        env.run(until=self.end)
+        return self.out
+
+    def _ideal(self) -> float:
+        t, n, total = 0.0, self.avail, 0.0
+        for c in self.changes + [Change(self.end, 0)]:
+            end = min(c.t, self.end)
+            lay = costs.best_up_to(self.job, n, self.prof)
+            if lay is not None and end > t:
+                total += (end - t) / self.step_s(lay) * self.job.train.global_batch
+            t, n = end, c.gpus
+            if t >= self.end:
+                break
+        return total
+
+
+class Policy:
+    name = "?"
+
+    def first(self, sim: Sim, gpus: int) -> Layout | None:
+        return costs.best_up_to(sim.job, gpus, sim.prof)
+
+    def target(self, sim: Sim, gpus: int) -> Layout | None:
+        return costs.best_up_to(sim.job, gpus, sim.prof)
+
+    def handle(self, sim: Sim, env: simpy.Environment, c: Change) -> Iterator[Any]:
+        """One change, from when the job learns of it (a loss with notice: the notice)."""
+        raise NotImplementedError
+
+    def wait_for_loss(self, sim: Sim, env: simpy.Environment, c: Change) -> Iterator[Any]:
+        """Train on until the GPUs of a loss are gone (its notice came first)."""
+        if c.t > env.now:
+            yield from sim.train(env, c.t - env.now)
+
+    def gone(self, sim: Sim, c: Change) -> bool:
+        """Whether the loss leaves the current configuration without GPUs it uses."""
+        return sim.layout is not None and c.gpus < sim.layout.size
+
+
+class Live(Policy):
+    """LiveR: prepare beside training from the notice, switch in a pause of its downtime; a loss
+    before Ready is a fail-stop, healed from replicas where the configuration has them."""
+
+    name = "live"
+
+    def handle(self, sim: Sim, env: simpy.Environment, c: Change) -> Iterator[Any]:
+        old, tgt = sim.layout, self.target(sim, c.gpus)
+        if c.gpus < sim.avail and not self.gone(sim, c):
+            yield from self.wait_for_loss(sim, env, c)
+            sim.avail = c.gpus
+            return
+        if old is None or tgt is None:
+            yield from self.wait_for_loss(sim, env, c)
+            sim.avail, sim.layout = c.gpus, tgt
+            sim.record(env, "resume" if tgt else "idle")
+            return
+        if tgt.parallel == old.parallel:
+            sim.avail = c.gpus
+            return
+        h = costs.live(sim.job, old.parallel, tgt.parallel, sim.prof)
+        loss = c.gpus < sim.avail
+        if loss and env.now + h.prepare_s > c.t:  # not ready before the GPUs go
+            yield from self.wait_for_loss(sim, env, c)
+            yield from self.fail(sim, env, c, tgt, h)
+            return
+        yield from sim.train(env, h.prepare_s, 1 - sim.overhead)
+        yield from sim.pause(env, h.downtime_s)
+        sim.avail, sim.layout = c.gpus, tgt
+        sim.record(env, "live", downtime_s=h.downtime_s, prepare_s=h.prepare_s, transfer_s=h.transfer_s)
+        if loss:
+            yield from self.wait_for_loss(sim, env, c)
+
+    def fail(self, sim: Sim, env: simpy.Environment, c: Change, tgt: Layout, h: costs.Live) -> Iterator[Any]:
+        old = sim.layout
+        if old.dp > 1:  # the survivors hold a replica of every shard: healed, nothing rolled back
+            dt = sim.prof.detect_s + h.groups_s + h.downtime_s
+            lost = 0.0
+        else:
+            lost = sim.roll_back()
+            dt = sim.prof.detect_s + costs.restart(sim.job, old.parallel, tgt.parallel, sim.prof, save=False).downtime_s
+        yield from sim.pause(env, dt)
+        sim.avail, sim.layout = c.gpus, tgt
+        sim.record(env, "fail-stop", downtime_s=dt, lost_s=lost, healed=old.dp > 1)
+
+
+class Restart(Policy):
+    """Stop and restart through a checkpoint at every change (``memory``: the checkpoint in host
+    memory, resharded over the network; else DCP on storage); at a notice it saves then restarts
+    on the GPUs it will have; a save the loss cuts short falls back to the last periodic one."""
+
+    name = "restart-storage"
+    memory = False
+
+    def handle(self, sim: Sim, env: simpy.Environment, c: Change) -> Iterator[Any]:
+        old, tgt = sim.layout, self.target(sim, c.gpus)
+        if c.gpus < sim.avail and not self.gone(sim, c):
+            yield from self.wait_for_loss(sim, env, c)
+            sim.avail = c.gpus
+            return
+        if old is None or tgt is None or tgt.parallel == old.parallel:
+            yield from self.wait_for_loss(sim, env, c)
+            sim.avail, sim.layout = c.gpus, tgt if old is None or tgt is None else old
+            return
+        r = costs.restart(sim.job, old.parallel, tgt.parallel, sim.prof, memory=self.memory)
+        loss = c.gpus < sim.avail
+        if loss and env.now + r.save_s > c.t:  # the save does not finish before the GPUs go
+            yield from self.wait_for_loss(sim, env, c)
+            lost = sim.roll_back()
+            r = costs.restart(sim.job, old.parallel, tgt.parallel, sim.prof, memory=self.memory, save=False)
+            yield from sim.pause(env, sim.prof.detect_s + r.downtime_s)
+            sim.avail, sim.layout = c.gpus, tgt
+            sim.record(env, "fail-stop", downtime_s=sim.prof.detect_s + r.downtime_s, lost_s=lost)
+            return
+        yield from sim.pause(env, r.downtime_s)
+        sim.checkpointed(env)
+        sim.avail, sim.layout = c.gpus, tgt
+        sim.record(env, "restart", downtime_s=r.downtime_s)
+        if loss:
+            yield from self.wait_for_loss(sim, env, c)
+
+
+class RestartMemory(Restart):
+    name = "restart-memory"
+    memory = True
+
+
+class DataParallelOnly(Policy):
+    """What torchft does: only the replicated dimension changes, live (a stall of its measured
+    size, joiners healed from a peer over the network); TP and PP stay as they began; a count
+    with no whole replica left idles until GPUs come back, and then restarts from the checkpoint."""
+
+    name = "dp-only"
+
+    def first(self, sim: Sim, gpus: int) -> Layout | None:
+        """The most elastic start: the smallest TP x PP whose state fits (the most replicas to
+        lose), the fastest of those on the most replicas the GPUs and the batch allow."""
+        job, prof = sim.job, sim.prof
+        for size in range(1, gpus + 1):
+            pairs = {(c.tp, c.pp) for n in range(size, gpus + 1, size) for c in costs.candidates(job, n)
+                     if c.tp * c.pp == size and costs.rank_state_bytes(job, c) * 1.25 <= prof.memory_bytes}
+            if pairs:
+                opts = [lay for pair in sorted(pairs) if (lay := self._most(sim, gpus, pair)) is not None]
+                lay = max(opts, key=lambda c: (c.size, -costs.step_time(job, c, prof)))
+                self.keep = (lay.tp, lay.pp)
+                return lay
+        self.keep = None
+        return None
+
+    def _most(self, sim: Sim, gpus: int, pair: tuple[int, int]) -> Layout | None:
+        tp, pp = pair
+        for dp in range(gpus // (tp * pp), 0, -1):
+            lay = costs.best(sim.job, dp * tp * pp, sim.prof, keep_tp_pp=pair)
+            if lay is not None:
+                return lay
+        return None
+
+    def target(self, sim: Sim, gpus: int) -> Layout | None:
+        """The most replicas the GPUs hold that the batch allows, TP and PP as they began."""
+        if self.keep is None:
+            return self.first(sim, gpus)
+        return self._most(sim, gpus, self.keep)
+
+    def handle(self, sim: Sim, env: simpy.Environment, c: Change) -> Iterator[Any]:
+        old, tgt = sim.layout, self.target(sim, c.gpus)
+        yield from self.wait_for_loss(sim, env, c)
+        if old is not None and tgt is not None and tgt.parallel == old.parallel:
+            sim.avail = c.gpus
+            return
+        if tgt is None:
+            if old is not None:
+                sim.roll_back()
+            sim.avail, sim.layout = c.gpus, None
+            sim.record(env, "idle")
+            return
+        if old is None:  # whole replicas again: from the checkpoint
+            r = costs.restart(sim.job, tgt.parallel, tgt.parallel, sim.prof, save=False)
+            yield from sim.pause(env, r.downtime_s)
+            sim.avail, sim.layout = c.gpus, tgt
+            sim.record(env, "restart", downtime_s=r.downtime_s)
+            return
+        if tgt.dp > old.dp:  # joiners healed from a live peer
+            dt = TORCHFT_JOIN_STALL_S + costs.rank_state_bytes(sim.job, tgt) / sim.prof.inter_bw
+        else:
+            dt = TORCHFT_JOIN_STALL_S if c.notice_s > 0 else TORCHFT_KILL_STALL_S
+        yield from sim.pause(env, dt)
+        sim.avail, sim.layout = c.gpus, tgt
+        sim.record(env, "dp-resize", downtime_s=dt)
+
+
+POLICIES: dict[str, type[Policy]] = {p.name: p for p in (Live, Restart, RestartMemory, DataParallelOnly)}
+
+
+def simulate(job: JobConfig, prof: Profile, policy: str, start_gpus: int, changes: list[Change], hours: float,
+             **kw: Any) -> Outcome:
+    if policy not in POLICIES:
+        raise ValueError(f"policy={policy!r}: allowed {', '.join(POLICIES)}")
+    return Sim(job, prof, POLICIES[policy](), start_gpus, changes, hours, **kw).run()

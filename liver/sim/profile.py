@@ -1,0 +1,85 @@
+"""A hardware profile: what a phase of a handoff or a restart costs on a class of machines.
+
+``calibration.json`` beside this file holds the profiles fitted to this project's own measured
+runs (``liver sim calibrate``: ``calibrate.py``); every field records where its value came from
+(``sources``): fitted, measured directly, or a stated setting (the link, storage and compute
+figures of a class of machines this project has not run on, and the growth of group set-up with
+the number of ranks, which two GPUs cannot show).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+CALIBRATION = Path(__file__).with_name("calibration.json")
+GB = 1e9
+
+
+@dataclass(frozen=True, kw_only=True)
+class Profile:
+    name: str
+    # a step: roofline at a sustained share of the peak
+    peak_flops: float              # per GPU (bf16 dense)
+    mfu: float                     # the share of the peak a step sustains
+    node_size: int = 8             # GPUs per node
+    memory_bytes: float = 141e9    # per GPU
+    intra_bw: float                # bytes/s a GPU sends to one of its node (NVLink, point to point)
+    inter_bw: float                # bytes/s a GPU sends to another node (its share of the node's NICs)
+    dp_overlap: float = 0.5        # share of the gradient all-reduce hidden behind the backward pass
+    # a live handoff
+    switch_fixed_s: float          # the swap and the cut, beside the transfer
+    first_step_s: float            # the first step on a new generation, extra, where state moved
+    prepare_base_s: float          # building the Shadow World over the same processes
+    prepare_s_per_gb: float        # ... per GB of a rank's new state
+    prepare_s_per_moved_gb: float  # ... per GB the busiest rank receives
+    prepare_joiner_s: float        # a scale-out's preparation beside its groups and mock warm-up
+    joiner_boot_s: float           # a cold joiner forked from the zygote, before its mock world
+    mock_s_per_gparam: float       # its mock-world warm-up, per billion parameters it holds
+    group_init_s: float            # a new generation's communicators with a joiner, at 2 ranks
+    group_growth_s: float          # ... more per doubling of the ranks
+    plan_s_per_krank: float        # the controller's planning, per 1,000 ranks
+    # a restart
+    save_fixed_s: float            # a DCP save's fixed part
+    save_bw_per_rank: float        # bytes/s one rank writes a DCP checkpoint
+    load_fixed_s: float            # a DCP load's fixed part
+    load_bw_per_rank: float        # bytes/s one rank reads (and reshards) one
+    storage_cap_bw: float          # the file system's aggregate bandwidth
+    host_bw: float                 # bytes/s between a GPU and host memory (restart from memory)
+    process_start_s: float         # a fresh interpreter and its imports
+    cuda_init_s: float             # a new process's CUDA context
+    rendezvous_s_per_rank: float   # the store's rendezvous, per rank
+    restart_fixed_s: float         # the rest of a restart: stop, first step, what no part names
+    detect_s: float = 5.0          # a fail-stop noticed (heartbeat, collective timeout)
+    sources: dict[str, str] = field(default_factory=dict, compare=False)
+
+    def replace(self, **kw: Any) -> "Profile":
+        return dataclasses.replace(self, **kw)
+
+
+# The paper's testbed class: A800 PCIe GPUs (312 TFLOP/s bf16, PCIe 4.0 peer copies), 200 Gb/s
+# InfiniBand per node; a shared file system of a few GB/s. Stated settings, not measured here.
+A800_PCIE = {"peak_flops": 312e12, "intra_bw": 20 * GB, "inter_bw": 25 * GB / 8, "storage_cap_bw": 5 * GB,
+             "host_bw": 20 * GB, "node_size": 8, "memory_bytes": 80e9}
+# H200-class cluster links beyond one host: 8 x 400 Gb/s NICs per node (50 GB/s per GPU), a
+# parallel file system of 100 GB/s. Stated settings; the intra-node figures are measured.
+H200_CLUSTER = {"inter_bw": 50 * GB, "storage_cap_bw": 100 * GB}
+
+
+def load(name: str, path: Path = CALIBRATION) -> Profile:
+    """A calibrated profile ("h200"), or one derived from it ("a800-pcie": the testbed class's
+    links, storage and compute with the measured start-up costs)."""
+    data = json.loads(path.read_text())
+    base = data["profiles"]["h200"]
+    if name == "h200":
+        return Profile(name="h200", **base["values"], sources=base["sources"])
+    if name == "a800-pcie":
+        srcs = dict(base["sources"], **{k: "stated setting (A800 PCIe, 200 Gb/s IB)" for k in A800_PCIE})
+        return Profile(name="a800-pcie", **{**base["values"], **A800_PCIE}, sources=srcs)
+    raise ValueError(f"profile={name!r}: allowed 'h200', 'a800-pcie'")
+
+
+PROFILES = ("h200", "a800-pcie")

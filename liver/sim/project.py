@@ -1,0 +1,170 @@
+"""The projections, one call each, JSON and PNG into a folder:
+
+- ``downtime``: live against restart (from storage) for a node lost (8 GPUs, with its notice), by
+  model and job size, on each profile;
+- ``prepare``: a live handoff's preparation (a node lost, a node back) as the job grows, against
+  30 s and 120 s notice windows;
+- ``goodput``: 8 hours at one event every 60, 30 and 10 minutes (synthetic, several seeds) and the
+  Bamboo p3 and g4dn spot traces, for live, restart from storage, restart from memory and
+  data-parallel-only live resizing, each on its best configuration for the GPUs it has.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from pathlib import Path
+from typing import Any
+
+from liver.sim import costs, engine, sources
+from liver.sim.models import sim_model
+from liver.sim.profile import PROFILES, load
+
+MODELS = ("7b", "14b", "30b", "70b", "175b")
+SIZES = (64, 128, 256, 512, 1024)
+GOALS = {"live_downtime_70b_1024_h200_s": 1.5, "goodput_10min": 0.995}
+
+
+def _pair(job, gpus: int, prof):
+    a, b = costs.best_up_to(job, gpus, prof), costs.best_up_to(job, gpus - prof.node_size, prof)
+    return a, b
+
+
+def downtime(out: Path) -> dict[str, Any]:
+    rows = []
+    for pname in PROFILES:
+        prof = load(pname)
+        for m in MODELS:
+            job = sim_model(m)
+            for g in SIZES:
+                a, b = _pair(job, g, prof)
+                if a is None or b is None:
+                    rows.append({"profile": pname, "model": m, "gpus": g, "fits": False})
+                    continue
+                h = costs.live(job, a.parallel, b.parallel, prof)
+                r = costs.restart(job, a.parallel, b.parallel, prof)
+                rows.append({"profile": pname, "model": m, "gpus": g, "old": a.parallel.short(), "new": b.parallel.short(),
+                             "live_downtime_s": h.downtime_s, "live_transfer_s": h.transfer_s,
+                             "restart_downtime_s": r.downtime_s, "ratio": r.downtime_s / h.downtime_s,
+                             "restart_parts_s": {"save": r.save_s, "start": r.start_s, "init": r.init_s,
+                                                 "load": r.load_s, "rest": r.fixed_s}})
+    goal = next((r for r in rows if r["profile"] == "h200" and r["model"] == "70b" and r["gpus"] == 1024), None)
+    result = {"event": "a node (8 GPUs) lost with its notice, each side on its best configuration", "rows": rows,
+              "goal_70b_1024_h200": {"live_downtime_s": goal and goal.get("live_downtime_s"),
+                                     "goal_s": GOALS["live_downtime_70b_1024_h200_s"],
+                                     "met": bool(goal and goal.get("live_downtime_s", 1e9)
+                                                 <= GOALS["live_downtime_70b_1024_h200_s"])}}
+    _plot(out / "downtime.png", rows, "live_downtime_s", "restart_downtime_s", "downtime (s)")
+    _write(out / "downtime.json", result)
+    return result
+
+
+def prepare(out: Path) -> dict[str, Any]:
+    rows = []
+    for pname in PROFILES:
+        prof = load(pname)
+        for m in MODELS:
+            job = sim_model(m)
+            for g in SIZES:
+                a, b = _pair(job, g, prof)
+                if a is None or b is None:
+                    continue
+                lost = costs.live(job, a.parallel, b.parallel, prof)
+                back = costs.live(job, b.parallel, a.parallel, prof)
+                rows.append({"profile": pname, "model": m, "gpus": g, "node_lost_prepare_s": lost.prepare_s,
+                             "node_back_prepare_s": back.prepare_s,
+                             "parts_node_back_s": {"boot": back.boot_s, "mock": back.mock_s, "groups": back.groups_s,
+                                                   "plan": back.plan_s, "build": back.build_s},
+                             "fits_30s": lost.prepare_s <= 30, "fits_120s": lost.prepare_s <= 120})
+    _plot(out / "prepare.png", rows, "node_lost_prepare_s", "node_back_prepare_s", "preparation (s)",
+          hlines=(30, 120))
+    result = {"rows": rows, "windows_s": [30, 120],
+              "all_fit_120s": all(r["fits_120s"] for r in rows), "all_fit_30s": all(r["fits_30s"] for r in rows)}
+    _write(out / "prepare.json", result)
+    return result
+
+
+def goodput(out: Path, traces: Path, model: str = "14b", gpus: int = 32, seeds: int = 5,
+            hours: float = 8.0) -> dict[str, Any]:
+    job, rows = sim_model(model), []
+    for pname in PROFILES:
+        prof = load(pname)
+        regimes: list[tuple[str, list[tuple[int, list[sources.Change]]]]] = [
+            (f"every {m} min", [(gpus, sources.synthetic(gpus, prof.node_size, m * 60, 120, hours, seed=s))
+                                for s in range(seeds)]) for m in (60, 30, 10)]
+        for name in ("p3", "g4dn"):
+            path = traces / f"{name}-trace.csv"
+            if path.exists():
+                regimes.append((f"bamboo {name}", [sources.from_trace(path, 1, notice_s=120, hours=hours)]))
+        for regime, runs in regimes:
+            for pol in engine.POLICIES:
+                outs = [engine.simulate(job, prof, pol, start, ch, hours) for start, ch in runs]
+                gp, ef = [o.goodput for o in outs], [o.efficiency for o in outs]
+                rows.append({"profile": pname, "regime": regime, "policy": pol, "runs": len(outs),
+                             "goodput": statistics.mean(gp), "goodput_min": min(gp), "goodput_max": max(gp),
+                             "efficiency": statistics.mean(ef), "events": statistics.mean(len(o.events) for o in outs),
+                             "downtime_s": statistics.mean(o.downtime_s for o in outs),
+                             "lost_s": statistics.mean(o.lost_s for o in outs),
+                             "fail_stops": statistics.mean(o.summary()["fail_stops"] for o in outs)})
+    ten = [r for r in rows if r["regime"] == "every 10 min" and r["policy"] == "live"]
+    result = {"model": model, "gpus": gpus, "hours": hours, "notice_s": 120, "rows": rows,
+              "goal_10min": {r["profile"]: {"goodput": r["goodput"], "goal": GOALS["goodput_10min"],
+                                            "met": r["goodput"] >= GOALS["goodput_10min"], "fail_stops": r["fail_stops"]}
+                             for r in ten}}
+    _plot_goodput(out / "goodput.png", rows)
+    _write(out / "goodput.json", result)
+    return result
+
+
+def _write(path: Path, data: dict[str, Any]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(data, indent=1) + "\n")
+
+
+def _plot(path: Path, rows, a: str, b: str, ylabel: str, hlines: tuple[float, ...] = ()) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(PROFILES), figsize=(6 * len(PROFILES), 4.2), sharey=True)
+    for ax, pname in zip(axes, PROFILES):
+        for m in MODELS:
+            pts = [r for r in rows if r["profile"] == pname and r["model"] == m and a in r]
+            if not pts:
+                continue
+            line, = ax.plot([r["gpus"] for r in pts], [r[a] for r in pts], marker="o", label=f"{m} {a.split('_')[0]}")
+            ax.plot([r["gpus"] for r in pts], [r[b] for r in pts], marker="x", ls="--", color=line.get_color(),
+                    label=f"{m} {b.split('_')[0]}")
+        for h in hlines:
+            ax.axhline(h, color="grey", lw=0.8)
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_title(pname)
+        ax.set_xlabel("GPUs")
+        ax.set_ylabel(ylabel)
+    axes[-1].legend(fontsize=7, ncol=2)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def _plot_goodput(path: Path, rows) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    regimes = list(dict.fromkeys(r["regime"] for r in rows))
+    fig, axes = plt.subplots(1, len(PROFILES), figsize=(6 * len(PROFILES), 4.2), sharey=True)
+    for ax, pname in zip(axes, PROFILES):
+        for i, pol in enumerate(engine.POLICIES):
+            ys = [next((r["goodput"] for r in rows if r["profile"] == pname and r["regime"] == g and r["policy"] == pol),
+                       0) for g in regimes]
+            ax.bar([k + 0.2 * i for k in range(len(regimes))], ys, width=0.2, label=pol)
+        ax.set_xticks([k + 0.3 for k in range(len(regimes))], regimes, rotation=20, fontsize=8)
+        ax.set_ylim(0.5, 1.0)
+        ax.set_title(pname)
+        ax.set_ylabel("goodput")
+    axes[-1].legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

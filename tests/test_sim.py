@@ -1,0 +1,130 @@
+"""The simulator: invariants over many runs (no negative durations, goodput in [0, 1], live
+downtime never above restart for the same event, the same result for the same seed), its event
+sources refuse bad input with the file and line, and the calibration on a committed fixture gives
+its committed parameters."""
+
+import json
+import statistics
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from liver.controller.events import EventError
+from liver.sim import calibrate, costs, engine, sources
+from liver.sim.models import SIM_MODELS, sim_model
+from liver.sim.profile import PROFILES, load
+
+FIXTURES = Path(__file__).parent / "fixtures"
+
+
+@settings(max_examples=40, deadline=None)
+@given(model=st.sampled_from(["1b", "7b", "14b"]), gpus=st.sampled_from([8, 16, 32, 64]),
+       interval=st.sampled_from([5.0, 20.0, 60.0]), notice=st.sampled_from([0.0, 30.0, 120.0]),
+       seed=st.integers(0, 50), profile=st.sampled_from(PROFILES))
+def test_runs_keep_their_invariants(model, gpus, interval, notice, seed, profile):
+    job, prof = sim_model(model), load(profile)
+    changes = sources.synthetic(gpus, prof.node_size, interval * 60, notice, 2.0, seed=seed)
+    for policy in engine.POLICIES:
+        a = engine.simulate(job, prof, policy, gpus, changes, 2.0)
+        b = engine.simulate(job, prof, policy, gpus, changes, 2.0)
+        assert a.summary() == b.summary()  # deterministic for a seed
+        assert 0.0 <= a.goodput <= 1.0 and 0.0 <= a.efficiency <= 1.0 + 1e-9
+        for v in (a.useful_s, a.downtime_s, a.lost_s, a.slow_s, a.idle_s):
+            assert v >= 0
+        assert a.useful_s + a.downtime_s + a.slow_s + a.idle_s <= a.wall_s + a.lost_s + 1e-6
+        assert all(e.get("downtime_s", 0) >= 0 for e in a.events)
+
+
+@pytest.mark.parametrize("profile", PROFILES)
+@pytest.mark.parametrize("model", ["7b", "14b", "70b"])
+@pytest.mark.parametrize("gpus", [16, 64, 256])
+def test_live_downtime_never_above_restart_and_every_phase_positive(profile, model, gpus):
+    job, prof = sim_model(model), load(profile)
+    a, b = costs.best_up_to(job, gpus, prof), costs.best_up_to(job, gpus - prof.node_size, prof)
+    if a is None or b is None:
+        pytest.skip("the model does not fit")
+    for old, new in ((a, b), (b, a)):
+        h = costs.live(job, old.parallel, new.parallel, prof)
+        for memory in (False, True):
+            r = costs.restart(job, old.parallel, new.parallel, prof, memory=memory)
+            assert h.downtime_s <= r.downtime_s
+            assert min(r.save_s, r.start_s, r.init_s, r.load_s, r.fixed_s) >= 0
+        assert min(h.boot_s, h.mock_s, h.groups_s, h.plan_s, h.build_s, h.switch_s, h.transfer_s, h.first_step_s) >= 0
+
+
+def test_the_step_time_falls_as_gpus_are_added_and_the_presets_span_1b_to_175b():
+    prof = load("h200")
+    assert round(SIM_MODELS["1b"].model.num_params() / 1e9) == 1 and round(SIM_MODELS["175b"].model.num_params() / 1e9) == 175
+    job = sim_model("14b")
+    times = [costs.step_time(job, costs.best_up_to(job, n, prof), prof) for n in (8, 16, 32, 64)]
+    assert times == sorted(times, reverse=True)
+
+
+def test_a_fail_stop_without_replicas_loses_the_work_since_the_checkpoint():
+    job, prof = sim_model("14b"), load("a800-pcie")
+    # a loss with no notice at 1 h 10 min: the checkpoint of 1 h 0 min holds; 10 minutes are lost
+    out = engine.simulate(job, prof, "restart-storage", 32, [sources.Change(4200.0, 24, 0.0)], 2.0)
+    (ev,) = out.events
+    assert ev["kind"] == "fail-stop" and ev["lost_s"] == pytest.approx(600.0, rel=1e-6)
+
+
+def test_trace_and_schedule_sources_refuse_bad_input_with_file_and_line(tmp_path):
+    bad = tmp_path / "t.csv"
+    bad.write_text("0,add,node1\n10,remove,node2\n")
+    with pytest.raises(EventError, match=r"t.csv:2: node2 removed but not up"):
+        sources.from_trace(bad, 8)
+    with pytest.raises(EventError, match="gpus_per_node=0"):
+        sources.from_trace(bad, 0)
+    sched = tmp_path / "s.txt"
+    sched.write_text("at step 4: scale-out 4\n")
+    with pytest.raises(EventError, match=r"s.txt:1: the simulator takes time triggers"):
+        sources.from_schedule(sched, 2)
+    sched.write_text("at 10s: scale-in 1 deadline 5s\nat 20s: scale-out 4\n")
+    assert sources.from_schedule(sched, 2) == [sources.Change(15.0, 1, 5.0), sources.Change(20.0, 4, 0.0)]
+    with pytest.raises(EventError, match="synthetic regime"):
+        sources.synthetic(4, 8, 60, 120, 1)
+
+
+def test_a_spot_trace_becomes_changes_with_its_notice():
+    start, changes = sources.from_trace(Path(__file__).parent.parent.parent / "shared" / "traces" / "bamboo" /
+                                        "p3-trace.csv", 8, notice_s=120, hours=8) \
+        if (Path(__file__).parent.parent.parent / "shared").exists() else (None, None)
+    if start is None:
+        pytest.skip("no ../shared/traces here")
+    assert start % 8 == 0 and all(c.gpus % 8 == 0 for c in changes)
+    assert all((c.notice_s == 120) == (c.gpus < prev) for c, prev in zip(changes, [start] + [c.gpus for c in changes]))
+
+
+def test_calibration_on_the_fixture_reproduces_its_parameters():
+    want = json.loads((FIXTURES / "sim-calibration.json").read_text())
+    got = json.loads(json.dumps(calibrate.calibrate(FIXTURES / "sim-results"), sort_keys=True))
+    assert got == want
+    events, steps, _ = calibrate.measurements(FIXTURES / "sim-results")
+    moving = [e for e in events if e.max_rank_bytes]  # one rule by hand: the link's bandwidth
+    assert got["profiles"]["h200"]["values"]["intra_bw"] == statistics.median(e.max_rank_bytes / e.transfer_s
+                                                                               for e in moving)
+    assert calibrate.check(FIXTURES / "sim-results", FIXTURES / "sim-calibration.json")
+
+
+def test_the_committed_calibration_is_what_bench_results_give():
+    root = Path(__file__).parent.parent
+    assert calibrate.check(root / "bench" / "results")
+
+
+def test_validation_reports_every_quantity_and_the_noise_floor():
+    v = calibrate.validate(*calibrate.measurements(FIXTURES / "sim-results"))
+    assert set(v["summary"]) == set(calibrate.QUANTITIES)
+    for q in calibrate.QUANTITIES:
+        s = v["summary"][q]
+        assert s["median_abs_error"] <= s["worst_abs_error"] and s["events"] > 0
+
+
+def test_bad_simulator_names_are_refused():
+    with pytest.raises(ValueError, match="model='9b'"):
+        sim_model("9b")
+    with pytest.raises(ValueError, match="profile='tpu'"):
+        load("tpu")
+    with pytest.raises(ValueError, match="policy='magic'"):
+        engine.simulate(sim_model("1b"), load("h200"), "magic", 8, [], 1.0)
