@@ -366,7 +366,12 @@ def _sim_validate(args: argparse.Namespace) -> int:
     from liver.sim import calibrate
 
     result = calibrate.validate(*calibrate.measurements(Path(args.results)))
-    print(json.dumps(result if args.json else result["summary"], indent=1))
+    cpu = Path(args.results) / "cpu-target-choice" / "target.json"
+    if cpu.exists():
+        result["target_choice_cpu"] = calibrate.validate_choice(cpu)
+    print(json.dumps(result if args.json else {"summary": result["summary"], "target_choice_cpu": {
+        k: {kk: vv for kk, vv in x.items() if kk != "rows"} for k, x in result.get("target_choice_cpu", {}).items()}},
+        indent=1))
     return 0
 
 

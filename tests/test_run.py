@@ -241,9 +241,12 @@ def test_source_killed_at_the_handoff_recovers_from_the_checkpoint(tmp_path):
                         "--steps", "60", "--end-after-events", "-1", "--ckpt-every", "4")
     wait_for(lambda: (run_dir / "control.json").exists() and len(steps_of(run_dir)) >= 9, what="step 9")
     info = json.loads((run_dir / "control.json").read_text())
-    assert request(info["url"], info["token"], "POST", "/scale", {"action": "scale-in 2 deadline 60s"})[0] == 202
+    # (named: pipeline stages on the 2 left keep the steps slow enough for the poll below to see
+    # Ready, which rank 0 commits at its next boundary)
+    assert request(info["url"], info["token"], "POST", "/scale",
+                   {"action": "scale-in 2 deadline 60s as 1,2,1"})[0] == 202
     wait_for(lambda: request(info["url"], info["token"], "GET", "/status")[1]["phase"] == "ready",
-             what="Ready")
+             what="Ready", timeout=60.0)
     rep, rec = kill_and_recover(run_dir, t, box, proc=0)
     assert rec["status"] == "recovered" and rec["restored_step"] % 4 == 0 and rec["restored_step"] >= 8
     assert rec["lost_steps"] == rec["failed_at_step"] - rec["restored_step"]

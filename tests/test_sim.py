@@ -128,3 +128,11 @@ def test_bad_simulator_names_are_refused():
         load("tpu")
     with pytest.raises(ValueError, match="policy='magic'"):
         engine.simulate(sim_model("1b"), load("h200"), "magic", 8, [], 1.0)
+
+
+def test_the_cpu_step_model_chooses_near_the_fastest_measured_configuration():
+    """Fitted on one model shape's timings, it chooses for the other shape's process counts
+    configurations measured within 25% of the fastest (within 10% in most of them)."""
+    v = calibrate.validate_choice(FIXTURES / "sim-results" / "cpu-target-choice" / "target.json")
+    out = v["fitted_on_the_other_shape"]
+    assert out["cases"] == 12 and out["within_10pct"] >= 8 and out["worst_ratio"] <= 1.3

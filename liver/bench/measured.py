@@ -161,7 +161,17 @@ def _sim_speed(d: dict[str, Any]) -> list[str]:
             f"in {d['cpu_s']:.1f} s of one core's CPU (goal: {d['goal_s']:g} s)."]
 
 
+def _cpu_target(d: dict[str, Any]) -> list[str]:
+    rows = d["rows"]
+    worst = max(rows, key=lambda r: r["chosen_over_fastest"])
+    return [f"{d['cases']} cases (two model shapes, {min(r['processes'] for r in rows)} to "
+            f"{max(r['processes'] for r in rows)} processes, every valid configuration timed): the controller's "
+            f"choice within 10% of the fastest measured in {d['within_10pct']}; worst {d['worst_ratio']:.2f}x "
+            f"({worst['shape']}, {worst['processes']} processes: {worst['chosen']} against {worst['fastest']})."]
+
+
 RENDER: dict[str, Callable[[Any], list[str]]] = {
+    "cpu_target": _cpu_target,
     "sim_validation": _sim_validation, "sim_downtime": _sim_downtime, "sim_goodput": _sim_goodput,
     "sim_speed": _sim_speed,
     "heal": _heal,

@@ -16,9 +16,11 @@ from liver.topology import JobConfig, ParallelConfig
 
 
 def hardware_of(cfg: RunConfig) -> target.Hardware:
-    """What the target choice assumes of a GPU (its memory limit from ``controller.memory_gib``)."""
+    """What the target choice assumes of a GPU: the calibrated profile of the job's backend
+    (CPU processes on gloo), its memory limit from ``controller.memory_gib``."""
     gib = cfg.controller.memory_gib
-    return target.Hardware(memory_bytes=gib * 2**30 if gib is not None else None)
+    return target.Hardware(profile="cpu" if cfg.backend == "gloo" else "h200",
+                           memory_bytes=gib * 2**30 if gib is not None else None)
 
 
 def admit(ev: Event, n_before: int, usable_slots: int, adapter: EngineAdapter, job: JobConfig,

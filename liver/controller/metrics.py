@@ -11,9 +11,12 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING, Any, Iterator
 
-from prometheus_client import CollectorRegistry, generate_latest
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
-from prometheus_client.exposition import CONTENT_TYPE_LATEST
+try:  # (a GPU image without it: the job runs, /metrics says what is missing)
+    from prometheus_client import CollectorRegistry, generate_latest
+    from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
+    from prometheus_client.exposition import CONTENT_TYPE_LATEST
+except ImportError:  # pragma: no cover - the project's own environment has it
+    CollectorRegistry = None
 
 if TYPE_CHECKING:
     from liver.controller.base import Controller
@@ -38,10 +41,14 @@ def _histogram(name: str, doc: str, values: list[float], buckets: tuple[float, .
 class Metrics:
     def __init__(self, ctl: "Controller") -> None:
         self.ctl = ctl
-        self.registry = CollectorRegistry(auto_describe=False)
-        self.registry.register(self)
+        self.registry = None
+        if CollectorRegistry is not None:
+            self.registry = CollectorRegistry(auto_describe=False)
+            self.registry.register(self)
 
     def exposition(self) -> tuple[str, bytes]:
+        if self.registry is None:
+            return "text/plain; charset=utf-8", b"# /metrics needs the prometheus-client package (pip install prometheus-client)\n"
         return CONTENT_TYPE_LATEST, generate_latest(self.registry)
 
     def collect(self) -> Iterator[Any]:

@@ -2,8 +2,11 @@
 
 Candidates are every (tp, pp, dp) with tp*pp*dp = GPUs that the model and batch allow (Layout
 validates). Those whose per-rank state does not fit the memory limit are dropped; the rest are
-ranked by an analytic step-time estimate (compute with the pipeline bubble, TP activation
-all-reduces, DP gradient all-reduce). Ties go to the configuration closest to the current one.
+ranked by the simulator's calibrated step-time model (``liver.sim.costs.step_time``: a roofline
+with the pipeline bubble and the TP and DP all-reduces, and on CPU processes the framework's
+per-layer time and the collectives' round trips), with the profile of the job's backend: "h200"
+for NCCL, "cpu" for gloo (``liver/sim/calibration.json``; ``liver bench target`` checks the
+choice against measurement). Ties go to the configuration closest to the current one.
 """
 
 from __future__ import annotations
@@ -16,11 +19,9 @@ from liver.topology import JobConfig, Layout, ParallelConfig
 
 @dataclass(frozen=True)
 class Hardware:
-    flops: float = 400e12          # sustained per GPU
-    tp_bandwidth: float = 150e9    # bytes/s for TP all-reduce (within a node)
-    dp_bandwidth: float = 50e9     # bytes/s for the DP gradient all-reduce
+    profile: str = "h200"          # the simulator's calibrated profile (liver.sim.profile)
     memory_bytes: float | None = None  # per GPU; None: no limit (CPU)
-    node_slots: int | None = None  # GPUs per node (the smallest); a TP group larger runs over dp_bandwidth
+    node_slots: int | None = None  # GPUs per node (the smallest); a TP group larger crosses nodes
 
 
 def state_bytes_per_rank(adapter: EngineAdapter, job: JobConfig, layout: Layout) -> int:
@@ -29,19 +30,12 @@ def state_bytes_per_rank(adapter: EngineAdapter, job: JobConfig, layout: Layout)
 
 
 def step_time(job: JobConfig, layout: Layout, hw: Hardware) -> float:
-    m, t = job.model, job.train
-    tokens = t.global_batch * m.seq_len
-    compute = 6 * m.num_params() * tokens / (hw.flops * layout.size)
-    micro = layout.num_micro_batches
-    bubble = (micro + layout.pp - 1) / micro
-    act = t.micro_batch * m.seq_len * m.hidden_size * 2
-    tp_bytes = 0.0 if layout.tp == 1 else \
-        4 * m.num_layers / layout.pp * micro * act * 2 * (layout.tp - 1) / layout.tp
-    dp_bytes = 0.0 if layout.dp == 1 else \
-        2 * (layout.dp - 1) / layout.dp * 4 * m.num_params() / (layout.tp * layout.pp)
-    fits = hw.node_slots is None or (layout.tp <= hw.node_slots and hw.node_slots % layout.tp == 0)
-    tp_link = hw.tp_bandwidth if fits else hw.dp_bandwidth  # (a TP group split over nodes)
-    return compute * bubble + tp_bytes / tp_link + dp_bytes / hw.dp_bandwidth
+    from liver.sim import costs, profile
+
+    prof = profile.load(hw.profile)
+    if hw.node_slots is not None:
+        prof = prof.replace(node_size=hw.node_slots)
+    return costs.step_time(job, layout, prof)
 
 
 def candidates(adapter: EngineAdapter, job: JobConfig, gpus: int) -> list[Layout]:

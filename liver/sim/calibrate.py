@@ -268,14 +268,115 @@ def validate(events: list[Event], steps: list[Step], direct: dict[str, float]) -
             "noise_floor_same_event_twice": noise_floor(events), "events": rows}
 
 
+# ---- CPU processes: the controller's target choice on this machine ---------------------------
+CPU_TERMS = ("compute_s_per_flop", "layer_op_s", "tp_latency_s", "dp_latency_s", "p2p_latency_s", "step_fixed_s")
+CPU_CORES = 2  # the machine the target benchmark ran on (bench/results/cpu-target-choice)
+
+
+def _cpu_features(job, lay, cores: int) -> list[float]:
+    """The step-time model's terms for CPU processes (``costs.step_time``), each with a unit
+    coefficient: the fit finds the coefficients."""
+    m, t = job.model, job.train
+    micro = lay.num_micro_batches
+    path = (micro + lay.pp - 1) * m.num_layers / lay.pp
+    share = max(1.0, lay.size / cores)
+    compute = 6 * m.num_params() * t.global_batch * m.seq_len / min(lay.size, cores) * (micro + lay.pp - 1) / micro
+    return [compute, share * path, share * 4 * path * (lay.tp - 1), share * (lay.dp - 1) * (m.num_layers / lay.pp + 2),
+            share * 2 * (micro + lay.pp - 1) * (lay.pp > 1), share]
+
+
+def _nnls(xs: list[list[float]], ys: list[float]) -> list[float]:
+    """Relative least squares with every coefficient kept at 0 or above (terms whose fit goes
+    negative are dropped, and the rest fitted again)."""
+    keep = list(range(len(xs[0])))
+    while True:
+        sol = _lsq([[row[i] for i in keep] for row in xs], ys)
+        if all(v >= 0 for v in sol):
+            out = [0.0] * len(xs[0])
+            for i, v in zip(keep, sol):
+                out[i] = v
+            return out
+        keep.pop(min(range(len(sol)), key=lambda i: sol[i]))
+
+
+def cpu_samples(path: Path) -> list[tuple[str, int, Any, float]]:
+    """(shape, processes, layout, measured step time) of ``liver bench target``'s JSON."""
+    from liver.bench.target import job_of
+    from liver.sim.costs import layout
+
+    out = []
+    for r in json.loads(path.read_text())["rows"]:
+        job = job_of(r["shape"])
+        for par, t in r["measured_step_s"].items():
+            out.append((r["shape"], r["processes"], layout(job, _par(par)), t))
+    return out
+
+
+def fit_cpu(samples) -> tuple[dict[str, float], dict[str, str]]:
+    from liver.bench.target import job_of
+
+    xs = [_cpu_features(job_of(shape), lay, CPU_CORES) for shape, _, lay, _ in samples]
+    coef = _nnls(xs, [t for *_, t in samples])
+    v = dict(zip(CPU_TERMS, coef))
+    per_flop = v.pop("compute_s_per_flop")
+    values = {"cores": CPU_CORES, "peak_flops": 1.0 / per_flop if per_flop > 0 else 1e30, "mfu": 1.0, **v}
+    why = (f"relative least squares (coefficients 0 or more) over {len(samples)} configurations timed by "
+           "liver bench target (bench/results/cpu-target-choice)")
+    return values, {k: why for k in values} | {"cores": "the CPU machine's cores", "mfu": "folded into peak_flops"}
+
+
+def check_choice(samples, values: dict[str, float]) -> list[dict[str, Any]]:
+    """For each (shape, processes): the configuration the model with ``values`` chooses, and its
+    measured step time over the fastest measured."""
+    from liver.bench.target import job_of
+    from liver.sim.costs import step_time
+    from liver.sim.profile import Profile
+
+    h200 = json.loads(CALIBRATION.read_text())["profiles"]["h200"]["values"] if CALIBRATION.exists() else {}
+    prof = Profile(name="cpu", **{**h200, **values}) if h200 else None
+    rows = []
+    for key in dict.fromkeys((s, n) for s, n, _, _ in samples):
+        cands = [(lay, t) for s, n, lay, t in samples if (s, n) == key]
+        job = job_of(key[0])
+        chosen = min(cands, key=lambda c: step_time(job, c[0], prof))
+        fastest = min(cands, key=lambda c: c[1])
+        rows.append({"shape": key[0], "processes": key[1], "chosen": chosen[0].parallel.short(),
+                     "fastest": fastest[0].parallel.short(), "chosen_over_fastest": chosen[1] / fastest[1]})
+    return rows
+
+
+def validate_choice(path: Path) -> dict[str, Any]:
+    """The CPU step-time model's choice against measurement: fitted on every shape (in sample)
+    and fitted on the other shape only (out of sample)."""
+    samples = cpu_samples(path)
+    values, _ = fit_cpu(samples)
+    rows = check_choice(samples, values)
+    out_rows = []
+    for shape in dict.fromkeys(s for s, *_ in samples):
+        held = [x for x in samples if x[0] == shape]
+        other, _ = fit_cpu([x for x in samples if x[0] != shape])
+        out_rows += check_choice(held, other)
+
+    def summary(rs):
+        return {"cases": len(rs), "within_10pct": sum(r["chosen_over_fastest"] <= 1.10 for r in rs),
+                "worst_ratio": max(r["chosen_over_fastest"] for r in rs)}
+    return {"fitted_on_all": {**summary(rows), "rows": rows},
+            "fitted_on_the_other_shape": {**summary(out_rows), "rows": out_rows}}
+
+
 def calibrate(results: Path) -> dict[str, Any]:
     events, steps, direct = measurements(results)
     if not events:
         raise ValueError(f"{results}: no measured handoffs (*/gpu_reconfig.json with live and restart events)")
     values, sources = fit(events, steps, direct)
-    return {"profiles": {"h200": {"values": values, "sources": sources,
-                                  "measured_events": [e.source for e in events],
-                                  "measured_steps": len(steps)}}}
+    out = {"profiles": {"h200": {"values": values, "sources": sources,
+                                 "measured_events": [e.source for e in events],
+                                 "measured_steps": len(steps)}}}
+    cpu = results / "cpu-target-choice" / "target.json"
+    if cpu.exists():
+        cv, cs = fit_cpu(cpu_samples(cpu))
+        out["profiles"]["cpu"] = {"values": cv, "sources": cs}
+    return out
 
 
 def write(results: Path, out: Path = CALIBRATION) -> dict[str, Any]:

@@ -30,17 +30,27 @@ def spans_nodes(ranks: int, prof: Profile) -> bool:
 
 
 def step_time(job: JobConfig, lay: Layout, prof: Profile) -> float:
+    """A step's time: the roofline (compute at the sustained share of the peak with the pipeline
+    bubble, TP and DP all-reduce bytes over their links) and, where the profile has them (CPU
+    processes), the framework's per-layer time and the collectives' round trips along the
+    critical path, all slowed by processes sharing cores."""
     m, t = job.model, job.train
     tokens = t.global_batch * m.seq_len
-    compute = 6 * m.num_params() * tokens / (prof.peak_flops * prof.mfu * lay.size)
+    devices = lay.size if prof.cores is None else min(lay.size, prof.cores)
+    compute = 6 * m.num_params() * tokens / (prof.peak_flops * prof.mfu * devices)
     micro = lay.num_micro_batches
     bubble = (micro + lay.pp - 1) / micro
+    path = (micro + lay.pp - 1) * m.num_layers / lay.pp  # layer micro-steps on the critical path
+    share = 1.0 if prof.cores is None else max(1.0, lay.size / prof.cores)
+    rounds = share * (prof.layer_op_s * path + prof.tp_latency_s * 4 * path * (lay.tp - 1)
+                      + prof.dp_latency_s * (lay.dp - 1) * (m.num_layers / lay.pp + 2) + prof.p2p_latency_s * 2 * (micro + lay.pp - 1) * (lay.pp > 1)
+                      + prof.step_fixed_s)
     act = t.micro_batch * m.seq_len * m.hidden_size * 2
     tp_bytes = 0.0 if lay.tp == 1 else 4 * m.num_layers / lay.pp * micro * act * 2 * (lay.tp - 1) / lay.tp
     tp_bw = prof.intra_bw if lay.tp <= prof.node_size else prof.inter_bw
     dp_bytes = 0.0 if lay.dp == 1 else 2 * (lay.dp - 1) / lay.dp * 2 * m.num_params() / (lay.tp * lay.pp)
     dp_bw = prof.intra_bw if not spans_nodes(lay.size, prof) else prof.inter_bw
-    return compute * bubble + tp_bytes / tp_bw + (1 - prof.dp_overlap) * dp_bytes / dp_bw
+    return compute * bubble + tp_bytes / tp_bw + (1 - prof.dp_overlap) * dp_bytes / dp_bw + rounds
 
 
 def candidates(job: JobConfig, gpus: int) -> list[Layout]:

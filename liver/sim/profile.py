@@ -10,6 +10,7 @@ the number of ranks, which two GPUs cannot show).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,6 +31,13 @@ class Profile:
     intra_bw: float                # bytes/s a GPU sends to one of its node (NVLink, point to point)
     inter_bw: float                # bytes/s a GPU sends to another node (its share of the node's NICs)
     dp_overlap: float = 0.5        # share of the gradient all-reduce hidden behind the backward pass
+    # what a small model's step is made of on CPU processes (0 on GPUs: kernels and bytes dominate)
+    cores: int | None = None       # processes beyond this share the cores (None: a device each)
+    layer_op_s: float = 0.0        # a layer's forward and backward for one micro-batch, framework time
+    tp_latency_s: float = 0.0      # one TP all-reduce's round trip, per extra rank of the group
+    dp_latency_s: float = 0.0      # a gradient all-reduce round trip: per extra replica, per layer of a stage
+    p2p_latency_s: float = 0.0     # one pipeline send or receive
+    step_fixed_s: float = 0.0      # the rest of a step (optimizer, the boundary)
     # a live handoff
     switch_fixed_s: float          # the swap and the cut, beside the transfer
     first_step_s: float            # the first step on a new generation, extra, where state moved
@@ -69,17 +77,22 @@ A800_PCIE = {"peak_flops": 312e12, "intra_bw": 20 * GB, "inter_bw": 25 * GB / 8,
 H200_CLUSTER = {"inter_bw": 50 * GB, "storage_cap_bw": 100 * GB}
 
 
+@functools.lru_cache(maxsize=None)
 def load(name: str, path: Path = CALIBRATION) -> Profile:
-    """A calibrated profile ("h200"), or one derived from it ("a800-pcie": the testbed class's
-    links, storage and compute with the measured start-up costs)."""
+    """A calibrated profile ("h200"; "cpu": the CPU processes of this machine, its step times
+    only), or one derived from H200's ("a800-pcie": the testbed class's links, storage and
+    compute with the measured start-up costs)."""
     data = json.loads(path.read_text())
     base = data["profiles"]["h200"]
     if name == "h200":
         return Profile(name="h200", **base["values"], sources=base["sources"])
+    if name == "cpu" and "cpu" in data["profiles"]:
+        cpu = data["profiles"]["cpu"]
+        return Profile(name="cpu", **{**base["values"], **cpu["values"]}, sources={**base["sources"], **cpu["sources"]})
     if name == "a800-pcie":
         srcs = dict(base["sources"], **{k: "stated setting (A800 PCIe, 200 Gb/s IB)" for k in A800_PCIE})
         return Profile(name="a800-pcie", **{**base["values"], **A800_PCIE}, sources=srcs)
-    raise ValueError(f"profile={name!r}: allowed 'h200', 'a800-pcie'")
+    raise ValueError(f"profile={name!r}: allowed 'h200', 'a800-pcie', 'cpu'")
 
 
-PROFILES = ("h200", "a800-pcie")
+PROFILES = ("h200", "a800-pcie")  # the projections' (cpu: the controller's choice on CPU processes)
