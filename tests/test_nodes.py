@@ -28,7 +28,9 @@ class Job:
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "liver.cli", "controller", "--run-dir", str(run_dir), "--gpus", "2",
              "--steps", "100000", "--end-after-events", "-1", "--digest", "--ckpt-every", "5",
-             "--set", "controller.agent_timeout_s=4", *args],
+             "--set", "controller.agent_timeout_s=4",
+             # (preparation unpaced: nodes are the subject here, the pace has tests of its own)
+             "--companion-share", "0", *args],
             env=dict(os.environ, OMP_NUM_THREADS="1"), stdout=self.log, stderr=subprocess.STDOUT,
             start_new_session=True)
         self.agents: dict[str, subprocess.Popen] = {}
@@ -205,8 +207,8 @@ def test_liver_run_with_several_nodes_on_this_machine(tmp_path):
     events.write_text("at step 3: scale-out 2\n")
     run_dir = tmp_path / "run"
     rc = main(["run", "--run-dir", str(run_dir), "--nodes", "2", "--slots", "1", "--gpus", "1", "--digest",
-               "--events", str(events), "--end-after-events", "3", "--ckpt-every", "0", "--set",
-               "controller.on_join=never"])
+               "--events", str(events), "--end-after-events", "3", "--ckpt-every", "0", "--companion-share", "0",
+               "--set", "controller.on_join=never"])
     assert rc == 0
     rep = json.loads((run_dir / "report.json").read_text())
     (ev,) = rep["events"]

@@ -209,3 +209,21 @@ def test_commands_the_journal_never_saw_do_not_swallow_new_ones():
     assert [w.proc for w in back.poll()] == [1]
     assert [(c.id, c.op, c.proc) for c in back.commands] == [(6, "kill", 3)]
     assert back.sync(Sync(node="a", done=5)).commands[0].id == 6
+
+
+def test_an_agent_with_a_wrong_token_or_a_taken_name_is_refused_in_words(tmp_path):
+    from liver.agent.service import AgentService
+    from liver.controller.endpoint import ControlEndpoint
+
+    def agents(what, body):
+        raise ValueError(f"node {body['node']!r}: a node of that name is in the job with 2 slots; allowed: a name "
+                         "of its own")
+
+    ep = ControlEndpoint(lambda a: {}, lambda: {}, tmp_path, token="right", agents=agents)
+    try:
+        with pytest.raises(ValueError, match="refused the token"):
+            AgentService(ep.url, "wrong", 1, node="n").register()
+        with pytest.raises(ValueError, match="a node of that name is in the job"):
+            AgentService(ep.url, "right", 1, node="n").register()
+    finally:
+        ep.close()

@@ -18,6 +18,9 @@ from pathlib import Path
 from typing import Any, Protocol
 
 
+KILL_WAIT_S = 10.0  # how long a kill waits for the starter's word of the exit
+
+
 class Starter(Protocol):
     """How the agent makes worker processes: ``liver.agent.zygote.ForkedWorkers`` (forked from
     templates that imported everything once) or ``liver.agent.interpreter.FreshInterpreters``."""
@@ -112,7 +115,10 @@ class NodeAgent:
                 os.kill(w.pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
-            w.returncode = self.starter.exit_status(w.pid, None)
+            # its status from the starter (a zygote at idle priority on a busy node may be slow to
+            # say): SIGKILL cannot be ignored, so without word it is taken for killed
+            rc = self.starter.exit_status(w.pid, KILL_WAIT_S)
+            w.returncode = rc if rc is not None else -signal.SIGKILL
             self._write_procs()
 
     def wait(self, procs: list[int], timeout_s: float) -> bool:

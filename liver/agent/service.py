@@ -59,7 +59,7 @@ class Link:
                     raise ControllerGone(f"controller {self.host}:{self.port}: {e}") from None
                 continue
             if r.status == 401:
-                raise PermissionError(f"controller {self.host}:{self.port} refused the token: {reply.get('error')}")
+                raise ValueError(f"controller {self.host}:{self.port} refused the token: {reply.get('error')}")
             if r.status != 200:
                 raise ValueError(f"controller {self.host}:{self.port} {path}: {r.status} {reply.get('error')}")
             return reply
@@ -129,7 +129,7 @@ class AgentService:
                                         "trying again every second")
                 self._stop.wait(1.0)
                 continue
-            except (ValueError, PermissionError) as e:  # the controller refused what it was sent
+            except ValueError as e:  # the controller refused what it was sent
                 logs.PHASES.warning(f"node {self.node}: {e}")
                 self._stop.wait(1.0)
                 continue

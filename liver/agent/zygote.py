@@ -123,8 +123,8 @@ class Zygote:
             os.close(self._req_w)
         except OSError:
             pass
-        try:
-            self.process.wait(timeout=60)  # (still importing, at worst)
+        try:  # a template still importing (an idle-priority one on a busy node: for long) is not waited for
+            self.process.wait(timeout=2)
         except subprocess.TimeoutExpired:
             self.process.kill()
             self.process.wait()
