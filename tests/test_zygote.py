@@ -86,3 +86,18 @@ def test_cold_joiners_fork_from_an_idle_priority_template_ranks_from_a_normal_on
         assert "a.json" in (tmp_path / "a.log").read_text() and "b.json" in (tmp_path / "b.log").read_text()
     finally:
         w.close()
+
+
+def test_a_start_waiting_for_a_template_gives_up_when_the_job_is_interrupted(tmp_path):
+    """Ctrl-C while a joiner's template still imports (at idle priority on a busy node, for long):
+    the waiting start gives up at once, so the controller's loop can stop the job."""
+    import threading
+    import time
+
+    z = Zygote(CPU_PRELOAD, (DEFAULT_ENGINE,))
+    threading.Timer(0.05, z.interrupt).start()
+    t0 = time.time()
+    with pytest.raises(KeyboardInterrupt):
+        z.start(str(tmp_path / "s.json"), {}, str(tmp_path / "w.log"), quiet=True, idle=False, entry=ENTRY)
+    assert time.time() - t0 < 1.5
+    z.close()

@@ -135,6 +135,12 @@ class NodeAgent:
         f = self.run_dir / "logs" / f"proc{proc}.log"
         return f.read_text()[-chars:] if f.exists() else ""
 
+    def interrupt(self) -> None:
+        """From another thread, at a Ctrl-C: a start waiting on the starter gives up."""
+        stop = getattr(self.starter, "interrupt", None)
+        if stop is not None:
+            stop()
+
     def stop_all(self) -> None:
         """Kill every live worker (the agent can start new ones)."""
         for w in self.alive():

@@ -56,6 +56,7 @@ class Zygote:
         self._exits: dict[int, int] = {}  # pid -> exit status
         self._next = 0
         self._gone = False  # the template ended (its pipe closed)
+        self._interrupted = False  # the agent was interrupted (Ctrl-C): a start waiting here gives up
         self._ready = False  # its imports are done
         threading.Thread(target=self._read, name="zygote-replies", daemon=True).start()
 
@@ -97,13 +98,22 @@ class Zygote:
             raise RuntimeError(f"the zygote (pid {self.process.pid}) has ended: "
                                f"exit {self.process.poll()}; its output is on the agent's stderr") from None
         with self._cond:
-            if not self._cond.wait_for(lambda: rid in self._pids or self._gone, START_TIMEOUT_S):
+            if not self._cond.wait_for(lambda: rid in self._pids or self._gone or self._interrupted, START_TIMEOUT_S):
                 raise RuntimeError(f"the zygote (pid {self.process.pid}) did not fork a worker in "
                                    f"{START_TIMEOUT_S:g} s")
+            if rid not in self._pids and self._interrupted:
+                raise KeyboardInterrupt  # (the controller's thread ends the job as Ctrl-C does)
             if rid not in self._pids:
                 raise RuntimeError(f"the zygote (pid {self.process.pid}) ended before it forked: "
                                    f"exit {self.process.poll()}; its output is on the agent's stderr")
             return self._pids.pop(rid)
+
+    def interrupt(self) -> None:
+        """A start waiting for this template (still importing, at idle priority on a busy node)
+        gives up at once: the job is being stopped (Ctrl-C)."""
+        with self._cond:
+            self._interrupted = True
+            self._cond.notify_all()
 
     def exit_status(self, pid: int, timeout_s: float | None = 0.0) -> int | None:
         """The worker's exit status, waiting up to ``timeout_s`` (None: no limit) for it."""
@@ -153,6 +163,11 @@ class ForkedWorkers:
 
     def exit_status(self, pid: int, timeout_s: float | None = 0.0) -> int | None:
         return self._of[pid].exit_status(pid, timeout_s)
+
+    def interrupt(self) -> None:
+        for z in (self.ranks, self.joiners):
+            if z is not None:
+                z.interrupt()
 
     def close(self) -> None:
         for z in (self.ranks, self.joiners):

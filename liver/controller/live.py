@@ -86,6 +86,7 @@ class LiveController(Controller):
                 done.wait(0.2)
             except KeyboardInterrupt:
                 self.interrupted = True  # the loop ends, stopping the workers, and reports
+                self.nodes.interrupt()   # (even one waiting for a zygote still importing)
         if "error" in box:
             raise box["error"]
         return box["report"]

@@ -260,6 +260,14 @@ class Nodes:
         w = self.workers.get(proc)
         return self.node_of(w.slot).name if w is not None else "?"
 
+    def interrupt(self) -> None:
+        """A Ctrl-C (from the caller's thread): a start in this process waiting on a slow starter
+        gives up, so the controller's loop can end the job."""
+        for n in list(self.nodes.values()):
+            stop = getattr(n, "interrupt", None)
+            if stop is not None:
+                stop()
+
     def stop_all(self) -> None:
         for n in list(self.nodes.values()):
             n.stop_all()
