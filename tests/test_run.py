@@ -261,9 +261,12 @@ def test_ctrl_c_ends_the_job_with_one_line_and_its_report(tmp_path):
     import subprocess
     import sys
     run_dir = tmp_path / "run"
+    # (a terminal's foreground job: SIGINT at its default even where this test runs with it ignored,
+    # as a background job of a shell does)
     p = subprocess.Popen([sys.executable, "-m", "liver.cli", "run", "--run-dir", str(run_dir), "--steps", "100000",
                           "--end-after-events", "-1"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                         env=dict(os.environ, OMP_NUM_THREADS="1"), start_new_session=True)
+                         env=dict(os.environ, OMP_NUM_THREADS="1"), start_new_session=True,
+                         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         wait_for(lambda: len(steps_of(run_dir)) > 8, what="steps")
         os.killpg(p.pid, signal.SIGINT)
