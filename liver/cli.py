@@ -11,6 +11,7 @@ from pathlib import Path
 from dataclasses import replace
 
 from liver.config.fields import to_dict
+from liver.sim.commands import _bench_sim_speed, _sim_calibrate, _sim_project, _sim_run, _sim_validate
 
 
 def _bench_plan(args: argparse.Namespace) -> int:
@@ -329,64 +330,6 @@ def _bench_boot(args: argparse.Namespace) -> int:
         f"fresh/this: CPU {r['cpu_ratio_fresh_over_this']:.1f}x, wall {r['wall_ratio_fresh_over_this']:.1f}x"))
 
 
-def _sim_run(args: argparse.Namespace) -> int:
-    from liver.sim import engine, sources
-    from liver.sim.models import sim_model
-    from liver.sim.profile import load
-
-    job, prof = sim_model(args.model), load(args.profile)
-    if args.trace:
-        start, changes = sources.from_trace(args.trace, args.gpus_per_node, notice_s=args.notice_s, hours=args.hours)
-    elif args.events:
-        start, changes = args.gpus, sources.from_schedule(args.events, args.gpus)
-    else:
-        start = args.gpus
-        changes = sources.synthetic(args.gpus, prof.node_size, args.interval_min * 60, args.notice_s, args.hours,
-                                    seed=args.seed)
-    policies = list(engine.POLICIES) if args.policy == "all" else [args.policy]
-    rows = [engine.simulate(job, prof, p, start, changes, args.hours).summary() for p in policies]
-    return _print_rows(rows, args.json, lambda r: (
-        f"{r['policy']:<16} goodput {r['goodput']:.4f}  efficiency {r['efficiency']:.4f}  downtime {r['downtime_s']:.1f} s"
-        f"  lost {r['lost_s']:.1f} s  events {r['events']} (fail-stops {r['fail_stops']})"))
-
-
-def _sim_calibrate(args: argparse.Namespace) -> int:
-    from liver.sim import calibrate
-
-    if args.check:
-        ok = calibrate.check(Path(args.results), Path(args.out))
-        print(f"{args.out}: " + (f"what {args.results} gives" if ok else "out of date (liver sim calibrate)"))
-        return 0 if ok else 1
-    data = calibrate.write(Path(args.results), Path(args.out))
-    print(json.dumps(data["profiles"]["h200"]["values"], indent=1))
-    return 0
-
-
-def _sim_validate(args: argparse.Namespace) -> int:
-    from liver.sim import calibrate
-
-    result = calibrate.validate(*calibrate.measurements(Path(args.results)))
-    cpu = Path(args.results) / "cpu-target-choice" / "target.json"
-    if cpu.exists():
-        result["target_choice_cpu"] = calibrate.validate_choice(cpu)
-    print(json.dumps(result if args.json else {"summary": result["summary"], "target_choice_cpu": {
-        k: {kk: vv for kk, vv in x.items() if kk != "rows"} for k, x in result.get("target_choice_cpu", {}).items()}},
-        indent=1))
-    return 0
-
-
-def _sim_project(args: argparse.Namespace) -> int:
-    from liver.sim import project
-
-    out = Path(args.out)
-    if args.what == "goodput":
-        result = project.goodput(out, Path(args.traces), model=args.model, gpus=args.gpus, seeds=args.seeds)
-    else:
-        result = getattr(project, args.what)(out)
-    print(json.dumps({k: v for k, v in result.items() if k != "rows"}, indent=1))
-    return 0
-
-
 def _bench_target(args: argparse.Namespace) -> int:
     from liver.bench.target import run
 
@@ -395,25 +338,6 @@ def _bench_target(args: argparse.Namespace) -> int:
                  run_dir=Path(args.run_dir) if args.run_dir else None)
     print(json.dumps(result, indent=1))
     return 0
-
-
-def _bench_sim_speed(args: argparse.Namespace) -> int:
-    import time
-
-    from liver.sim import engine, sources
-    from liver.sim.models import sim_model
-    from liver.sim.profile import load
-
-    start, changes = sources.from_trace(args.trace, args.gpus_per_node, hours=8)
-    job, prof = sim_model(args.model), load("h200")
-    t0, c0 = time.perf_counter(), time.process_time()
-    out = engine.simulate(job, prof, "live", start, changes, 8)
-    row = {"trace": args.trace, "gpus_at_peak": max([start] + [c.gpus for c in changes]), "model": args.model,
-           "hours": 8, "changes": len(changes), "wall_s": time.perf_counter() - t0,
-           "cpu_s": time.process_time() - c0, "goodput": out.goodput, "goal_s": 10.0}
-    row["met"] = row["cpu_s"] <= row["goal_s"]
-    print(json.dumps(row, indent=1))
-    return 0 if row["met"] else 1
 
 
 def _bench_heal(args: argparse.Namespace) -> int:

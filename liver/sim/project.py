@@ -25,29 +25,31 @@ SIZES = (64, 128, 256, 512, 1024)
 GOALS = {"live_downtime_70b_1024_h200_s": 1.5, "goodput_10min": 0.995}
 
 
-def _pair(job, gpus: int, prof):
-    a, b = costs.best_up_to(job, gpus, prof), costs.best_up_to(job, gpus - prof.node_size, prof)
-    return a, b
-
-
-def downtime(out: Path) -> dict[str, Any]:
-    rows = []
+def _cases():
+    """Every (profile name, profile, model name, job, GPUs, configuration before and after a node
+    is lost: None where none fits)."""
     for pname in PROFILES:
         prof = load(pname)
         for m in MODELS:
             job = sim_model(m)
             for g in SIZES:
-                a, b = _pair(job, g, prof)
-                if a is None or b is None:
-                    rows.append({"profile": pname, "model": m, "gpus": g, "fits": False})
-                    continue
-                h = costs.live(job, a.parallel, b.parallel, prof)
-                r = costs.restart(job, a.parallel, b.parallel, prof)
-                rows.append({"profile": pname, "model": m, "gpus": g, "old": a.parallel.short(), "new": b.parallel.short(),
-                             "live_downtime_s": h.downtime_s, "live_transfer_s": h.transfer_s,
-                             "restart_downtime_s": r.downtime_s, "ratio": r.downtime_s / h.downtime_s,
-                             "restart_parts_s": {"save": r.save_s, "start": r.start_s, "init": r.init_s,
-                                                 "load": r.load_s, "rest": r.fixed_s}})
+                yield (pname, prof, m, job, g, costs.best_up_to(job, g, prof),
+                       costs.best_up_to(job, g - prof.node_size, prof))
+
+
+def downtime(out: Path) -> dict[str, Any]:
+    rows = []
+    for pname, prof, m, job, g, a, b in _cases():
+        if a is None or b is None:
+            rows.append({"profile": pname, "model": m, "gpus": g, "fits": False})
+            continue
+        h = costs.live(job, a.parallel, b.parallel, prof)
+        r = costs.restart(job, a.parallel, b.parallel, prof)
+        rows.append({"profile": pname, "model": m, "gpus": g, "old": a.parallel.short(), "new": b.parallel.short(),
+                     "live_downtime_s": h.downtime_s, "live_transfer_s": h.transfer_s,
+                     "restart_downtime_s": r.downtime_s, "ratio": r.downtime_s / h.downtime_s,
+                     "restart_parts_s": {"save": r.save_s, "start": r.start_s, "init": r.init_s,
+                                         "load": r.load_s, "rest": r.fixed_s}})
     goal = next((r for r in rows if r["profile"] == "h200" and r["model"] == "70b" and r["gpus"] == 1024), None)
     result = {"event": "a node (8 GPUs) lost with its notice, each side on its best configuration", "rows": rows,
               "goal_70b_1024_h200": {"live_downtime_s": goal and goal.get("live_downtime_s"),
@@ -61,21 +63,16 @@ def downtime(out: Path) -> dict[str, Any]:
 
 def prepare(out: Path) -> dict[str, Any]:
     rows = []
-    for pname in PROFILES:
-        prof = load(pname)
-        for m in MODELS:
-            job = sim_model(m)
-            for g in SIZES:
-                a, b = _pair(job, g, prof)
-                if a is None or b is None:
-                    continue
-                lost = costs.live(job, a.parallel, b.parallel, prof)
-                back = costs.live(job, b.parallel, a.parallel, prof)
-                rows.append({"profile": pname, "model": m, "gpus": g, "node_lost_prepare_s": lost.prepare_s,
-                             "node_back_prepare_s": back.prepare_s,
-                             "parts_node_back_s": {"boot": back.boot_s, "mock": back.mock_s, "groups": back.groups_s,
-                                                   "plan": back.plan_s, "build": back.build_s},
-                             "fits_30s": lost.prepare_s <= 30, "fits_120s": lost.prepare_s <= 120})
+    for pname, prof, m, job, g, a, b in _cases():
+        if a is None or b is None:
+            continue
+        lost = costs.live(job, a.parallel, b.parallel, prof)
+        back = costs.live(job, b.parallel, a.parallel, prof)
+        rows.append({"profile": pname, "model": m, "gpus": g, "node_lost_prepare_s": lost.prepare_s,
+                     "node_back_prepare_s": back.prepare_s,
+                     "parts_node_back_s": {"boot": back.boot_s, "mock": back.mock_s, "groups": back.groups_s,
+                                           "plan": back.plan_s, "build": back.build_s},
+                     "fits_30s": lost.prepare_s <= 30, "fits_120s": lost.prepare_s <= 120})
     _plot(out / "prepare.png", rows, "node_lost_prepare_s", "node_back_prepare_s", "preparation (s)",
           hlines=(30, 120))
     result = {"rows": rows, "windows_s": [30, 120],

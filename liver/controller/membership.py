@@ -1,0 +1,171 @@
+"""The controller's side of its nodes (``liver controller``): agents registering and syncing,
+nodes lost, a node's notice and a node that joins as events, and the journal that lets a
+controller that died go on. A part of ``Controller`` (``base.py``), kept apart: what a job on
+several nodes adds to the one-machine loop."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from liver import logs
+from liver.agent.node import Worker
+from liver.config.fields import from_dict, to_dict
+from liver.controller import journal, storehost, target
+from liver.controller.decisions import join_total
+from liver.controller.events import Event
+from liver.controller.nodes import RemoteNode
+from liver.controller.phases import Phase
+from liver.protocol.agent import Register, Registered, Sync, SyncReply
+
+
+class NodeMembership:
+    # ---- the journal (``liver controller``) -------------------------------------------------
+    def _journal(self, force: bool = False) -> None:
+        """The controller's state to the run directory when it changed (and, every second, that
+        it is alive to the store's own process)."""
+        if self.store_pid is None:
+            return
+        now = time.time()
+        if now - self._alive_said > 1.0:
+            self.store.set(storehost.ALIVE_KEY, str(now))
+            self._alive_said = now
+        with self.nodes.lock:
+            nodes = [n for n in self.nodes.nodes.values() if isinstance(n, RemoteNode)]
+            mark = (self.phase, self.gen, len(self.records), tuple(e.describe() for e in self.queue), self.end_at,
+                    self._ending, tuple(self._joined), tuple(self._noticed), self.nodes._next_proc,
+                    tuple((n.name, n.lost, n.notice is not None, n._next, len(n.workers),
+                           sum(w.returncode is None for w in n.workers.values())) for n in nodes))
+            if mark == self._journaled and not force:
+                return
+            state = {k: getattr(self, k) for k in self.JOURNALED}
+            state.update(queue=list(self.queue), cfg=self.cfg, mode=self.mode, token=self.endpoint.token if self.endpoint
+                         else self.token, url=self.endpoint.url if self.endpoint else None, store_pid=self.store_pid,
+                         store_addr=self.store_addr, next_proc=self.nodes._next_proc, next_slot=self.nodes._next_slot,
+                         nodes=[n.record() for n in nodes])
+        journal.write(self.run_dir, state)
+        self._journaled = mark
+
+    def _restore(self, state: dict[str, Any]) -> None:
+        for k in self.JOURNALED:
+            setattr(self, k, state[k])
+        if self.current is not None:  # (its CPU count starts again in this process)
+            self.current.cpu0 = time.thread_time()
+        self.queue.extend(state["queue"])
+        self.token, self._url = state["token"], state["url"]
+        self.nodes._next_proc, self.nodes._next_slot = state["next_proc"], state["next_slot"]
+        for rec in state["nodes"]:
+            node = RemoteNode.restored(rec)
+            self.nodes.nodes[node.name] = node
+            self.nodes.workers.update(node.workers)
+
+    def _resume_phase(self) -> None:
+        """What a controller that came back does first about the phase it was in (the mode's)."""
+
+    # ---- nodes ---------------------------------------------------------------------------
+    def agent_request(self, what: str, body: dict[str, Any]) -> dict[str, Any]:
+        """A node agent's message (the endpoint's threads): ``register`` or ``sync``."""
+        if what == "register":
+            return to_dict(self._register(from_dict(Register, body, "register")))
+        msg = from_dict(Sync, body, "sync")
+        node = self.nodes.nodes.get(msg.node)
+        if not isinstance(node, RemoteNode) or node.lost or node.resumed:
+            if isinstance(node, RemoteNode):
+                node.last_seen = time.time()  # (alive: it registers again at once)
+            return to_dict(SyncReply(registered=False))
+        return to_dict(node.sync(msg))
+
+    def _register(self, msg: Register) -> Registered:
+        with self.nodes.lock:
+            old = self.nodes.nodes.get(msg.node)
+            if isinstance(old, RemoteNode) and not old.lost and old.slots == msg.slots:
+                node = old  # the same agent, back (it lost its controller, or a reply)
+                node.reconcile(msg.workers, msg.done)
+            else:
+                if old is not None:  # declared lost before: it comes back as a new node
+                    if not isinstance(old, RemoteNode) or not old.lost:
+                        raise ValueError(f"node {msg.node!r}: a node of that name is in the job with "
+                                         f"{old.slots} slots; allowed: a name of its own")
+                    self.nodes.nodes.pop(msg.node)
+                node = self.nodes.add(lambda base: RemoteNode(msg.node, base, msg.slots, msg.host))
+                for r in msg.workers:  # processes of a generation it was declared lost from
+                    node.workers[r.proc] = Worker(r.proc, r.slot, r.role, r.generation, r.pid, time.time())
+                    node.kill(r.proc)
+                self._joined.append(node.name)
+        self.phase_log("node", node=msg.node, host=msg.host, slots=list(range(node.slot_base, node.slot_base + node.slots)))
+        return Registered(node=node.name, slot_base=node.slot_base, base_spec=self.base_spec,
+                          starter=self.starter(self.cfg.backend, self.cfg.engine))
+
+    def _await_shutdown(self, timeout_s: float = 5.0) -> None:
+        """The agents' acknowledgement of the job's end (their next sync), so they end too."""
+        end = time.time() + timeout_s
+        while time.time() < end and any(isinstance(n, RemoteNode) and not n.lost and n.commands
+                                        for n in self.nodes.nodes.values()):
+            time.sleep(0.05)
+
+    def _await_nodes(self) -> None:
+        """Until the nodes that registered give the job its first GPUs (at once on this machine)."""
+        end, said = time.time() + self.cfg.controller.prepare_timeout_s, False
+        while len(self.nodes.free_slots()) < self.cfg.gpus:
+            if self.interrupted:
+                raise KeyboardInterrupt
+            if time.time() > end:
+                from liver.controller.base import ControllerError
+                raise ControllerError(f"gpus={self.cfg.gpus}: only {len(self.nodes.free_slots())} slots registered "
+                                      f"within controller.prepare_timeout_s={self.cfg.controller.prepare_timeout_s:g} s")
+            if not said:
+                logs.PHASES.info(f"waiting for node agents with {self.cfg.gpus} slots "
+                                 f"(liver agent --controller {self.endpoint.url if self.endpoint else '?'})")
+                said = True
+            time.sleep(0.05)
+        self._joined.clear()  # (the first generation places itself on them)
+
+    def _watch_nodes(self) -> None:
+        """A node gone silent is a fail-stop of its ranks; a notice a node received is a scale-in of
+        its ranks; a node that joined offers its slots (``controller.on_join``)."""
+        now, limit = time.time(), self.cfg.controller.agent_timeout_s
+        for n in list(self.nodes.nodes.values()):
+            if not isinstance(n, RemoteNode) or n.lost:
+                continue
+            if now - n.last_seen > limit:
+                gone = n.mark_lost()
+                self.phase_log("node-lost", node=n.name, silent_s=round(now - n.last_seen, 1),
+                               procs=[w.proc for w in gone])
+                self._exits(gone)
+            elif n.notice is not None and n.name not in self._noticed:
+                self._noticed.add(n.name)
+                self._node_notice(n)
+        while self._joined and self.phase is Phase.STABLE and self.active is not None:
+            self._node_joined(self._joined.pop(0))
+
+    def _node_notice(self, n: RemoteNode) -> None:
+        held = [p for p in self.active.procs if self.nodes.node_of(self.slot_of[p]) is n] if self.active else []
+        ev = Event(kind="scale-in", gpus=len(self.active.procs) - len(held) if self.active else 0,
+                   deadline_s=n.notice.deadline_s, source=f"node {n.name} ({n.notice.source})", node=n.name)
+        ev.arrived = time.time()
+        self.phase_log("notice", node=n.name, source=n.notice.source, deadline_s=n.notice.deadline_s, procs=held)
+        with self.lock:
+            if held:
+                self.queue.appendleft(ev)  # (ahead of anything queued: the provider does not wait)
+            else:
+                self.records.append({"event": ev.to_dict(), "status": "done: the node held no rank"})
+
+    def _node_joined(self, name: str) -> None:
+        n_now = self._projected_gpus()
+
+        def step_s(n: int) -> float | None:
+            try:
+                p = target.choose(self.adapter, self.job, n, self.hardware)
+            except ValueError:
+                return None
+            return target.step_time(self.job, self.adapter.layout(self.job, p), self.hardware)
+
+        total = join_total(self.cfg.controller.on_join, n_now, self.capacity(), step_s)
+        if total is None:
+            self.phase_log("node-idle", node=name, policy=self.cfg.controller.on_join, gpus=n_now)
+            return
+        ev = Event(kind="scale-out", gpus=total, source=f"node {name} joined")
+        ev.arrived = time.time()
+        with self.lock:
+            self.queue.append(ev)
+
