@@ -349,6 +349,18 @@ def _bench_heal(args: argparse.Namespace) -> int:
     return 0 if result["digests_equal"] else 1
 
 
+def _bench_soak(args: argparse.Namespace) -> int:
+    from liver.bench.soak import run
+
+    result = run(events=args.events, seed=args.seed, slots=args.slots, ckpt_every=args.ckpt_every,
+                 run_dir=Path(args.run_dir) if args.run_dir else None)
+    text = json.dumps(result, indent=1)
+    if args.out:
+        Path(args.out).write_text(text + "\n")
+    print(json.dumps({k: v for k, v in result.items() if k != "driver"}, indent=1))
+    return 0 if result["ok"] else 1
+
+
 def _job_flags(r: argparse.ArgumentParser) -> None:
     """The flags of a job (`liver run`, `liver controller`)."""
     r.add_argument("--config", default=None, metavar="FILE", help="a job file (TOML, see configs/)")
@@ -554,6 +566,15 @@ def main(argv: list[str] | None = None) -> int:
     bhe.add_argument("--steps", type=int, default=60)
     bhe.add_argument("--run-dir", default=None)
     bhe.set_defaults(fn=_bench_heal)
+    bso = bsub.add_parser("soak", help="random events (every kind, kills, hangs, notices, overlaps) on a CPU job, "
+                                       "checked for digest parity and step continuity")
+    bso.add_argument("--events", type=int, default=100)
+    bso.add_argument("--seed", type=int, default=1)
+    bso.add_argument("--slots", type=int, default=4, help="processes the job may use")
+    bso.add_argument("--ckpt-every", type=int, default=5)
+    bso.add_argument("--run-dir", default=None)
+    bso.add_argument("--out", default=None, metavar="FILE", help="the whole result, with the driver's log, as JSON")
+    bso.set_defaults(fn=_bench_soak)
     bta = bsub.add_parser("target", help="every valid configuration timed on CPU against the controller's choice")
     bta.add_argument("--counts", default="2-8", help="process counts, e.g. 2-8")
     bta.add_argument("--steps", type=int, default=25, help="steps per configuration")

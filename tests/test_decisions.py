@@ -2,7 +2,10 @@
 
 from hypothesis import given, strategies as st
 
-from liver.controller.decisions import EndState, NoticeAction, job_finished, on_notice
+import pytest
+
+from liver.controller.decisions import (PATH_MARGIN, EndState, NoticeAction, ScaleInPath, job_finished, on_notice,
+                                       scale_in_path)
 
 KINDS = [None, "scale-out", "scale-in", "reshape"]
 
@@ -19,6 +22,27 @@ def test_a_notice_cuts_short_only_a_pending_scale_out(pending, notice, gpus, act
         assert a is NoticeAction.DROP_THEN_BEGIN
     else:
         assert a is NoticeAction.DROP
+
+
+@given(left=st.one_of(st.none(), st.floats(-10, 100)), predicted=st.floats(0, 100), replicas=st.booleans())
+def test_a_scale_in_takes_the_fastest_path_that_keeps_the_state(left, predicted, replicas):
+    path = scale_in_path(left, predicted, replicas)
+    if left is None or predicted * PATH_MARGIN <= left:
+        assert path is ScaleInPath.LIVE  # the handoff fits (with room): nothing is lost, the pause is shortest
+    elif replicas:
+        assert path is ScaleInPath.DROP  # the survivors already hold everything: no transfer to wait for
+    else:
+        assert path is ScaleInPath.RUSH  # state only the leaving ranks hold: move it, as early as possible
+    # a longer deadline never makes the path worse; a slower handoff never makes it better
+    if left is not None:
+        assert scale_in_path(left + 1, predicted, replicas) is ScaleInPath.LIVE or path is not ScaleInPath.LIVE
+        assert scale_in_path(left, predicted + 1, replicas) is path or path is ScaleInPath.LIVE
+
+
+def test_a_path_from_a_bad_prediction_is_refused():
+    for bad in ({"predicted_s": -1.0}, {"predicted_s": 1.0, "margin": 0.5}):
+        with pytest.raises(ValueError, match="allowed"):
+            scale_in_path(1.0, survivors_hold_all=True, **bad)
 
 
 @given(step=st.integers(0, 30), steps=st.integers(1, 30), end_at=st.integers(0, 30),

@@ -23,9 +23,11 @@ from typing import Any
 import torch.distributed.checkpoint as dcp
 
 from liver.checkpoint.dcp import _state_dict
+from liver.host import faults
 from liver.engine.interface import TrainingEngine as Engine
 
 LATEST = "latest.json"
+log = logging.getLogger("liver.checkpoint")
 
 
 def checksum(path: str | Path) -> str:
@@ -64,12 +66,36 @@ def latest(directory: str | Path, verify: bool = False) -> dict[str, Any] | None
     return None
 
 
+def _why(e: BaseException) -> str:
+    """A failed write's cause in one line: DCP gathers every rank's (rank: its exception)."""
+    failures = getattr(e, "failures", None)
+    if isinstance(failures, dict) and failures:
+        return "; ".join(f"rank {r}: {type(x[0]).__name__}: {x[0]}" for r, x in sorted(failures.items()))[:300]
+    return f"{type(e).__name__}: {e}"[:300]
+
+
+class _Writer(dcp.FileSystemWriter):
+    """DCP's file writer, with the fault matrix's full disk (``liver.host.faults``: "disk-full")
+    at the end of this process's data: its files are written, DCP's metadata never is."""
+
+    def __init__(self, path: str, proc: int, step: int) -> None:
+        super().__init__(path)
+        self.proc, self.step = proc, step
+
+    def write_data(self, plan, planner):
+        written = super().write_data(plan, planner)
+        written.wait()
+        faults.at("disk-full", self.proc, self.step)
+        return written
+
+
 class PeriodicCheckpointer:
-    def __init__(self, directory: str | Path, every: int) -> None:
+    def __init__(self, directory: str | Path, every: int, proc: int = 0) -> None:
         if every < 0:
             raise ValueError(f"checkpoint interval every={every}: allowed 0 (off) or a positive step count")
         self.directory = Path(directory)
         self.every = every
+        self.proc = proc
         self._thread: threading.Thread | None = None
         self.error: BaseException | None = None
         self.written: list[dict[str, Any]] = []
@@ -97,11 +123,12 @@ class PeriodicCheckpointer:
         record = {"step": step, "path": str(path), "parallel": w.layout.parallel.to_dict(),
                   "generation": w.generation}
         group, is_rank0, single = w.cpu_groups["all"], w.rank == 0, w.layout.size == 1
+        writer = _Writer(str(path), self.proc, step) if faults.armed("disk-full", self.proc) else None
 
         def write() -> None:
             try:
-                dcp.save(sd, checkpoint_id=str(path), process_group=None if single else group.pg,
-                         no_dist=single)
+                dcp.save(sd, checkpoint_id=str(path), storage_writer=writer,
+                         process_group=None if single else group.pg, no_dist=single)
                 newer = _record(self.directory)
                 if is_rank0 and (newer is None or newer["step"] < step):  # (a late write never goes back)
                     before = {k: v for k, v in newer.items() if k != "previous"} if newer else None
@@ -110,8 +137,10 @@ class PeriodicCheckpointer:
                                                "previous": before}))
                     os.replace(tmp, self.directory / LATEST)
                 self.written.append(record)
-            except BaseException as e:  # a peer died mid-write: the previous checkpoint stands
+            except BaseException as e:  # a peer died mid-write, a full disk: the previous checkpoint stands
                 self.error = e
+                log.warning(f"checkpoint of step {step} not written ({_why(e)}); the one before stands, "
+                            f"training goes on")
 
         self.directory.mkdir(parents=True, exist_ok=True)
         self._thread = threading.Thread(target=write, name=f"ckpt-step{step}", daemon=True)

@@ -446,9 +446,16 @@ class Controller(NodeMembership):
         if failed and not self.finished:
             self._fail_stop(failed)
 
+    def _breaks_handoff(self, w: Worker) -> bool:
+        """Whether ``w``'s failure leaves a handoff in flight unable to complete (live mode: a
+        member of a switch under way)."""
+        return False
+
     def _exited(self, w: Worker) -> None:
         if self.finished:
             return
+        if w.returncode != 0 and self._breaks_handoff(w):
+            return self._fail_stop([w])  # at once: its peers may wait on it until a timeout
         if w.returncode == 0 or w.leaving:
             # the job's end: every rank of the Active World done, the last one to exit checks (a
             # rank marked to leave by a handoff that the end cut short may well be the last)
@@ -496,7 +503,11 @@ class Controller(NodeMembership):
         ck = latest(self.run_dir / "ckpt", verify=True)  # the newest whose files are whole
         n = len(survivors)
         old = self.active.parallel
-        parallel = old if old.world_size == n else target.choose(self.adapter, self.job, n, self.hardware, current=old)
+        if preempted and self.current is not None and self.current.target.world_size == n:
+            parallel = self.current.target  # the scale-in's own target: what the notice asked for
+        else:
+            parallel = old if old.world_size == n else target.choose(self.adapter, self.job, n, self.hardware,
+                                                                     current=old)
         if self.current is not None:  # the event in flight: re-queued if it still applies
             ev = self.current.event
             try:

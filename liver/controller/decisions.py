@@ -1,5 +1,6 @@
 """The controller's decisions that are not phase changes, as pure functions of what it knows,
-tested in-process: what a preemption notice does to a pending scale-out, and when the job ends."""
+tested in-process: which path a scale-in with a deadline takes, what a preemption notice does to a
+pending scale-out, and when the job ends."""
 
 from __future__ import annotations
 
@@ -28,6 +29,32 @@ def on_notice(pending_kind: str | None, notice_kind: str | None, notice_gpus: in
     if notice_gpus < active_gpus:
         return NoticeAction.DROP_THEN_BEGIN
     return NoticeAction.DROP
+
+
+class ScaleInPath(enum.Enum):
+    LIVE = "live"    # a live handoff: it is predicted to end before the deadline (or there is none)
+    DROP = "drop"    # no handoff fits, and the survivors hold every shard (the leaving ranks are
+    #                  replicas): the leaving processes stop at once, the survivors go on from their
+    #                  own state (no transfer, no rollback; the step in flight is re-run)
+    RUSH = "rush"    # no handoff fits, and some state is held only by the leaving ranks: the live
+    #                  handoff, prepared in the foreground from the start; if the deadline still
+    #                  comes first, the state is recovered from the checkpoint
+
+
+#: a prediction must fit this many times over: the handoff times of a busy machine spread widely
+PATH_MARGIN = 1.5
+
+
+def scale_in_path(seconds_left: float | None, predicted_s: float, survivors_hold_all: bool,
+                  margin: float = PATH_MARGIN) -> ScaleInPath:
+    """The fastest path that keeps the state, decided before a scale-in starts, from the time to
+    its deadline (None: no deadline), the predicted live handoff (prepare and switch) and whether
+    the ranks that stay hold a copy of every element of the state."""
+    if predicted_s < 0 or margin < 1:
+        raise ValueError(f"predicted_s={predicted_s}, margin={margin}: allowed predicted_s >= 0, margin >= 1")
+    if seconds_left is None or predicted_s * margin <= seconds_left:
+        return ScaleInPath.LIVE
+    return ScaleInPath.DROP if survivors_hold_all else ScaleInPath.RUSH
 
 
 @dataclass(frozen=True, slots=True)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import hmac
 import json
+import logging
 import os
 import secrets
 import threading
@@ -24,6 +25,7 @@ from typing import Any, Callable
 
 
 MAX_BODY_BYTES = 64 << 10  # an action is a line of text
+READ_TIMEOUT_S = 60.0      # per read of a request (an agent's link sends ten a second)
 
 
 def _short(text: str, n: int = 80) -> str:
@@ -50,13 +52,35 @@ class ControlEndpoint:
 
         class Handler(BaseHTTPRequestHandler):
             protocol_version = "HTTP/1.1"
+            timeout = READ_TIMEOUT_S  # a client that stops sending mid-request is let go
 
             def log_message(self, *args: Any) -> None:
                 return
 
+            def send_error(self, code: int, message: str | None = None, explain: str | None = None) -> None:
+                """What the HTTP layer refuses itself (a bad request line, an unknown method, too
+                many headers): JSON, as every other answer."""
+                self.close_connection = True
+                try:
+                    self._reply(code, {"error": _short(message or explain or f"HTTP {code}", 200)})
+                except OSError:
+                    pass
+
+            def handle_one_request(self) -> None:
+                try:
+                    super().handle_one_request()
+                except (ConnectionError, TimeoutError):
+                    self.close_connection = True
+                except Exception:  # a bug of ours: a JSON 500 and the traceback in the log, not the terminal
+                    logging.getLogger("liver.controller").exception("control endpoint: request failed")
+                    self.send_error(500, "internal error (see the controller's log)")
+
             def _reply(self, code: int, body: dict[str, Any], kind: str = "application/json",
                        data: bytes | None = None) -> None:
                 data = json.dumps(body).encode() if data is None else data
+                if self.request_version == "HTTP/0.9":  # (a request line without a version, or none
+                    self.request_version = self.protocol_version  # it could parse: an answer with headers
+                    self.close_connection = True                  # all the same, then the end)
                 self.send_response(code)
                 self.send_header("Content-Type", kind)
                 self.send_header("Content-Length", str(len(data)))

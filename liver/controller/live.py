@@ -14,7 +14,7 @@ from typing import Any
 from liver.agent.node import Worker
 from liver.host.priority import background
 from liver.controller.base import Controller, forked_workers
-from liver.controller.decisions import NoticeAction, on_notice
+from liver.controller.decisions import NoticeAction, ScaleInPath, on_notice, scale_in_path
 from liver.controller.events import Event
 from liver.controller.phases import PENDING, Phase, Trigger
 from liver.controller.records import switch_metrics
@@ -113,12 +113,21 @@ class LiveController(Controller):
         """Healed from the survivors' memory where they hold every shard (``heal.py``); else the
         checkpoint (``Controller._fail_stop``)."""
         if self.cfg.controller.heal_timeout_s > 0 and (self.current is None or self._drop_missed(preempted)):
-            try:
-                if self._heal(dead):
-                    return
-            except (ValueError, RuntimeError) as e:  # whatever went wrong, the checkpoint still holds
-                logs.PHASES.warning(f"healing from the survivors failed ({e}); recovering from the checkpoint")
+            missed, self._missed = self._missed, None
+            rec = self._try_heal(dead, missed.target if missed is not None else None)
+            if rec is not None:
+                self.lost_slots |= {w.slot for w in dead}
+                self.records.append(rec)
+                return
         super()._fail_stop(dead, preempted)
+
+    def _try_heal(self, dead: list[Worker], parallel=None) -> dict[str, Any] | None:
+        """``_heal``; None (logged) where it could not, so the caller falls back to the checkpoint."""
+        try:
+            return self._heal(dead, parallel)
+        except (ValueError, RuntimeError) as e:  # whatever went wrong, the checkpoint still holds
+            logs.PHASES.warning(f"healing from the survivors failed ({e}); recovering from the checkpoint")
+            return None
 
     def _drop_missed(self, preempted: bool) -> bool:
         """A scale-in whose deadline passed while preparing: its leaving processes were stopped;
@@ -136,7 +145,9 @@ class LiveController(Controller):
         self.go(Trigger.FAIL_STOP)
         return True
 
-    def _heal(self, dead: list[Worker]) -> bool:
+    def _heal(self, dead: list[Worker], parallel=None) -> dict[str, Any] | None:
+        """The next generation built from the survivors' own state at the step they stopped at
+        (to ``parallel`` where it fits their count): its record, or None where they cannot."""
         t0, old, failed_step = time.time(), self.active, self.step
         a, job = self.adapter, self.job
         view = heal.surviving_view(a.view(job, a.layout(job, old.parallel)), old.procs, [w.proc for w in dead])
@@ -145,16 +156,15 @@ class LiveController(Controller):
         missing = heal.uncovered(view, specs)
         if missing is not None:
             self.phase_log("no-heal", why=missing[:200])
-            return False
-        missed, self._missed = self._missed, None
-        parallel = missed.target if missed is not None and missed.target.world_size == len(survivors) else \
-            target.choose(a, job, len(survivors), self.hardware, current=old.parallel)
+            return None
+        if parallel is None or parallel.world_size != len(survivors):
+            parallel = target.choose(a, job, len(survivors), self.hardware, current=old.parallel)
         stalled = self._wait_for(old.generation, survivors, Stalled, self.cfg.controller.heal_timeout_s)
         step = heal.common_step(r.step for r in stalled.values()) if stalled else None
         if step is None:
             self.phase_log("no-heal", why="the survivors did not all report one step" if stalled else
                            f"not every survivor reported within {self.cfg.controller.heal_timeout_s:g} s")
-            return False
+            return None
         plan = self.plan(old.parallel, parallel, survivors, survivors, old_view=view)
         self.gen += 1
         spec = GenerationSpec(generation=self.gen, parallel=parallel, procs=tuple(plan.placement), kind="heal",
@@ -167,8 +177,7 @@ class LiveController(Controller):
                        bytes_moved=plan.bytes_moved)
         switched = self._wait_for(self.gen, survivors, SwitchReport, self.cfg.controller.prepare_timeout_s)
         if switched is None:
-            return False
-        self.lost_slots |= {w.slot for w in dead}
+            return None
         self.active = spec
         before = None  # the survivors' state as they stopped, from their own parts of the digest
         if all(r.hashes is not None for r in stalled.values()):
@@ -181,9 +190,8 @@ class LiveController(Controller):
                "heal_s": time.time() - t0, "bytes_moved": plan.bytes_moved,
                "digest_before": before, "digest_after": first(switched.values(), "digest_after"),
                "last_words": {w.proc: self.nodes.log_tail(w.proc, 2000).strip().splitlines()[-1:] for w in dead}}
-        self.records.append(rec)
         self.phase_log("healed", restored_step=step, lost_steps=rec["lost_steps"], heal_s=round(rec["heal_s"], 3))
-        return True
+        return rec
 
     def _wait_for(self, g: int, procs: list[int], cls, timeout_s: float):
         """Every process's ``cls`` report of generation ``g``, or None at the timeout or as soon as
@@ -208,8 +216,68 @@ class LiveController(Controller):
         except ValueError as e:
             return self._refuse(ev, e)
         self.current = h
+        if ev.kind == "scale-in" and ev.deadline_s is not None:
+            path = self._path(h)
+            if path is ScaleInPath.DROP:
+                return self._drop(h)
+            h.forced = path is ScaleInPath.RUSH
         self.go(Trigger.BEGIN)
         self._launch()
+
+    # ---- a scale-in with a deadline: its path, decided before it starts ----------------------
+    def _path(self, h) -> ScaleInPath:
+        """What the notice needs (the bytes only the leaving ranks hold, the predicted handoff) and
+        the path it takes (``decisions.scale_in_path``), written into its record."""
+        old, a, job = self.active, self.adapter, self.job
+        stay = [p for p in old.procs if p not in h.leaving]
+        plan = self.plan(old.parallel, h.target, list(old.procs), stay)
+        view = heal.surviving_view(a.view(job, a.layout(job, old.parallel)), old.procs, h.leaving)
+        replicas = heal.uncovered(view, a.state_specs(job)) is None
+        predicted, source = self._predicted_handoff_s(old.parallel, h.target, plan)
+        left = h.deadline_at - time.time()
+        path = scale_in_path(left, predicted, replicas)
+        h.record.update(path=path.value, predicted_handoff_s=predicted, predicted_from=source,
+                        seconds_left=left, leaving_hold_only_replicas=replicas,
+                        bytes_off_leaving=sum(plan.rank_bytes_out.get(p, 0) for p in h.leaving))
+        self.phase_log("path", path=path.value, predicted_s=round(predicted, 3), source=source,
+                       seconds_left=round(left, 3), replicas=replicas, bytes_off_leaving=h.record["bytes_off_leaving"])
+        return path
+
+    def _predicted_handoff_s(self, old, new, plan) -> tuple[float, str]:
+        """This job's slowest handoff without cold processes so far (prepare + switch), else the
+        simulator's calibrated model of one, for the machine's profile: (seconds, which)."""
+        past = [r["prepare_s"] + r["switch_s"] for r in self.records
+                if r.get("status") == "done" and not r.get("joiners") and "switch_s" in r]
+        if past:
+            return max(past), "measured"
+        from liver.sim import costs, profile
+
+        busiest = max(max(plan.rank_bytes_in.values(), default=0), max(plan.rank_bytes_out.values(), default=0))
+        model = costs.live(self.job, old, new, profile.load(self.hardware.profile), max_rank_bytes=busiest)
+        return model.prepare_s + model.downtime_s, f"model ({self.hardware.profile})"
+
+    def _drop(self, h) -> None:
+        """No handoff fits and the leaving ranks hold only replicas: they stop now (their GPUs are
+        free before the deadline) and the survivors go on from their own state. One record: the
+        scale-in's. Where the survivors cannot heal after all, the checkpoint (a fail-stop record)."""
+        gone = [self.nodes.workers[p] for p in h.leaving]
+        for w in gone:
+            self.nodes.kill(w.proc)
+        stopped = time.time()
+        self.phase_log("drop", procs=h.leaving, new=h.target.short())
+        healed = self._try_heal(gone, h.target) if self.cfg.controller.heal_timeout_s > 0 else None
+        rec = h.record
+        rec.update(t_stopped=stopped, deadline_met=stopped <= h.deadline_at, t_done=time.time())
+        self.current = None
+        if healed is None:
+            rec["status"] = ("the leaving processes were stopped before the deadline; the survivors could not go "
+                             "on from their own state: recovered from the checkpoint (next record)")
+            self.records.append(rec)
+            return Controller._fail_stop(self, gone)
+        rec.update({k: healed[k] for k in ("generation", "new", "restored_step", "lost_steps", "heal_s", "bytes_moved",
+                                           "digest_before", "digest_after")},
+                   status=report.DROPPED)
+        self.records.append(rec)
 
     def _launch(self) -> None:
         h, old = self.current, self.active
@@ -238,7 +306,7 @@ class LiveController(Controller):
             self.nodes.workers[p].leaving = True
         self.pending = spec
         self.members = sorted(set(old.procs) | set(plan.placement))
-        self._wish(wanted=self.gen)
+        self._wish(wanted=self.gen, force=self.gen if h.forced else 0)
         self.phase_log("prepare", generation=self.gen, event=h.event.kind, old=rec["old"], new=rec["new"],
                        joiners=h.joiners, leaving=h.leaving, bytes_moved=plan.bytes_moved)
 
@@ -260,7 +328,7 @@ class LiveController(Controller):
                 return self._withdraw_then(lambda: self._cancel(why, replan=False))
         if h.event.deadline_s is not None:
             left = h.deadline_at - now
-            if left < max(0.25 * h.event.deadline_s, self._expected_handoff_s()) and not h.forced:
+            if left < max(0.25 * h.event.deadline_s, h.record.get("predicted_handoff_s", 1.0)) and not h.forced:
                 h.forced = True  # the fastest safe path: finish preparing in the foreground
                 self._wish(wanted=g, force=g)
                 self.phase_log("deadline-near", generation=g, seconds_left=round(left, 3))
@@ -287,12 +355,6 @@ class LiveController(Controller):
             if f is not None:
                 return f
         return None
-
-    def _expected_handoff_s(self) -> float:
-        """Time a handoff without cold processes took before (prepare + switch); 1 s if none yet."""
-        past = [r["prepare_s"] + r["switch_s"] for r in self.records
-                if r.get("status") == "done" and not r.get("joiners") and "switch_s" in r]
-        return max(past) if past else 1.0
 
     def _committed(self) -> None:
         """Rank 0 committed the pending generation: from here it is the switch, whatever comes."""
@@ -371,10 +433,16 @@ class LiveController(Controller):
         self.go(Trigger.REPLAN)
         self._launch()
 
+    def _breaks_handoff(self, w: Worker) -> bool:
+        """A process of the switch under way (a joiner receiving, a source sending, one leaving
+        with its shards): the old shards are released as they are sent, so there is no way back
+        but the checkpoint, and its peers would wait on it until their groups' timeout."""
+        return self.phase is Phase.SWITCH and w.proc in self.members
+
     def _joiner_died(self, w: Worker) -> None:
         super()._joiner_died(w)
         if self.current is None or self.phase not in PENDING or w.proc not in self.pending.procs:
-            return  # (during the switch, the old ranks' transfer fails: a fail-stop follows)
+            return
         self.lost_slots.add(w.slot)
         self._withdraw_then(lambda: self._cancel(f"joiner {w.proc} (slot {w.slot}) died during Prepare", replan=True))
 

@@ -21,6 +21,8 @@ from typing import Any
 
 
 HEALED = "healed from the surviving replicas"  # a fail-stop's record, where no checkpoint was needed
+#: a scale-in no handoff could meet in time, whose leaving ranks were replicas (path "drop")
+DROPPED = "done: no handoff fits the deadline; the leaving replicas were stopped and the survivors went on from their own state"
 
 
 def read_steps(run_dir: Path) -> list[dict[str, Any]]:
@@ -37,14 +39,17 @@ def downtime(steps: list[dict[str, Any]], rec: dict[str, Any]) -> dict[str, Any]
     old_g, new_g = rec.get("old_generation"), rec.get("generation")
     old = [s for s in steps if s["generation"] == old_g]
     new = [s for s in steps if s["generation"] == new_g]
-    if not old or not new:
+    if not old:
         return {}
+    before = old[-1]
+    if rec.get("restored_step") is not None:  # a rollback: compare with the checkpointed step (of
+        before = next((s for s in reversed(steps) if s["step"] == rec["restored_step"]  # this generation
+                       and s["generation"] <= old_g), {})                              # or one before)
+    if not new:  # the job (or its node) ended before the new generation's first step: no downtime,
+        return _digests(rec, before)  # but the switch's own digests still compare
     normal = _median_step(new) if len(new) > 1 else _median_step(old)
     last_old, first_new = old[-1], new[0]
     checks = last_old.get("digest_s", 0.0) + rec.get("digest_before_s", 0.0) + rec.get("digest_after_s", 0.0)
-    before = last_old
-    if rec.get("restored_step") is not None:  # a rollback: compare with the checkpointed step
-        before = next((s for s in reversed(old) if s["step"] == rec["restored_step"]), {})
     # = (end of first new step - end of last old step) - normal step, computed as the pause
     # between the two steps plus what the first new step took beyond a normal one; a first step
     # faster than the median (noise) does not make the pause negative
@@ -52,8 +57,14 @@ def downtime(steps: list[dict[str, Any]], rec: dict[str, Any]) -> dict[str, Any]
     out = {"downtime_s": pause + max(0.0, first_new["step_s"] - normal), "pause_s": pause,
            "first_step_extra_s": first_new["step_s"] - normal,
            "normal_step_s": normal, "last_old_step": last_old["step"], "first_new_step": first_new["step"],
-           "digest_before": rec.get("digest_before") or before.get("digest"),
-           "digest_after": rec.get("digest_after")}
+           **_digests(rec, before)}
+    return out
+
+
+def _digests(rec: dict[str, Any], before: dict[str, Any]) -> dict[str, Any]:
+    """The state digest right before the handoff (the switch's own, else the step's it was cut
+    at) and right after it, and whether they are equal where both are known."""
+    out = {"digest_before": rec.get("digest_before") or before.get("digest"), "digest_after": rec.get("digest_after")}
     if out["digest_before"] is not None and out["digest_after"] is not None:
         out["digest_equal"] = out["digest_before"] == out["digest_after"]
     return out
@@ -179,7 +190,7 @@ def build(run_dir: Path, result: dict[str, Any], meta: dict[str, Any]) -> dict[s
     events = []
     for rec in result["records"]:
         rec = {k: v for k, v in rec.items() if not k.startswith("_") and k != "plan"}
-        if rec.get("status") in ("done", "recovered", HEALED):
+        if rec.get("status") in ("done", "recovered", HEALED, DROPPED):
             rec.update(downtime(steps, rec))
         if "switch_start" in rec:
             so = steady_overhead(steps, [rec])
@@ -202,7 +213,7 @@ def summary(report: dict[str, Any]) -> str:
         pr = f"{e['prepare_s']:.2f}s" if "prepare_s" in e else "-"
         mv = f"{e['bytes_moved'] / 2**20:.1f}MiB" if "bytes_moved" in e else "-"
         status = e["status"]
-        if e.get("lost_steps") is not None and e["status"] == HEALED:
+        if e.get("lost_steps") is not None and e["status"] in (HEALED, DROPPED):
             status += f" (no rollback: on from step {e['restored_step']}, {e['lost_steps']} steps lost)"
         elif e.get("lost_steps") is not None:
             status += f" (rolled back {e['lost_steps']} steps to step {e['restored_step']})"

@@ -92,7 +92,7 @@ class Member:
             self.device = torch.device("cpu")
         self.store = protocol.run_store(connect_store(spec.store_addr))
         Heartbeat(spec.store_addr, spec.proc).start()
-        self.ckpt = PeriodicCheckpointer(self.run_dir / "ckpt", cfg.checkpoint.every)
+        self.ckpt = PeriodicCheckpointer(self.run_dir / "ckpt", cfg.checkpoint.every, proc=self.proc)
         self.adapter = cfg.adapter
         self.engine: TrainingEngine | None = None
         self.companion: Companion | None = None

@@ -22,6 +22,7 @@ from typing import Any, Callable, NamedTuple
 
 import torch
 
+from liver.host import faults
 from liver.planner.plan import Plan, TransferTask
 from liver.resource_view.spec import TensorSpec
 from liver.resource_view.table import box_of
@@ -279,6 +280,8 @@ class StreamingExecutor:
                 else:
                     self._pack(m, [base(n)[index] for n, index, _ in m.slices], stats)
             self._flush()  # the layer's last messages go out; no barrier between layers
+            faults.at("transfer", self.proc, seq)  # (the fault matrix's peer lost mid-stream; unset: a no-op)
+            faults.at("slow-transfer", self.proc, seq)
             if step.copies:  # after the messages: the copies overlap the link
                 _copy_all([dst_tensor(n)[d] for n, d, _ in step.copies],
                           [src_state[n][s] for n, _, s in step.copies])

@@ -1,0 +1,227 @@
+"""``liver bench soak``: a CPU job under a long random stream of events, checked for what the design
+promises after every one of them.
+
+A seeded driver acts on a running job the way its users and its machines do: scale-outs and
+scale-ins (with a notice's deadline, from 50 ms to 30 s, or none), reshapes, named and chosen
+targets, SIGKILL of any live process (a rank, a joiner while it prepares, a leaving one), a rank
+that hangs (SIGSTOP, found by its heartbeat), a queued event withdrawn, a request that must be
+refused. Most actions wait for the job to be stable again; some come at once on top of the one in
+flight (a notice during a scale-out's Prepare, a kill during a switch). Timings are random too.
+
+At the end, from the job's own report: every handoff and recovery kept the state digest (a
+recovery's against the step it restored), every step from 1 to the last ran, each re-run once per
+rollback that covered it, no healed fail-stop rolled back, no recovery lost more than the design
+allows (the steps since the last whole checkpoint: two intervals, as the newest may still be being
+written), and the job ended cleanly. The JSON summary has the events by kind and outcome, the lost
+steps and the downtime distribution by kind.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import statistics
+import tempfile
+import threading
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+from liver.config.jobfile import build
+from liver.controller import target
+from liver.controller.endpoint import request
+from liver.controller.job import run_job
+from liver.controller.metrics import outcome
+from liver.controller.report import DROPPED, HEALED
+
+ACTIONS = {  # action -> weight
+    "scale-out": 4, "scale-in": 2, "notice": 4, "reshape": 3, "kill": 3, "hang": 1, "withdraw": 1, "bad": 1,
+}
+DEADLINES = (0.05, 0.5, 3.0, 30.0)
+OVERLAP = 0.2  # the chance that the next action comes at once, on top of this one
+
+
+class Driver:
+    def __init__(self, cfg, run_dir: Path, rng: random.Random, slots: int) -> None:
+        self.cfg, self.run_dir, self.rng, self.slots = cfg, run_dir, rng, slots
+        info = json.loads((run_dir / "control.json").read_text())
+        self.url, self.token = info["url"], info["token"]
+        self.log: list[dict[str, Any]] = []
+
+    def status(self) -> dict[str, Any]:
+        code, body = request(self.url, self.token, "GET", "/status")
+        if code != 200:
+            raise RuntimeError(f"GET /status answered {code}: {body}")
+        return body
+
+    def procs(self) -> list[dict[str, Any]]:
+        try:
+            return [p for p in json.loads((self.run_dir / "procs.json").read_text()) if p["alive"]]
+        except (FileNotFoundError, json.JSONDecodeError):
+            return []
+
+    def _layout(self, n: int) -> str | None:
+        """A random valid configuration for n processes, as ``tp,pp,dp``."""
+        cands = target.candidates(self.cfg.adapter, self.cfg.job, n)
+        if not cands:
+            return None
+        c = self.rng.choice(cands)
+        return f"{c.tp},{c.pp},{c.dp}"
+
+    def _scale(self, action: str) -> dict[str, Any]:
+        code, body = request(self.url, self.token, "POST", "/scale", {"action": action})
+        return {"request": action, "http": code, "answer": body.get("error") or body.get("queued") or body}
+
+    def act(self, kind: str) -> dict[str, Any]:
+        s = self.status()
+        end = time.time() + 120
+        while s["parallel"] is None and time.time() < end:  # (between a recovery's stop and its start)
+            time.sleep(0.1)
+            s = self.status()
+        p = s["parallel"]
+        if p is None:
+            return {"request": kind, "skipped": "no generation running"}
+        n = p["tp"] * p["pp"] * p["dp"]
+        rng = self.rng
+        if kind == "scale-out" and n < self.slots:
+            m = rng.randint(n + 1, self.slots)
+            named = self._layout(m) if rng.random() < 0.3 else None
+            return self._scale(f"scale-out {m}" + (f" as {named}" if named else ""))
+        if kind in ("scale-in", "notice") and n > 1:
+            m = rng.randint(1, n - 1)
+            named = self._layout(m) if rng.random() < 0.3 else None
+            deadline = f" deadline {rng.choice(DEADLINES):g}s" if kind == "notice" else ""
+            return self._scale(f"scale-in {m}{deadline}" + (f" as {named}" if named else ""))
+        if kind == "reshape":
+            named = self._layout(n)
+            return self._scale(f"reshape {named}") if named else {"request": "reshape", "skipped": "none valid"}
+        if kind in ("kill", "hang"):
+            alive = self.procs()
+            active = {q for node in s["nodes"] for _, q in node["ranks"]}
+            # never the last rank of the job: with no survivor there is nothing to recover on
+            pick = [q for q in alive if q["proc"] not in active or len(active) > 1]
+            if kind == "hang":
+                pick = [q for q in pick if q["proc"] in active]
+            if not pick:
+                return {"request": kind, "skipped": "no process it may take"}
+            v = rng.choice(pick)
+            os.kill(v["pid"], signal.SIGKILL if kind == "kill" else signal.SIGSTOP)
+            return {"request": kind, "proc": v["proc"], "role": v.get("role"), "phase": s["phase"]}
+        if kind == "withdraw":
+            if not s["queued"]:
+                return {"request": "withdraw", "skipped": "nothing queued"}
+            code, body = request(self.url, self.token, "POST", "/withdraw", {"position": rng.randint(1, s["queued"])})
+            return {"request": "withdraw", "http": code, "answer": body}
+        if kind == "bad":  # refused with a reason, and nothing changes
+            bad = rng.choice([f"scale-out {self.slots + 5}", "reshape 3,1,1", "scale-in 0", "launch 2",
+                              f"scale-in 1 deadline -{rng.randint(1, 9)}s"])
+            out = self._scale(bad)
+            after = self.status()
+            out["unchanged"] = out["http"] == 400 and after["queued"] <= s["queued"]
+            return out
+        return {"request": kind, "skipped": f"not with {n} of {self.slots} GPUs"}
+
+    def settle(self, timeout_s: float) -> bool:
+        """Until the job is stable with nothing queued (False at the timeout)."""
+        end = time.time() + timeout_s
+        while time.time() < end:
+            s = self.status()
+            if s["phase"] == "stable" and s["queued"] == 0:
+                return True
+            time.sleep(0.1)
+        return False
+
+
+def _kind(rng: random.Random) -> str:
+    return rng.choices(list(ACTIONS), weights=list(ACTIONS.values()))[0]
+
+
+def _quantiles(xs: list[float]) -> dict[str, float] | None:
+    if not xs:
+        return None
+    xs = sorted(xs)
+    q = statistics.quantiles(xs, n=10, method="inclusive") if len(xs) > 1 else [xs[0]] * 9
+    return {"n": len(xs), "min": xs[0], "median": statistics.median(xs), "p90": q[8], "max": xs[-1]}
+
+
+def check(report: dict[str, Any], ckpt_every: int) -> dict[str, Any]:
+    """What the design promises, from the job's report."""
+    events, steps = report["events"], [s["step"] for s in report["steps"]]
+    handled = [e for e in events if "digest_after" in e or "digest_before" in e]
+    mismatched = [i for i, e in enumerate(events) if e.get("digest_equal") is False]
+    unknown = [i for i, e in enumerate(events) if e in handled and e.get("digest_equal") is None]
+    fails = [e for e in events if e["event"]["kind"] == "fail-stop"]
+    rollbacks = [e for e in events if e.get("status") == "recovered"]
+    lost = sum(e.get("lost_steps") or 0 for e in events)
+    rerun = len(steps) - len(set(steps))
+    over = [i for i, e in enumerate(events) if (e.get("status") in (HEALED, DROPPED) and (e.get("lost_steps") or 0) > 1)
+            or (e.get("status") == "recovered" and e["lost_steps"] > 2 * ckpt_every)]
+    return {
+        "handoffs_and_recoveries": len(handled), "digest_equal": len(handled) - len(mismatched) - len(unknown),
+        "digest_different": mismatched, "digest_unknown": unknown,
+        "steps_continuous": bool(steps) and sorted(set(steps)) == list(range(1, steps[-1] + 1)),
+        "last_step": steps[-1] if steps else 0, "steps_rerun": rerun, "lost_steps": lost,
+        "rerun_equals_rolled_back": rerun == sum(e["lost_steps"] for e in rollbacks),
+        "fail_stops": len(fails), "rollbacks": len(rollbacks), "losses_beyond_design": over,
+    }
+
+
+def run(events: int = 100, seed: int = 1, slots: int = 4, ckpt_every: int = 5, run_dir: Path | None = None,
+        settle_s: float = 240.0) -> dict[str, Any]:
+    if events < 1:
+        raise ValueError(f"--events={events}: allowed a positive count")
+    if not 2 <= slots <= 8:
+        raise ValueError(f"--slots={slots}: allowed 2 to 8 processes on this machine")
+    if ckpt_every < 1:
+        raise ValueError(f"--ckpt-every={ckpt_every}: allowed a positive step count (recoveries need one)")
+    run_dir = run_dir or Path(tempfile.mkdtemp(prefix=f"liver-soak-{seed}-"))
+    cfg = build({"preset": "tiny", "gpus": 2, "parallel": "1,1,2", "steps": 10**7, "digest": "step",
+                 "checkpoint": {"every": ckpt_every}, "agent": {"slots": slots, "quiet": True},
+                 "controller": {"mode": "live", "endpoint": True, "end_after_events": None, "hang_timeout_s": 5.0}})
+    box: dict[str, Any] = {}
+    t0 = time.time()
+    job = threading.Thread(target=lambda: box.update(report=run_job(cfg, [], run_dir, {"bench": "soak", "seed": seed})),
+                           daemon=True)
+    job.start()
+    end = time.time() + 300
+    while not (run_dir / "control.json").exists() or not (run_dir / "steps.jsonl").exists():
+        if time.time() > end or not job.is_alive():
+            raise RuntimeError(f"the soak's job did not start; see {run_dir}")
+        time.sleep(0.05)
+    rng = random.Random(seed)
+    d = Driver(cfg, run_dir, rng, slots)
+    stuck = 0
+    for i in range(events):
+        kind = _kind(rng)
+        entry = {"i": i, "t": round(time.time() - t0, 3), "kind": kind, **d.act(kind)}
+        d.log.append(entry)
+        if rng.random() >= OVERLAP:
+            stuck += not d.settle(settle_s)
+            time.sleep(rng.uniform(0.0, 2.0))
+        if not job.is_alive():
+            break
+    d.settle(settle_s)
+    if job.is_alive():
+        request(d.url, d.token, "POST", "/end", {"after": 3})
+    job.join(900)
+    if "report" not in box:
+        raise RuntimeError(f"the soak's job did not end; see {run_dir}")
+    rep = box["report"]
+    evs = rep["events"]
+    by_outcome = Counter(f"{e['event']['kind']}: {outcome(e.get('status', ''))}" for e in evs)
+    downtime: dict[str, Any] = {}
+    for kind in sorted({e["event"]["kind"] for e in evs}):
+        downtime[kind] = _quantiles([e["downtime_s"] for e in evs if e["event"]["kind"] == kind and "downtime_s" in e])
+    applied = Counter(x["kind"] for x in d.log if "skipped" not in x)
+    checks = check(rep, ckpt_every)
+    refused = all(x.get("unchanged") for x in d.log if x["kind"] == "bad" and "http" in x)
+    ok = (rep["rc"] if "rc" in rep else 0) == 0 and not checks["digest_different"] and checks["steps_continuous"] \
+        and checks["rerun_equals_rolled_back"] and not checks["losses_beyond_design"] and refused
+    return {"ok": ok, "seed": seed, "events_asked": events, "actions": dict(applied),
+            "actions_skipped": sum("skipped" in x for x in d.log), "not_settled": stuck,
+            "bad_requests_refused_unchanged": refused,
+            "wall_s": time.time() - t0, "events_by_outcome": dict(sorted(by_outcome.items())),
+            "downtime_s": downtime, **checks, "run_dir": str(run_dir), "driver": d.log}

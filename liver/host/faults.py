@@ -1,0 +1,69 @@
+"""Fault injection at named points of a worker, for the fault-matrix tests: the faults that cannot
+be timed from outside a process (a destination that dies in the middle of a transfer, a switch
+that lasts long enough for an event to arrive during it, a disk that fills under a checkpoint).
+
+``LIVER_FAULT="POINT:PROC[:ARG],..."`` in a worker's environment arms POINT in process PROC:
+
+- ``transfer:PROC[:LAYER]``   the process kills itself (SIGKILL) in a switch's transfer, after its
+  LAYER-th layer (default 0): a peer mid-stream, as a lost machine is;
+- ``slow-transfer:PROC:S``    its transfer stalls S seconds after its first layer;
+- ``disk-full:PROC[:STEP]``   every periodic checkpoint write of the steps from STEP on fails as a
+  full disk fails (``OSError(ENOSPC)`` from the storage layer once this process's files are
+  written, before DCP's metadata is): the disk stays full.
+
+Unset (every real run), each point costs one dictionary look-up.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import signal
+import time
+
+ENV = "LIVER_FAULT"
+POINTS = ("transfer", "slow-transfer", "disk-full")
+
+
+def parse(text: str) -> dict[tuple[str, int], str]:
+    """``POINT:PROC[:ARG],...`` -> {(point, proc): arg}; ValueError naming what is wrong."""
+    out: dict[tuple[str, int], str] = {}
+    for item in filter(None, (x.strip() for x in text.split(","))):
+        point, _, rest = item.partition(":")
+        proc, _, arg = rest.partition(":")
+        if point not in POINTS or not proc.isdigit():
+            raise ValueError(f"{ENV}={text!r}: {item!r}: allowed POINT:PROC[:ARG] with POINT one of "
+                             f"{', '.join(POINTS)} and PROC a process id")
+        out[(point, int(proc))] = arg
+    return out
+
+
+_armed = parse(os.environ.get(ENV, ""))
+
+
+def arm(text: str) -> None:
+    """Arm the points of ``text`` in this process (what the environment does at import)."""
+    _armed.clear()
+    _armed.update(parse(text))
+
+
+def armed(point: str, proc: int) -> bool:
+    return (point, proc) in _armed
+
+
+def at(point: str, proc: int, index: int = 0) -> None:
+    """The fault armed at ``point`` for ``proc``, if any, once ``index`` (a layer, a step) reaches
+    its ARG; a kill or a stall fires once, a full disk at every write."""
+    if not _armed:
+        return
+    arg = _armed.get((point, proc))
+    if arg is None or index < (float(arg or 0) if point != "slow-transfer" else 0):
+        return
+    if point == "transfer":
+        del _armed[(point, proc)]
+        os.kill(os.getpid(), signal.SIGKILL)
+    elif point == "slow-transfer":
+        del _armed[(point, proc)]
+        time.sleep(float(arg or 1.0))
+    elif point == "disk-full":
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))

@@ -1,0 +1,113 @@
+"""The fault matrix's cases that need a fault inside a process (``liver.host.faults``): a source
+and a destination that die in the middle of a transfer, an event that arrives during a switch, a
+disk that fills under the periodic checkpoints. Each ends with the digest checks and the count
+of lost steps the design allows. (The other cases: a joiner killed in Prepare, a source killed at
+the handoff, kill -9 in steady state, a missed deadline in tests/test_run.py; a hang and a corrupt
+newest checkpoint in tests/test_heal.py; a stale target, by a joiner lost and by a notice, in
+tests/test_run.py too.)"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+from pathlib import Path
+
+import pytest
+
+from liver.controller.endpoint import request
+from liver.host import faults
+from test_run import background, check_continuous, liver, procs, wait_for
+
+
+def test_fault_specs_are_checked():
+    assert faults.parse("transfer:2:1, disk-full:0") == {("transfer", 2): "1", ("disk-full", 0): ""}
+    for bad in ("transfer", "melt:1", "transfer:x"):
+        with pytest.raises(ValueError, match="allowed POINT:PROC"):
+            faults.parse(bad)
+
+
+def _control(run_dir: Path) -> tuple[str, str]:
+    wait_for(lambda: (run_dir / "control.json").exists(), what="the control endpoint")
+    info = json.loads((run_dir / "control.json").read_text())
+    return info["url"], info["token"]
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("who, fault, action", [
+    ("source", "transfer:1:0", "reshape 2,1,1"),          # a rank that sends (and stays) dies mid-stream
+    ("destination", "transfer:2:0", "scale-out 4 as 1,2,2"),  # a joiner dies while its shards arrive
+])
+def test_a_peer_that_dies_mid_transfer_is_one_recovery_from_the_checkpoint(tmp_path, monkeypatch, who, fault, action):
+    """The old shards are released as they are sent (bounded memory), so a peer lost mid-stream
+    leaves state that no survivor holds whole: one fail-stop, recovered from the latest whole
+    checkpoint on the slots left, the event closed with it; every step then runs to the end."""
+    monkeypatch.setenv(faults.ENV, fault)
+    events = tmp_path / "events.txt"
+    events.write_text(f"at step 6: {action}\n")
+    rep = liver(tmp_path / "run", "--parallel", "1,2,1", "--slots", "4", "--events", str(events), "--steps", "100000",
+                "--end-after-events", "8", "--ckpt-every", "4")
+    assert rep["rc"] == 0
+    (ev,) = [e for e in rep["events"] if e["event"]["kind"] != "fail-stop"]
+    (rec,) = [e for e in rep["events"] if e["event"]["kind"] == "fail-stop"]
+    victim = int(fault.split(":")[1])
+    assert f"process [{victim}]" in rec["event"]["source"] and rec["status"] == "recovered", rec
+    assert ev["status"] != "done" and "fail-stop" in ev["status"], ev["status"]
+    assert rec["restored_step"] % 4 == 0 and 0 <= rec["lost_steps"] <= 8, rec
+    assert rec["digest_equal"] is True  # the recovered state is the checkpointed step's, bit for bit
+    check_continuous(rep, rep["steps"][-1]["step"])
+
+
+@pytest.mark.timeout(600)
+def test_events_that_arrive_during_a_switch_wait_for_it(tmp_path, monkeypatch):
+    """A switch held 3 s inside its transfer: a reshape and a notice sent meanwhile neither cut it
+    short nor get lost: the first reshape completes with its digest kept, then the second, then the
+    notice, in the order they came, all live, nothing rolled back."""
+    monkeypatch.setenv(faults.ENV, "slow-transfer:0:3")
+    run_dir = tmp_path / "run"
+    events = tmp_path / "events.txt"
+    events.write_text("at step 3: reshape 2,1,1\n")
+    t, box = background(run_dir, "--parallel", "1,2,1", "--slots", "2", "--events", str(events),
+                        "--steps", "100000", "--end-after-events", "6", "--ckpt-every", "0")
+    url, token = _control(run_dir)
+    wait_for(lambda: request(url, token, "GET", "/status")[1]["phase"] == "switch", what="the switch", timeout=120)
+    assert request(url, token, "POST", "/scale", {"action": "reshape 1,2,1"})[0] == 202
+    assert request(url, token, "POST", "/scale", {"action": "scale-in 1 deadline 60s"})[0] == 202
+    assert request(url, token, "GET", "/status")[1]["phase"] == "switch"  # (still in it: the 3 s hold)
+    t.join(timeout=500)
+    rep = box["report"]
+    assert rep["rc"] == 0
+    assert [(e["event"]["kind"], e["status"]) for e in rep["events"]] == \
+        [("reshape", "done"), ("reshape", "done"), ("scale-in", "done")], rep["events"]
+    assert all(e["digest_equal"] is True for e in rep["events"])
+    assert rep["events"][0]["switch_s"] >= 3.0
+    check_continuous(rep, rep["steps"][-1]["step"])
+    assert len(rep["steps"]) == rep["steps"][-1]["step"]  # no step ran twice
+
+
+@pytest.mark.timeout(600)
+def test_a_full_disk_fails_checkpoints_not_training_and_the_last_whole_one_is_used(tmp_path, monkeypatch):
+    """From step 8 on, process 1's checkpoint writes fail with ENOSPC after its files are written:
+    no checkpoint from then on is published (DCP's metadata is never written, ``latest.json`` never
+    points at one), training goes on, the worker says why; a kill -9 then recovers from step 4, the
+    last whole checkpoint, bit for bit."""
+    monkeypatch.setenv(faults.ENV, "disk-full:1:8")
+    run_dir = tmp_path / "run"
+    (tmp_path / "none.txt").write_text("# no events\n")
+    t, box = background(run_dir, "--parallel", "1,2,1", "--gpus", "2", "--events", str(tmp_path / "none.txt"),
+                        "--steps", "30", "--end-after-events", "-1", "--ckpt-every", "4")
+    log = run_dir / "logs" / "proc1.log"
+    wait_for(lambda: log.exists() and "checkpoint of step 12 not written" in log.read_text(), what="a full disk",
+             timeout=300)
+    assert "No space left on device" in log.read_text()
+    assert json.loads((run_dir / "ckpt" / "latest.json").read_text())["step"] == 4
+    assert not (run_dir / "ckpt" / "step00000008" / ".metadata").exists()
+    victim = next(p for p in procs(run_dir) if p["proc"] == 1)
+    os.kill(victim["pid"], signal.SIGKILL)
+    t.join(timeout=500)
+    rep = box["report"]
+    assert rep["rc"] == 0
+    (rec,) = [e for e in rep["events"] if e["event"]["kind"] == "fail-stop"]
+    assert rec["status"] == "recovered" and rec["restored_step"] == 4 and rec["digest_equal"] is True, rec
+    assert rec["lost_steps"] == rec["failed_at_step"] - 4 >= 8
+    check_continuous(rep, 30)
