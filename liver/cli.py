@@ -350,8 +350,10 @@ def _bench_heal(args: argparse.Namespace) -> int:
 
 
 def _bench_soak(args: argparse.Namespace) -> int:
+    from liver import logs
     from liver.bench.soak import run
 
+    logs.setup()  # the job's phases and the driver's actions, one line each
     result = run(events=args.events, seed=args.seed, slots=args.slots, ckpt_every=args.ckpt_every,
                  run_dir=Path(args.run_dir) if args.run_dir else None)
     text = json.dumps(result, indent=1)

@@ -70,6 +70,24 @@ def test_a_fail_stop_without_replicas_loses_the_work_since_the_checkpoint():
     assert ev["kind"] == "fail-stop" and ev["lost_s"] == pytest.approx(600.0, rel=1e-6)
 
 
+@pytest.mark.parametrize("notice_to, kinds, final", [
+    (24, ["live"], 24),            # more than the job has: the scale-out is merged, to 24
+    (12, ["dropped", "live"], 12),  # fewer: the scale-out is dropped, the scale-in handled next
+    (16, ["dropped"], 16),         # as many: dropped, nothing else to do
+])
+def test_a_notice_during_a_scale_outs_prepare_is_taken_as_the_controller_takes_it(notice_to, kinds, final):
+    """A scale-out 16 -> 32 whose Prepare a notice cuts short (liver.controller.decisions.on_notice):
+    no event waits behind the other, none becomes a fail-stop."""
+    job, prof = sim_model("7b"), load("h200")
+    h = costs.live(job, costs.best_up_to(job, 16, prof).parallel, costs.best_up_to(job, 32, prof).parallel, prof)
+    assert h.prepare_s > 2.0  # (the notice below comes 1 s into it)
+    changes = [sources.Change(100.0, 32), sources.Change(161.0, notice_to, notice_s=60.0)]
+    out = engine.simulate(job, prof, "live", 16, changes, 0.5)
+    assert [e["kind"] for e in out.events] == kinds, out.events
+    assert out.events[-1]["config"] == costs.best_up_to(job, final, prof).parallel.short(), out.events
+    assert out.events[0].get("merged", False) == (notice_to == 24)
+
+
 def test_trace_and_schedule_sources_refuse_bad_input_with_file_and_line(tmp_path):
     bad = tmp_path / "t.csv"
     bad.write_text("0,add,node1\n10,remove,node2\n")

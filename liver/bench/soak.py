@@ -30,6 +30,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+from liver import logs
 from liver.config.jobfile import build
 from liver.controller import target
 from liver.controller.endpoint import request
@@ -42,6 +43,11 @@ ACTIONS = {  # action -> weight
 }
 DEADLINES = (0.05, 0.5, 3.0, 30.0)
 OVERLAP = 0.2  # the chance that the next action comes at once, on top of this one
+log = logs.PHASES
+
+
+class JobGone(RuntimeError):
+    """The job's endpoint no longer answers."""
 
 
 class Driver:
@@ -52,7 +58,10 @@ class Driver:
         self.log: list[dict[str, Any]] = []
 
     def status(self) -> dict[str, Any]:
-        code, body = request(self.url, self.token, "GET", "/status")
+        try:
+            code, body = request(self.url, self.token, "GET", "/status")
+        except OSError as e:  # the job ended (its endpoint with it): the caller sees the job's own error
+            raise JobGone(str(e)) from None
         if code != 200:
             raise RuntimeError(f"GET /status answered {code}: {body}")
         return body
@@ -183,8 +192,14 @@ def run(events: int = 100, seed: int = 1, slots: int = 4, ckpt_every: int = 5, r
                  "controller": {"mode": "live", "endpoint": True, "end_after_events": None, "hang_timeout_s": 5.0}})
     box: dict[str, Any] = {}
     t0 = time.time()
-    job = threading.Thread(target=lambda: box.update(report=run_job(cfg, [], run_dir, {"bench": "soak", "seed": seed})),
-                           daemon=True)
+    def work() -> None:
+        try:
+            box["report"] = run_job(cfg, [], run_dir, {"bench": "soak", "seed": seed})
+        except BaseException as e:  # the soak's finding: said below, with the driver's log
+            box["error"] = e
+            log.exception("the soak's job failed")
+
+    job = threading.Thread(target=work, daemon=True)
     job.start()
     end = time.time() + 300
     while not (run_dir / "control.json").exists() or not (run_dir / "steps.jsonl").exists():
@@ -194,21 +209,24 @@ def run(events: int = 100, seed: int = 1, slots: int = 4, ckpt_every: int = 5, r
     rng = random.Random(seed)
     d = Driver(cfg, run_dir, rng, slots)
     stuck = 0
-    for i in range(events):
-        kind = _kind(rng)
-        entry = {"i": i, "t": round(time.time() - t0, 3), "kind": kind, **d.act(kind)}
-        d.log.append(entry)
-        if rng.random() >= OVERLAP:
-            stuck += not d.settle(settle_s)
-            time.sleep(rng.uniform(0.0, 2.0))
-        if not job.is_alive():
-            break
-    d.settle(settle_s)
-    if job.is_alive():
+    try:
+        for i in range(events):
+            kind = _kind(rng)
+            entry = {"i": i, "t": round(time.time() - t0, 3), "kind": kind, **d.act(kind)}
+            d.log.append(entry)
+            log.info(f"soak action {json.dumps(entry)}")
+            if rng.random() >= OVERLAP:
+                stuck += not d.settle(settle_s)
+                time.sleep(rng.uniform(0.0, 2.0))
+        d.settle(settle_s)
         request(d.url, d.token, "POST", "/end", {"after": 3})
+    except JobGone:
+        pass
     job.join(900)
     if "report" not in box:
-        raise RuntimeError(f"the soak's job did not end; see {run_dir}")
+        (run_dir / "driver.json").write_text(json.dumps(d.log, indent=1))
+        raise RuntimeError(f"the soak's job failed ({box.get('error')!r}) after {len(d.log)} actions; "
+                           f"see {run_dir} (driver.json: the actions)")
     rep = box["report"]
     evs = rep["events"]
     by_outcome = Counter(f"{e['event']['kind']}: {outcome(e.get('status', ''))}" for e in evs)

@@ -15,11 +15,13 @@ also counts the slower configurations a policy is held to (data-parallel-only re
 
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Iterator
 
 import simpy
 
+from liver.controller.decisions import NoticeAction, on_notice
 from liver.sim import costs
 from liver.sim.profile import Profile
 from liver.sim.sources import Change
@@ -126,7 +128,9 @@ class Sim:
             at = max(c.t - c.notice_s, prev) if c.gpus < self._before(c) else c.t
             actions.append((at, c))
             prev = c.t
-        for at, c in actions:
+        self.upcoming = deque(actions)  # (when the job learns of it, the change); a policy may take one early
+        while self.upcoming:
+            at, c = self.upcoming.popleft()
             if at >= self.end:
                 break
             if at > env.now:
@@ -208,6 +212,9 @@ class Live(Policy):
             return
         h = costs.live(sim.job, old.parallel, tgt.parallel, sim.prof)
         loss = c.gpus < sim.avail
+        if not loss and (cut := self._notice_while_preparing(sim, env, h)) is not None:
+            yield from self._cut_short(sim, env, c, cut)
+            return
         if loss and env.now + h.prepare_s > c.t:  # not ready before the GPUs go
             yield from self.wait_for_loss(sim, env, c)
             yield from self.fail(sim, env, c, tgt, h)
@@ -218,6 +225,47 @@ class Live(Policy):
         sim.record(env, "live", downtime_s=h.downtime_s, prepare_s=h.prepare_s, transfer_s=h.transfer_s)
         if loss:
             yield from self.wait_for_loss(sim, env, c)
+
+    @staticmethod
+    def _notice_while_preparing(sim: Sim, env: simpy.Environment, h: costs.Live) -> tuple[float, Change] | None:
+        """The next change, where it is a notice that comes before this scale-out is ready."""
+        if not sim.upcoming:
+            return None
+        at, nxt = sim.upcoming[0]
+        if nxt.notice_s > 0 and at < min(env.now + h.prepare_s, sim.end) and nxt.gpus < sim._before(nxt):
+            return at, nxt
+        return None
+
+    def _cut_short(self, sim: Sim, env: simpy.Environment, c: Change, cut: tuple[float, Change]) -> Iterator[Any]:
+        """A notice during a scale-out's Prepare, as the controller takes it
+        (``liver.controller.decisions.on_notice``): nothing was committed, so the scale-out is
+        re-planned to the notice's total (merged), or dropped and the notice handled next."""
+        at, nxt = cut
+        yield from sim.train(env, max(0.0, at - env.now), 1 - sim.overhead)  # preparing until the notice
+        action = on_notice("scale-out", "scale-in", nxt.gpus, sim.layout.size)
+        sim.avail = c.gpus
+        if action is NoticeAction.DROP_THEN_BEGIN:  # the notice is the next change handled
+            sim.record(env, "dropped", reason=f"notice to {nxt.gpus} GPUs")
+            return
+        sim.upcoming.popleft()  # the notice is taken here: merged, or nothing left to do
+        if action is NoticeAction.DROP:
+            yield from self.wait_for_loss(sim, env, nxt)
+            sim.avail = nxt.gpus
+            sim.record(env, "dropped", reason=f"notice to {nxt.gpus} GPUs, as many as the job has")
+            return
+        tgt = self.target(sim, nxt.gpus)
+        if tgt is None or tgt.parallel == sim.layout.parallel:
+            yield from self.wait_for_loss(sim, env, nxt)
+            sim.avail = nxt.gpus
+            return
+        h = costs.live(sim.job, sim.layout.parallel, tgt.parallel, sim.prof)
+        yield from sim.train(env, h.prepare_s, 1 - sim.overhead)  # a scale-out to fewer: prepared again
+        yield from sim.pause(env, h.downtime_s)
+        sim.layout = tgt
+        sim.record(env, "live", downtime_s=h.downtime_s, prepare_s=h.prepare_s, transfer_s=h.transfer_s,
+                   merged=True)
+        yield from self.wait_for_loss(sim, env, nxt)
+        sim.avail = nxt.gpus
 
     def fail(self, sim: Sim, env: simpy.Environment, c: Change, tgt: Layout, h: costs.Live) -> Iterator[Any]:
         old = sim.layout

@@ -1,0 +1,82 @@
+"""One torchft replica group (one process) of the side-by-side kill: the same 12.6M-parameter
+Llama-style model as ``liver bench heal`` (examples/llama.py at its shape), AdamW, 4 sequences of
+64 tokens a step, gloo on CPU, torchft's Manager with its DDP and optimizer wrappers.
+
+Run by ``bench/torchft/side_by_side.py`` with an interpreter that has torchft 0.2.0:
+    python replica.py --replica R --lighthouse URL --store-port P --steps N --out FILE
+
+Each step writes one JSON line: the Manager's step after it, whether it committed, the number of
+participants in its quorum, its wall time and when it ended.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from datetime import timedelta
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch.distributed import TCPStore
+
+sys.path[:0] = [str(Path(__file__).resolve().parents[2]), str(Path(__file__).resolve().parents[2] / "examples")]
+from llama import Llama  # noqa: E402  (the project's plain-torch model; no LiveR at run time)
+
+from torchft import DistributedDataParallel, Manager, Optimizer, ProcessGroupGloo  # noqa: E402
+
+
+def main() -> None:
+    a = argparse.ArgumentParser()
+    a.add_argument("--replica", type=int, required=True)
+    a.add_argument("--lighthouse", required=True)
+    a.add_argument("--store-port", type=int, required=True)
+    a.add_argument("--steps", type=int, required=True)
+    a.add_argument("--out", required=True)
+    args = a.parse_args()
+    torch.set_num_threads(1)
+    torch.manual_seed(0)  # the same initial model on every replica
+    model = Llama(vocab=8192, dim=256, layers=8, heads=8, hidden=1024)
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-4, foreach=False)
+    store = TCPStore("127.0.0.1", args.store_port, world_size=1, is_master=True, wait_for_workers=False)
+
+    def state_dict():
+        return {"model": model.state_dict(), "optim": opt.state_dict()}
+
+    def load_state_dict(sd):
+        model.load_state_dict(sd["model"])
+        opt.load_state_dict(sd["optim"])
+
+    manager = Manager(pg=ProcessGroupGloo(timeout=timedelta(seconds=10)), load_state_dict=load_state_dict,
+                      state_dict=state_dict, min_replica_size=1, replica_id=f"replica{args.replica}",
+                      lighthouse_addr=args.lighthouse, store_addr="127.0.0.1", store_port=args.store_port,
+                      rank=0, world_size=1, timeout=timedelta(seconds=10), quorum_timeout=timedelta(seconds=30),
+                      connect_timeout=timedelta(seconds=30))
+    # one gradient bucket: with several, torchft 0.2.0's DDP hook fails on the buckets after the
+    # first one that errored (``assert fut._fut`` on the no-op work it returns once errored)
+    ddp = DistributedDataParallel(manager, model, bucket_cap_mb=256)
+    optim = Optimizer(manager, opt)
+    g = torch.Generator().manual_seed(1000 + args.replica)
+    out = open(args.out, "a", buffering=1)
+    while manager.current_step() < args.steps:
+        t0 = time.perf_counter()
+        tokens = torch.randint(0, 8192, (4, 65), generator=g)
+        optim.zero_grad()
+        logits = ddp(tokens[:, :-1])
+        loss = F.cross_entropy(logits.flatten(0, 1).float(), tokens[:, 1:].flatten())
+        loss.backward()
+        before = manager.current_step()
+        optim.step()
+        out.write(json.dumps({"step": manager.current_step(), "committed": manager.current_step() > before,
+                              "participants": manager.num_participants(), "step_s": time.perf_counter() - t0,
+                              "time": time.time(), "loss": float(loss), "pid": os.getpid()}) + "\n")
+    out.close()
+    manager.shutdown(wait=False)
+    store = None
+
+
+if __name__ == "__main__":
+    main()
