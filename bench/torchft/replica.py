@@ -75,7 +75,7 @@ def main() -> None:
                               "time": time.time(), "loss": float(loss), "pid": os.getpid()}) + "\n")
     out.close()
     manager.shutdown(wait=False)
-    store = None
+    del store  # (the replica group's store lives as long as its Manager)
 
 
 if __name__ == "__main__":

@@ -46,6 +46,18 @@ OVERLAP = 0.2  # the chance that the next action comes at once, on top of this o
 log = logs.PHASES
 
 
+def _read_json(f: Path, timeout_s: float = 30.0) -> Any:
+    """A JSON file another thread may be writing (read again while it is empty or partial)."""
+    end = time.time() + timeout_s
+    while True:
+        try:
+            return json.loads(f.read_text())
+        except (FileNotFoundError, json.JSONDecodeError):
+            if time.time() > end:
+                raise
+            time.sleep(0.05)
+
+
 class JobGone(RuntimeError):
     """The job's endpoint no longer answers."""
 
@@ -53,7 +65,7 @@ class JobGone(RuntimeError):
 class Driver:
     def __init__(self, cfg, run_dir: Path, rng: random.Random, slots: int) -> None:
         self.cfg, self.run_dir, self.rng, self.slots = cfg, run_dir, rng, slots
-        info = json.loads((run_dir / "control.json").read_text())
+        info = _read_json(run_dir / "control.json")
         self.url, self.token = info["url"], info["token"]
         self.log: list[dict[str, Any]] = []
 
@@ -72,9 +84,9 @@ class Driver:
         except (FileNotFoundError, json.JSONDecodeError):
             return []
 
-    def _layout(self, n: int) -> str | None:
-        """A random valid configuration for n processes, as ``tp,pp,dp``."""
-        cands = target.candidates(self.cfg.adapter, self.cfg.job, n)
+    def _layout(self, n: int, but: tuple[int, int, int] | None = None) -> str | None:
+        """A random valid configuration for n processes (other than ``but``), as ``tp,pp,dp``."""
+        cands = [c for c in target.candidates(self.cfg.adapter, self.cfg.job, n) if (c.tp, c.pp, c.dp) != but]
         if not cands:
             return None
         c = self.rng.choice(cands)
@@ -84,7 +96,8 @@ class Driver:
         code, body = request(self.url, self.token, "POST", "/scale", {"action": action})
         return {"request": action, "http": code, "answer": body.get("error") or body.get("queued") or body}
 
-    def act(self, kind: str) -> dict[str, Any]:
+    def act(self) -> dict[str, Any]:
+        """One action, of a kind the job's state allows now, drawn by its weight."""
         s = self.status()
         end = time.time() + 120
         while s["parallel"] is None and time.time() < end:  # (between a recovery's stop and its start)
@@ -92,46 +105,43 @@ class Driver:
             s = self.status()
         p = s["parallel"]
         if p is None:
-            return {"request": kind, "skipped": "no generation running"}
-        n = p["tp"] * p["pp"] * p["dp"]
+            return {"kind": "none", "skipped": "no generation running"}
+        n, now = p["tp"] * p["pp"] * p["dp"], (p["tp"], p["pp"], p["dp"])
         rng = self.rng
-        if kind == "scale-out" and n < self.slots:
+        alive = self.procs()
+        active = {q for node in s["nodes"] for _, q in node["ranks"]}
+        # never the last rank of the job: with no survivor there is nothing to recover on
+        killable = [q for q in alive if q["proc"] not in active or len(active) > 1]
+        allowed = {"scale-out": n < self.slots, "scale-in": n > 1, "notice": n > 1,
+                   "reshape": self._layout(n, now) is not None, "kill": bool(killable),
+                   "hang": len(active) > 1, "withdraw": s["queued"] > 0, "bad": True}
+        kinds = [k for k in ACTIONS if allowed[k]]
+        kind = rng.choices(kinds, weights=[ACTIONS[k] for k in kinds])[0]
+        out: dict[str, Any] = {"kind": kind, "gpus": n, "phase": s["phase"]}
+        if kind == "scale-out":
             m = rng.randint(n + 1, self.slots)
             named = self._layout(m) if rng.random() < 0.3 else None
-            return self._scale(f"scale-out {m}" + (f" as {named}" if named else ""))
-        if kind in ("scale-in", "notice") and n > 1:
+            return {**out, **self._scale(f"scale-out {m}" + (f" as {named}" if named else ""))}
+        if kind in ("scale-in", "notice"):
             m = rng.randint(1, n - 1)
             named = self._layout(m) if rng.random() < 0.3 else None
             deadline = f" deadline {rng.choice(DEADLINES):g}s" if kind == "notice" else ""
-            return self._scale(f"scale-in {m}{deadline}" + (f" as {named}" if named else ""))
+            return {**out, **self._scale(f"scale-in {m}{deadline}" + (f" as {named}" if named else ""))}
         if kind == "reshape":
-            named = self._layout(n)
-            return self._scale(f"reshape {named}") if named else {"request": "reshape", "skipped": "none valid"}
+            return {**out, **self._scale(f"reshape {self._layout(n, now)}")}
         if kind in ("kill", "hang"):
-            alive = self.procs()
-            active = {q for node in s["nodes"] for _, q in node["ranks"]}
-            # never the last rank of the job: with no survivor there is nothing to recover on
-            pick = [q for q in alive if q["proc"] not in active or len(active) > 1]
-            if kind == "hang":
-                pick = [q for q in pick if q["proc"] in active]
-            if not pick:
-                return {"request": kind, "skipped": "no process it may take"}
+            pick = killable if kind == "kill" else [q for q in alive if q["proc"] in active]
             v = rng.choice(pick)
             os.kill(v["pid"], signal.SIGKILL if kind == "kill" else signal.SIGSTOP)
-            return {"request": kind, "proc": v["proc"], "role": v.get("role"), "phase": s["phase"]}
+            return {**out, "proc": v["proc"], "role": v.get("role")}
         if kind == "withdraw":
-            if not s["queued"]:
-                return {"request": "withdraw", "skipped": "nothing queued"}
             code, body = request(self.url, self.token, "POST", "/withdraw", {"position": rng.randint(1, s["queued"])})
-            return {"request": "withdraw", "http": code, "answer": body}
-        if kind == "bad":  # refused with a reason, and nothing changes
-            bad = rng.choice([f"scale-out {self.slots + 5}", "reshape 3,1,1", "scale-in 0", "launch 2",
-                              f"scale-in 1 deadline -{rng.randint(1, 9)}s"])
-            out = self._scale(bad)
-            after = self.status()
-            out["unchanged"] = out["http"] == 400 and after["queued"] <= s["queued"]
-            return out
-        return {"request": kind, "skipped": f"not with {n} of {self.slots} GPUs"}
+            return {**out, "http": code, "answer": body}
+        bad = rng.choice([f"scale-out {self.slots + 5}", "reshape 3,1,1", "scale-in 0", "launch 2",
+                          f"scale-in 1 deadline -{rng.randint(1, 9)}s"])  # refused with a reason, nothing changes
+        res = self._scale(bad)
+        after = self.status()
+        return {**out, **res, "unchanged": res["http"] == 400 and after["queued"] <= s["queued"]}
 
     def settle(self, timeout_s: float) -> bool:
         """Until the job is stable with nothing queued (False at the timeout)."""
@@ -142,10 +152,6 @@ class Driver:
                 return True
             time.sleep(0.1)
         return False
-
-
-def _kind(rng: random.Random) -> str:
-    return rng.choices(list(ACTIONS), weights=list(ACTIONS.values()))[0]
 
 
 def _quantiles(xs: list[float]) -> dict[str, float] | None:
@@ -159,6 +165,8 @@ def _quantiles(xs: list[float]) -> dict[str, float] | None:
 def check(report: dict[str, Any], ckpt_every: int) -> dict[str, Any]:
     """What the design promises, from the job's report."""
     events, steps = report["events"], [s["step"] for s in report["steps"]]
+    # steps the survivors of a heal had completed when their rank 0 was lost before logging them
+    unlogged = {k for e in events for k in e.get("steps_unlogged", [])}
     handled = [e for e in events if "digest_after" in e or "digest_before" in e]
     mismatched = [i for i, e in enumerate(events) if e.get("digest_equal") is False]
     unknown = [i for i, e in enumerate(events) if e in handled and e.get("digest_equal") is None]
@@ -171,8 +179,9 @@ def check(report: dict[str, Any], ckpt_every: int) -> dict[str, Any]:
     return {
         "handoffs_and_recoveries": len(handled), "digest_equal": len(handled) - len(mismatched) - len(unknown),
         "digest_different": mismatched, "digest_unknown": unknown,
-        "steps_continuous": bool(steps) and sorted(set(steps)) == list(range(1, steps[-1] + 1)),
+        "steps_continuous": bool(steps) and sorted(set(steps) | unlogged) == list(range(1, steps[-1] + 1)),
         "last_step": steps[-1] if steps else 0, "steps_rerun": rerun, "lost_steps": lost,
+        "steps_trained_unlogged": sorted(unlogged),
         "rerun_equals_rolled_back": rerun == sum(e["lost_steps"] for e in rollbacks),
         "fail_stops": len(fails), "rollbacks": len(rollbacks), "losses_beyond_design": over,
     }
@@ -211,8 +220,7 @@ def run(events: int = 100, seed: int = 1, slots: int = 4, ckpt_every: int = 5, r
     stuck = 0
     try:
         for i in range(events):
-            kind = _kind(rng)
-            entry = {"i": i, "t": round(time.time() - t0, 3), "kind": kind, **d.act(kind)}
+            entry = {"i": i, "t": round(time.time() - t0, 3), **d.act()}
             d.log.append(entry)
             log.info(f"soak action {json.dumps(entry)}")
             if rng.random() >= OVERLAP:

@@ -119,6 +119,9 @@ class LiveController(Controller):
                 self.lost_slots |= {w.slot for w in dead}
                 self.records.append(rec)
                 return
+            if missed is not None:  # (its record is written: it says how the job went on after all)
+                missed.record["status"] = ("deadline missed: the leaving processes were stopped at the deadline and "
+                                           "the job recovered on the others from the checkpoint")
         super()._fail_stop(dead, preempted)
 
     def _try_heal(self, dead: list[Worker], parallel=None) -> dict[str, Any] | None:
@@ -186,6 +189,8 @@ class LiveController(Controller):
                "status": report.HEALED, "generation": self.gen,
                "old_generation": old.generation, "old": old.parallel.short(), "new": parallel.short(),
                "failed_at_step": failed_step, "restored_step": step, "lost_steps": max(0, failed_step - step),
+               # steps the survivors completed that the lost rank 0 had not logged yet (trained, kept)
+               "steps_unlogged": list(range(failed_step + 1, step + 1)),
                "checkpoint": None, "lost_slots": sorted(w.slot for w in dead), "t_event": t0,
                "heal_s": time.time() - t0, "bytes_moved": plan.bytes_moved,
                "digest_before": before, "digest_after": first(switched.values(), "digest_after"),
