@@ -304,6 +304,8 @@ class Controller(NodeMembership):
         if any(isinstance(n, RemoteNode) and n.resumed for n in self.nodes.up()):
             return None  # a controller that came back: not before its nodes said what they run
         ev = self.queue[0]
+        if self.progress is None or self.active is None or self.progress.generation != self.active.generation:
+            return None  # the Active World has not trained a step yet (it starts, or recovers)
         if ev.at_step is not None and self.step < ev.at_step:
             return None
         if ev.at_time is not None and (self.t_start is None or time.time() - self.t_start < ev.at_time):
@@ -481,6 +483,17 @@ class Controller(NodeMembership):
                          f"{[w.returncode for w in exited]}")
         return "; ".join(parts)
 
+    def _failed_step(self) -> int:
+        """The last step the Active World holds: its rank 0's latest, or, for a recovery that
+        failed again before its first step, the step it was restored to (those steps are not
+        lost twice)."""
+        if self.progress is None or self.progress.generation != self.active.generation:
+            began = next((r["restored_step"] for r in reversed(self.records)
+                          if r.get("generation") == self.active.generation and r.get("restored_step") is not None), None)
+            if began is not None:
+                return began
+        return self.step
+
     def _joiner_died(self, w: Worker) -> None:
         logs.PHASES.warning(f"process {w.proc} (slot {w.slot} on node {self.nodes.where(w.proc)}, {w.role}) died: "
                             f"{self.nodes.log_tail(w.proc, 300)!r}")
@@ -491,7 +504,7 @@ class Controller(NodeMembership):
         so the recovery is its outcome (it is not queued again with a fresh deadline)."""
         t0 = time.time()
         old_generation = self.active.generation
-        failed_step = self.step
+        failed_step = self._failed_step()
         dead_slots = {w.slot for w in dead}
         self.lost_slots |= dead_slots
         survivors = [self.slot_of[p] for p in self.active.procs if self.slot_of[p] not in dead_slots]

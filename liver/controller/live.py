@@ -151,7 +151,7 @@ class LiveController(Controller):
     def _heal(self, dead: list[Worker], parallel=None) -> dict[str, Any] | None:
         """The next generation built from the survivors' own state at the step they stopped at
         (to ``parallel`` where it fits their count): its record, or None where they cannot."""
-        t0, old, failed_step = time.time(), self.active, self.step
+        t0, old, failed_step = time.time(), self.active, self._failed_step()
         a, job = self.adapter, self.job
         view = heal.surviving_view(a.view(job, a.layout(job, old.parallel)), old.procs, [w.proc for w in dead])
         survivors = [old.procs[r] for r in view.ranks]
@@ -279,8 +279,8 @@ class LiveController(Controller):
                              "on from their own state: recovered from the checkpoint (next record)")
             self.records.append(rec)
             return Controller._fail_stop(self, gone)
-        rec.update({k: healed[k] for k in ("generation", "new", "restored_step", "lost_steps", "heal_s", "bytes_moved",
-                                           "digest_before", "digest_after")},
+        rec.update({k: healed[k] for k in ("generation", "new", "failed_at_step", "restored_step", "lost_steps",
+                                           "steps_unlogged", "heal_s", "bytes_moved", "digest_before", "digest_after")},
                    status=report.DROPPED)
         self.records.append(rec)
 

@@ -39,14 +39,14 @@ def downtime(steps: list[dict[str, Any]], rec: dict[str, Any]) -> dict[str, Any]
     old_g, new_g = rec.get("old_generation"), rec.get("generation")
     old = [s for s in steps if s["generation"] == old_g]
     new = [s for s in steps if s["generation"] == new_g]
-    if not old:
+    if not old and rec.get("restored_step") is None:
         return {}
-    before = old[-1]
+    before = old[-1] if old else {}
     if rec.get("restored_step") is not None:  # a rollback: compare with the checkpointed step (of
         before = next((s for s in reversed(steps) if s["step"] == rec["restored_step"]  # this generation
                        and s["generation"] <= old_g), {})                              # or one before)
-    if not new:  # the job (or its node) ended before the new generation's first step: no downtime,
-        return _digests(rec, before)  # but the switch's own digests still compare
+    if not new or not old:  # a generation that never trained a step (the job or its node ended, or
+        return _digests(rec, before)  # it failed as it started): no downtime; the digests still compare
     normal = _median_step(new) if len(new) > 1 else _median_step(old)
     last_old, first_new = old[-1], new[0]
     checks = last_old.get("digest_s", 0.0) + rec.get("digest_before_s", 0.0) + rec.get("digest_after_s", 0.0)
