@@ -61,6 +61,18 @@ def downtime(steps: list[dict[str, Any]], rec: dict[str, Any]) -> dict[str, Any]
     return out
 
 
+def _failed_at(steps: list[dict[str, Any]], rec: dict[str, Any]) -> dict[str, Any]:
+    """A recovery's failed step and lost steps from the step log: the controller reads rank 0's
+    progress between two polls, so the last step logged may be one it had not seen yet."""
+    logged = [s["step"] for s in steps if s["generation"] == rec.get("old_generation")]
+    failed = max([rec["failed_at_step"], *logged])
+    out = {"failed_at_step": failed, "lost_steps": max(0, failed - rec["restored_step"])}
+    if "steps_unlogged" in rec:
+        seen = set(logged)
+        out["steps_unlogged"] = [k for k in rec["steps_unlogged"] if k not in seen]
+    return out
+
+
 def _digests(rec: dict[str, Any], before: dict[str, Any]) -> dict[str, Any]:
     """The state digest right before the handoff (the switch's own, else the step's it was cut
     at) and right after it, and whether they are equal where both are known."""
@@ -192,6 +204,8 @@ def build(run_dir: Path, result: dict[str, Any], meta: dict[str, Any]) -> dict[s
         rec = {k: v for k, v in rec.items() if not k.startswith("_") and k != "plan"}
         if rec.get("status") in ("done", "recovered", HEALED, DROPPED):
             rec.update(downtime(steps, rec))
+        if rec.get("restored_step") is not None and rec.get("failed_at_step") is not None:
+            rec.update(_failed_at(steps, rec))
         if "switch_start" in rec:
             so = steady_overhead(steps, [rec])
             rec["steady_overhead"], rec["steps_preparing"] = so["steady_overhead"], so["steps_preparing"]
