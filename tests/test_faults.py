@@ -111,3 +111,30 @@ def test_a_full_disk_fails_checkpoints_not_training_and_the_last_whole_one_is_us
     assert rec["status"] == "recovered" and rec["restored_step"] == 4 and rec["digest_equal"] is True, rec
     assert rec["lost_steps"] == rec["failed_at_step"] - 4 >= 8
     check_continuous(rep, 30)
+
+
+@pytest.mark.timeout(600)
+def test_a_leaving_replica_that_dies_while_its_scale_in_prepares_is_healed_and_the_scale_in_goes_on(tmp_path):
+    """A process marked to leave still holds its rank until the switch: killed while the scale-in
+    prepares, it is a fail-stop at once (not a leaver gone early, which left its peers waiting on
+    it for their groups' timeout). It was a data-parallel replica: the survivors heal, nothing is
+    rolled back, and the scale-in, queued again, then completes on them."""
+    run_dir = tmp_path / "run"
+    events = tmp_path / "events.txt"
+    events.write_text("at step 3: scale-in 2 deadline 120s\n")
+    t, box = background(run_dir, "--parallel", "1,1,4", "--gpus", "4", "--events", str(events),
+                        "--steps", "100000", "--end-after-events", "5", "--ckpt-every", "4")
+    url, token = _control(run_dir)
+    wait_for(lambda: request(url, token, "GET", "/status")[1]["phase"] == "prepare", what="Prepare", timeout=60)
+    victim = next(p for p in procs(run_dir) if p["proc"] == 3)
+    os.kill(victim["pid"], signal.SIGKILL)
+    t.join(timeout=500)
+    rep = box["report"]
+    assert rep["rc"] == 0
+    kinds = [(e["event"]["kind"], e["status"].split(";")[0]) for e in rep["events"]]
+    assert kinds == [("scale-in", "interrupted by a fail-stop"), ("fail-stop", "healed from the surviving replicas"),
+                     ("scale-in", "done")], kinds
+    heal, done = rep["events"][1], rep["events"][2]
+    assert heal["lost_steps"] == 0 and heal["digest_equal"] is True and heal["downtime_s"] < 30, heal
+    assert done["digest_equal"] is True and rep["steps"][-1]["parallel"].endswith("dp2")
+    check_continuous(rep, rep["steps"][-1]["step"])

@@ -440,8 +440,8 @@ class Controller(NodeMembership):
 
     def _exits(self, ws: list[Worker]) -> None:
         """Exits seen together (a whole node's, say): the Active World's failures are one fail-stop."""
-        failed = [w for w in ws if w.returncode != 0 and not w.leaving and self.active is not None
-                  and w.proc in self.active.procs]
+        # (a process marked to leave holds its rank until the switch: its failure before is one too)
+        failed = [w for w in ws if w.returncode != 0 and self.active is not None and w.proc in self.active.procs]
         for w in ws:
             if w not in failed:
                 self._exited(w)
@@ -458,7 +458,7 @@ class Controller(NodeMembership):
             return
         if w.returncode != 0 and self._breaks_handoff(w):
             return self._fail_stop([w])  # at once: its peers may wait on it until a timeout
-        if w.returncode == 0 or w.leaving:
+        if w.returncode == 0 or (w.leaving and not (self.active is not None and w.proc in self.active.procs)):
             # the job's end: every rank of the Active World done, the last one to exit checks (a
             # rank marked to leave by a handoff that the end cut short may well be the last)
             if self.active and w.proc in self.active.procs and w.returncode == 0:

@@ -112,7 +112,7 @@ class LiveController(Controller):
     def _fail_stop(self, dead: list[Worker], preempted: bool = False) -> None:
         """Healed from the survivors' memory where they hold every shard (``heal.py``); else the
         checkpoint (``Controller._fail_stop``)."""
-        if self.cfg.controller.heal_timeout_s > 0 and (self.current is None or self._drop_missed(preempted)):
+        if self.cfg.controller.heal_timeout_s > 0 and (self.current is None or self._drop_pending(preempted)):
             missed, self._missed = self._missed, None
             rec = self._try_heal(dead, missed.target if missed is not None else None)
             if rec is not None:
@@ -132,16 +132,26 @@ class LiveController(Controller):
             logs.PHASES.warning(f"healing from the survivors failed ({e}); recovering from the checkpoint")
             return None
 
-    def _drop_missed(self, preempted: bool) -> bool:
-        """A scale-in whose deadline passed while preparing: its leaving processes were stopped;
-        the survivors may heal where its pending generation is withdrawn (none switched to it).
-        The event ends here, with its outcome in its record."""
-        if not preempted or self.phase not in PENDING or decide(self.store, self.pending.generation, WITHDRAW) != WITHDRAW:
+    def _drop_pending(self, preempted: bool) -> bool:
+        """A fail-stop while a handoff prepares: the survivors may heal where its pending
+        generation is withdrawn (none switched to it). A scale-in whose deadline passed (its
+        leaving processes were stopped) ends here, with its outcome in its record; any other
+        event is queued again first, as the checkpoint's recovery does."""
+        if self.phase not in PENDING or decide(self.store, self.pending.generation, WITHDRAW) != WITHDRAW:
             return False
         h = self.current
-        h.record["status"] = ("deadline missed: the leaving processes were stopped at the deadline and the "
-                              "survivors healed from their replicas")
-        self._missed = h
+        for p in h.joiners:
+            self.nodes.kill(p)
+        for p in h.leaving:
+            self.nodes.workers[p].leaving = False
+        if preempted:
+            h.record["status"] = ("deadline missed: the leaving processes were stopped at the deadline and the "
+                                  "survivors healed from their replicas")
+            self._missed = h
+        else:
+            h.record["status"] = "interrupted by a fail-stop; re-queued"
+            with self.lock:
+                self.queue.appendleft(h.event)
         self.records.append(h.record)
         self.current, self.pending = None, None
         self._wish()
