@@ -128,6 +128,31 @@ def _heal(d: dict[str, Any]) -> list[str]:
             f"({c['lost_work_s']:.1f} s of work) lost: {c['total_lost_s']:.1f} s against {h['total_lost_s']:.2f} s."]
 
 
+def _vs_torchft(d: dict[str, Any]) -> list[str]:
+    lv, tf = d["LiveR"], d["torchft"]
+    return [f"{d['params'] / 1e6:.1f}M parameters, {d['replicas']} replicas of one process, one killed at step "
+            f"{d['kill_at_step']}, {d['repeats']} interleaved runs each: LiveR stall {lv['stall_s']:.2f} s (runs "
+            f"{lv['stall_s_range'][0]:.2f}-{lv['stall_s_range'][1]:.2f}), {lv['lost_steps']:g} steps lost; torchft "
+            f"{d['torchft_version']} stall {tf['stall_s']:.2f} s (runs {tf['stall_s_range'][0]:.2f}-"
+            f"{tf['stall_s_range'][1]:.2f}), {tf['lost_steps']:g} steps lost; time lost in all "
+            f"{lv['total_lost_s']:.2f} s against {tf['total_lost_s']:.2f} s (steps {lv['median_step_s']:.2f} s and "
+            f"{tf['median_step_s']:.2f} s)."]
+
+
+def _soak(rows: list[dict[str, Any]]) -> list[str]:
+    out = []
+    for d in rows:
+        dt = d["downtime_s"]
+        live = [dt[k]["median"] for k in ("scale-out", "scale-in", "reshape") if dt.get(k)]
+        out.append(f"seed {d['seed']}: {d['events_asked']} actions ({', '.join(f'{v} {k}' for k, v in sorted(d['actions'].items()))}); "
+                   f"{d['handoffs_and_recoveries']} handoffs and recoveries, {d['digest_equal']} digest-equal, "
+                   f"{len(d['digest_different'])} different; steps continuous: {d['steps_continuous']}; "
+                   f"{d['fail_stops']} fail-stops ({d['rollbacks']} rolled back, {d['lost_steps']} steps lost in all, "
+                   f"none beyond the design: {not d['losses_beyond_design']}); median live downtime "
+                   f"{min(live):.3f}-{max(live):.3f} s by kind; all checks: {'pass' if d['ok'] else 'FAIL'}.")
+    return out
+
+
 def _sim_validation(d: dict[str, Any]) -> list[str]:
     s, floor = d["summary"], d["noise_floor_same_event_twice"]
     parts = [f"{q.removesuffix('_s').replace('_', ' ')} median {v['median_abs_error']:.1%}, worst "
@@ -174,7 +199,7 @@ RENDER: dict[str, Callable[[Any], list[str]]] = {
     "cpu_target": _cpu_target,
     "sim_validation": _sim_validation, "sim_downtime": _sim_downtime, "sim_goodput": _sim_goodput,
     "sim_speed": _sim_speed,
-    "heal": _heal,
+    "heal": _heal, "vs_torchft": _vs_torchft, "soak": _soak,
     "compat": _compat, "native_compat": _native_compat,
     "handoffs": _handoffs, "overhead": _overhead, "transfer": _transfer, "cpu_reconfig": _cpu_reconfig,
     "boot": _boot, "core_binding": _core_binding, "plan": _plan, "plan_pickle": _plan_pickle}

@@ -22,8 +22,11 @@ from liver import logs
 from liver.controller import heal, report, target
 from liver.controller.records import first
 from liver.engine.digest import combine
-from liver.protocol.messages import Failure, GenerationSpec, Stalled, SwitchReport, read_if
+from liver.protocol.messages import Failure, GenerationSpec, Stalled, SwitchReport, beat_key, read_if
 from liver.protocol.store import COMMIT, WITHDRAW, decide, decided, get, publish_plan
+
+
+SILENT_S = 3.0  # a survivor's heartbeat this old during a heal: it will not report (six beats missed)
 
 
 class LiveController(Controller):
@@ -170,9 +173,12 @@ class LiveController(Controller):
         if missing is not None:
             self.phase_log("no-heal", why=missing[:200])
             return None
+        if self.progress is None or self.progress.generation != old.generation:
+            self.phase_log("no-heal", why="the generation had not trained a step yet (it was starting)")
+            return None
         if parallel is None or parallel.world_size != len(survivors):
             parallel = target.choose(a, job, len(survivors), self.hardware, current=old.parallel)
-        stalled = self._wait_for(old.generation, survivors, Stalled, self.cfg.controller.heal_timeout_s)
+        stalled = self._wait_for(old.generation, survivors, Stalled, self.cfg.controller.heal_timeout_s, beats=True)
         step = heal.common_step(r.step for r in stalled.values()) if stalled else None
         if step is None:
             self.phase_log("no-heal", why="the survivors did not all report one step" if stalled else
@@ -208,9 +214,9 @@ class LiveController(Controller):
         self.phase_log("healed", restored_step=step, lost_steps=rec["lost_steps"], heal_s=round(rec["heal_s"], 3))
         return rec
 
-    def _wait_for(self, g: int, procs: list[int], cls, timeout_s: float):
+    def _wait_for(self, g: int, procs: list[int], cls, timeout_s: float, beats: bool = False):
         """Every process's ``cls`` report of generation ``g``, or None at the timeout or as soon as
-        one of them exits."""
+        one of them exits (``beats``: or stops its heartbeat, stopped or hung: it will never report)."""
         end = time.time() + timeout_s
         while time.time() < end and not self.interrupted:
             got = self._collect(g, procs, cls)
@@ -219,8 +225,23 @@ class LiveController(Controller):
             for w in self.nodes.poll():
                 if w.proc in procs:
                     return None
+            if beats and self._silent(procs):
+                return None
             time.sleep(0.01)
         return None
+
+    def _silent(self, procs: list[int]) -> bool:
+        """One of ``procs`` wrote no heartbeat for ``SILENT_S`` (it writes one every 0.5 s, from a
+        thread of its own: it is stopped, or hung as a whole)."""
+        keys = [beat_key(p) for p in procs]
+        if not self.store.check(keys):
+            return False
+        now = time.time()
+        for p, k in zip(procs, keys):
+            if now - float(self.store.get(k)) > SILENT_S:
+                self.phase_log("no-heal", why=f"process {p} wrote no heartbeat for {SILENT_S:g} s (stopped or hung)")
+                return True
+        return False
 
     # ---- starting a handoff ----------------------------------------------------------------
     def _begin(self, ev: Event) -> None:
