@@ -80,3 +80,15 @@ def test_box_hashes_see_every_bit_and_not_the_split():
     swapped = t.clone()
     swapped[0, 0, 0], swapped[0, 0, 1] = t[0, 0, 1], t[0, 0, 0]
     assert box_hash(swapped, ((0, 6), (0, 10), (0, 3)), shape) != whole
+
+def test_replicas_that_differ_are_an_error_of_the_digest_never_averaged_away():
+    """Every replica ends with equal state (after any handoff or failure): two ranks holding the
+    same box with different bits make the digest fail, naming the box."""
+    from liver.engine.digest import combine
+    from liver.resource_view.spec import TensorSpec
+
+    spec = TensorSpec("w", (4,), "float32", layer=0, shard_dim=None)
+    same = [[[0, [[0, 4]], [1, 2]]], [[0, [[0, 4]], [1, 2]]]]
+    assert combine([spec], same, {}) == combine([spec], same[:1], {})  # replicas count once
+    with pytest.raises(RuntimeError, match=r"box \[\[0, 4\]\]: the replica of rank 1 differs"):
+        combine([spec], [same[0], [[0, [[0, 4]], [1, 3]]]], {})

@@ -76,12 +76,18 @@ def _local(engine: Engine) -> list[tuple[int, Box, tuple[int, int]]]:
             for i, s in enumerate(engine.specs) if s.name in engine.boxes]
 
 
-def _distinct(parts: list[list[tuple]]) -> dict[int, dict[Box, Any]]:
-    """Per tensor, each distinct box once (the lowest rank's)."""
+def _distinct(parts: list[list[tuple]], same=lambda a, b: a == b) -> dict[int, dict[Box, Any]]:
+    """Per tensor, each distinct box once (the lowest rank's). Replicas must agree (``same``): a
+    replica whose bits differ from its peer's is an error, never averaged away (after any
+    failure and handoff, every replica ends with equal state: torchft's promise)."""
     out: dict[int, dict[Box, Any]] = {}
-    for part in parts:
+    for rank, part in enumerate(parts):
         for i, box, value in part:
-            out.setdefault(i, {}).setdefault(tuple(map(tuple, box)), value)
+            key = tuple(map(tuple, box))
+            seen = out.setdefault(i, {}).setdefault(key, value)
+            if seen is not value and not same(seen, value):
+                raise RuntimeError(f"digest: tensor #{i}, box {list(map(list, key))}: the replica of rank {rank} "
+                                   f"differs from the one before it")
     return out
 
 
@@ -119,7 +125,7 @@ def gather_full_state(engine: Engine) -> dict[str, Any] | None:
     """Every logical tensor, whole, on rank 0 (None elsewhere); plus the scalars. Small models only."""
     mine = [(i, engine.boxes[s.name], engine.state[s.name].detach().cpu())
             for i, s in enumerate(engine.specs) if s.name in engine.boxes]
-    by_tensor = _distinct(engine.world.all.all_gather_object(mine))
+    by_tensor = _distinct(engine.world.all.all_gather_object(mine), same=torch.equal)
     if engine.world.rank != 0:
         return None
     full: dict[str, Any] = {}
