@@ -295,8 +295,11 @@ class Controller(NodeMembership):
         return n
 
     def validate(self, ev: Event, n_before: int) -> ParallelConfig:
-        """Refuse (ValueError naming the field) what cannot be done; returns the target."""
-        return admit(ev, n_before, self.capacity(), self.adapter, self.job, self.hardware)
+        """Refuse (ValueError naming the field) what cannot be done; returns the target. A
+        scale-out reports capacity: the slots of processes lost earlier count (it begins by
+        taking them back), else a slot lost once on a node that is up could never be used again."""
+        capacity = len(self.nodes.slots()) if ev.kind == "scale-out" else self.capacity()
+        return admit(ev, n_before, capacity, self.adapter, self.job, self.hardware)
 
     def _head_triggered(self) -> Event | None:
         if not self.queue or self._ending:  # (an operator's end: no new event begins)

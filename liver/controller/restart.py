@@ -45,6 +45,8 @@ class RestartController(Controller):
             self._watch_start()
 
     def _begin(self, ev: Event) -> None:
+        if ev.kind == "scale-out":
+            self.lost_slots.clear()  # the event reports capacity: slots lost earlier may be back
         try:
             h = self._handling(ev)
         except ValueError as e:
