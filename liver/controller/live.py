@@ -182,7 +182,8 @@ class LiveController(Controller):
         step = heal.common_step(r.step for r in stalled.values()) if stalled else None
         if step is None:
             self.phase_log("no-heal", why="the survivors did not all report one step" if stalled else
-                           f"not every survivor reported within {self.cfg.controller.heal_timeout_s:g} s")
+                           f"not every survivor reported (one exited, went silent, or took over "
+                           f"{self.cfg.controller.heal_timeout_s:g} s)")
             return None
         plan = self.plan(old.parallel, parallel, survivors, survivors, old_view=view)
         self.gen += 1
@@ -306,8 +307,8 @@ class LiveController(Controller):
         rec.update(t_stopped=stopped, deadline_met=stopped <= h.deadline_at, t_done=time.time())
         self.current = None
         if healed is None:
-            rec["status"] = ("the leaving processes were stopped before the deadline; the survivors could not go "
-                             "on from their own state: recovered from the checkpoint (next record)")
+            rec["status"] = ("recovered: the leaving processes were stopped before the deadline; the survivors "
+                             "could not go on from their own state, so from the checkpoint (next record)")
             self.records.append(rec)
             return Controller._fail_stop(self, gone)
         rec.update({k: healed[k] for k in ("generation", "new", "failed_at_step", "restored_step", "lost_steps",
