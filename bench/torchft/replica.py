@@ -1,6 +1,6 @@
 """One torchft replica group (one process) of the side-by-side kill: the same 12.6M-parameter
 Llama-style model as ``liver bench heal`` (examples/llama.py at its shape), AdamW, 4 sequences of
-64 tokens a step, gloo on CPU, torchft's Manager with its DDP and optimizer wrappers.
+64 tokens a step, gloo on CPU, torchft's Manager (gradients all-reduced through it) and its optimizer wrapper.
 
 Run by ``bench/torchft/side_by_side.py`` with an interpreter that has torchft 0.2.0:
     python replica.py --replica R --lighthouse URL --store-port P --steps N --out FILE
@@ -26,7 +26,7 @@ from torch.distributed import TCPStore
 sys.path[:0] = [str(Path(__file__).resolve().parents[2]), str(Path(__file__).resolve().parents[2] / "examples")]
 from llama import Llama  # noqa: E402  (the project's plain-torch model; no LiveR at run time)
 
-from torchft import DistributedDataParallel, Manager, Optimizer, ProcessGroupGloo  # noqa: E402
+from torchft import Manager, Optimizer, ProcessGroupGloo  # noqa: E402
 
 
 def main() -> None:
@@ -55,19 +55,26 @@ def main() -> None:
                       lighthouse_addr=args.lighthouse, store_addr="127.0.0.1", store_port=args.store_port,
                       rank=0, world_size=1, timeout=timedelta(seconds=10), quorum_timeout=timedelta(seconds=30),
                       connect_timeout=timedelta(seconds=30))
-    # one gradient bucket: with several, torchft 0.2.0's DDP hook fails on the buckets after the
-    # first one that errored (``assert fut._fut`` on the no-op work it returns once errored)
-    ddp = DistributedDataParallel(manager, model, bucket_cap_mb=256)
+    # the gradients all-reduced as one flat buffer through the Manager (as DDP with one bucket):
+    # torchft 0.2.0's DDP wrapper fails on the buckets after one that errored (its hook asserts
+    # ``fut._fut`` on the no-op work the Manager returns once errored), killing the survivor
     optim = Optimizer(manager, opt)
+    params = list(model.parameters())
     g = torch.Generator().manual_seed(1000 + args.replica)
     out = open(args.out, "a", buffering=1)
     while manager.current_step() < args.steps:
         t0 = time.perf_counter()
         tokens = torch.randint(0, 8192, (4, 65), generator=g)
         optim.zero_grad()
-        logits = ddp(tokens[:, :-1])
+        logits = model(tokens[:, :-1])
         loss = F.cross_entropy(logits.flatten(0, 1).float(), tokens[:, 1:].flatten())
         loss.backward()
+        flat = torch.cat([p.grad.reshape(-1) for p in params])
+        manager.allreduce(flat).wait()  # the average over the quorum's participants
+        offset = 0
+        for p in params:
+            p.grad.copy_(flat[offset:offset + p.numel()].view_as(p))
+            offset += p.numel()
         before = manager.current_step()
         optim.step()
         out.write(json.dumps({"step": manager.current_step(), "committed": manager.current_step() > before,
