@@ -25,8 +25,5 @@ def _segment(pool, job, pc, **kw):
 def test_reshard_through_checkpoint_is_exact(pool, tiny_job, tmp_path, src, dst):
     saved = _segment(pool, tiny_job, src, steps=3, save_to=str(tmp_path / "ck"))
     first = _segment(pool, tiny_job, dst, steps=2, load_from=str(tmp_path / "ck"))
-    second = _segment(pool, tiny_job, dst, steps=2, load_from=str(tmp_path / "ck"))
-    assert first[0]["digest_start"] == saved[0]["digest_end"]
-    assert first[0]["step"] == 5
-    assert first[0]["losses"] == second[0]["losses"]
-    assert first[0]["digest_end"] == second[0]["digest_end"]
+    assert first[0]["digest_start"] == saved[0]["digest_end"]  # (and training on from it is deterministic:
+    assert first[0]["step"] == 5                                # tests/test_engine.py, tests/test_switch.py)

@@ -43,6 +43,10 @@ class LiveController(Controller):
         self.members: list[int] = []  # every process of the old and the pending generation
         self._missed = None  # the scale-in whose missed deadline the next heal completes
         super().__init__(*args, **kw)
+        from liver.sim import costs, profile  # (imported now: a notice's path is decided in milliseconds)
+
+        profile.load(self.hardware.profile)
+        del costs
 
     def _resume_phase(self) -> None:
         """Back after a restart: a pending generation no rank committed yet is withdrawn and its
