@@ -401,7 +401,10 @@ class LiveController(Controller):
         """Rank 0 committed the pending generation: from here it is the switch, whatever comes."""
         if self.phase is Phase.PREPARE:  # committed between two polls of the ready keys
             g = self.pending.generation
-            self._mark_ready(max(get(self.store, f"ready/{g}/{p}") for p in self.members))
+            # (when the last member said ready; a member the pending generation dropped in a
+            # re-plan has no key)
+            times = [t for t in (get(self.store, f"ready/{g}/{p}") for p in self.members) if t is not None]
+            self._mark_ready(max(times) if times else time.time())
         self.go(Trigger.COMMIT)
         self.phase_log("commit", generation=self.pending.generation)
 
