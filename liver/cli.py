@@ -11,26 +11,9 @@ from pathlib import Path
 from dataclasses import replace
 
 from liver.config.fields import to_dict
+from liver.bench import commands as bench
 from liver.sim.commands import _bench_sim_speed, _sim_calibrate, _sim_project, _sim_run, _sim_validate
 
-
-def _bench_plan(args: argparse.Namespace) -> int:
-    from liver.bench.plan import run, run_pickle
-
-    if args.pickle:
-        return _print_rows(run_pickle(), args.json, lambda r: (
-            f"{r['model']:<6} {r['old']} -> {r['new']}: plan {r['plan_cpu_s'] * 1e3:.2f} ms, unpickle "
-            f"{r['unpickle_cpu_s'] * 1e3:.2f} ms of CPU ({r['pickle_bytes']:,} bytes)"))
-
-    return _print_rows(run(repeats=args.repeats), args.json, lambda r: (
-        f"{r['scenario']:<60} tasks {r['num_tasks']:>8,}  moved {r['bytes_moved'] / 1e12:7.2f} TB "
-        f"(identity placement {r['bytes_moved_identity_placement'] / 1e12:7.2f} TB)  plan {r['plan_s']:.3f} s"))
-
-
-def _print_rows(rows: list[dict], as_json: bool, line) -> int:
-    """A benchmark's rows: the JSON list, or one line each."""
-    print(json.dumps(rows, indent=1) if as_json else "\n".join(line(r) for r in rows))
-    return 0
 
 
 DEFAULT_EVENTS = """\
@@ -274,95 +257,6 @@ def _queue(args: argparse.Namespace) -> int:
     return 0 if code in (200, 202) else 1
 
 
-def _bench_reconfig(args: argparse.Namespace) -> int:
-    from liver.bench.reconfig import run
-
-    rows = run(repeats=args.repeats, steps=args.steps, run_dir=Path(args.run_dir) if args.run_dir else None,
-               calm=args.calm_steps, world=args.world, cycles=args.cycles, workload_file=args.workload)
-    return _print_rows(rows, args.json, lambda r: (
-        f"{r['scenario']:<40} live {r['downtime_live_s']:.3f} s  restart {r['downtime_restart_s']:.2f} s  "
-        f"ratio {r['ratio']:.1f}x (forked restart {r['downtime_restart_forked_s']:.2f} s: {r['ratio_forked']:.1f}x)  prepare {r['prepare_s']:.2f} s  steady overhead {r['steady_overhead']:+.2%}"))
-
-
-def _bench_handoffs(args: argparse.Namespace) -> int:
-    from liver.bench.handoffs import run
-
-    result = run(args)
-    print(json.dumps({k: v for k, v in result.items() if k != "steady_overhead_by_kind"}, indent=1))
-    return 0 if result.get("digests_equal") else 1
-
-
-def _bench_transfer(args: argparse.Namespace) -> int:
-    from liver.bench.transfer import run
-
-    report = run(args.out, args.budget_mib)
-    for k, v in report["models"].items():
-        print(k, {kk: vv for kk, vv in v.items() if kk != "per_rank"})
-    return 0 if all(v["bit_exact"] for v in report["models"].values()) else 1
-
-
-def _bench_core_binding(args: argparse.Namespace) -> int:
-    from liver.bench.core_binding import run
-
-    out = run(repeats=args.repeats, steps=args.steps, run_dir=Path(args.run_dir) if args.run_dir else None)
-    b, u = out["bound"]["pooled"], out["unbound"]["pooled"]
-    print(json.dumps(out, indent=1) if args.json else
-          f"bound {b['median_ms']:.1f} ms median, unbound {u['median_ms']:.1f} ms ({out['repeats']} runs each)")
-    return 0
-
-
-def _bench_measured(args: argparse.Namespace) -> int:
-    from liver.bench.measured import run
-
-    current = run(args.write)
-    print("README.md: Measured section " + ("written" if args.write else "current" if current else
-                                             "out of date (liver bench measured --write)"))
-    return 0 if current else 1
-
-
-def _bench_boot(args: argparse.Namespace) -> int:
-    from liver.bench.boot import run
-
-    rows = run(repeats=args.repeats, model=args.model, parallel=args.parallel, warmup_steps=args.warmup_steps,
-               run_dir=Path(args.run_dir) if args.run_dir else None)
-    return _print_rows(rows, args.json, lambda r: (
-        f"{r['start']:<24} CPU {r['cpu_s']:.3f} s  wall {r['wall_s']:.3f} s  "
-        f"fresh/this: CPU {r['cpu_ratio_fresh_over_this']:.1f}x, wall {r['wall_ratio_fresh_over_this']:.1f}x"))
-
-
-def _bench_target(args: argparse.Namespace) -> int:
-    from liver.bench.target import run
-
-    lo, _, hi = args.counts.partition("-")
-    result = run(list(range(int(lo), int(hi or lo) + 1)), steps=args.steps,
-                 run_dir=Path(args.run_dir) if args.run_dir else None)
-    print(json.dumps(result, indent=1))
-    return 0
-
-
-def _bench_heal(args: argparse.Namespace) -> int:
-    from liver.bench.heal import run
-
-    result = run(repeats=args.repeats, ckpt_every=args.ckpt_every, kill_after=args.kill_after, steps=args.steps,
-                 run_dir=Path(args.run_dir) if args.run_dir else None)
-    print(json.dumps(result, indent=1))
-    return 0 if result["digests_equal"] else 1
-
-
-def _bench_soak(args: argparse.Namespace) -> int:
-    from liver import logs
-    from liver.bench.soak import run
-
-    logs.setup()  # the job's phases and the driver's actions, one line each
-    result = run(events=args.events, seed=args.seed, slots=args.slots, ckpt_every=args.ckpt_every,
-                 run_dir=Path(args.run_dir) if args.run_dir else None)
-    text = json.dumps(result, indent=1)
-    if args.out:
-        Path(args.out).write_text(text + "\n")
-    print(json.dumps({k: v for k, v in result.items() if k != "driver"}, indent=1))
-    return 0 if result["ok"] else 1
-
-
 def _job_flags(r: argparse.ArgumentParser) -> None:
     """The flags of a job (`liver run`, `liver controller`)."""
     r.add_argument("--config", default=None, metavar="FILE", help="a job file (TOML, see configs/)")
@@ -508,7 +402,7 @@ def main(argv: list[str] | None = None) -> int:
     bp.add_argument("--repeats", type=int, default=3, help="best of N timings per scenario")
     bp.add_argument("--pickle", action="store_true",
                     help="instead: CPU time of reading the controller's plan against planning again")
-    bp.set_defaults(fn=_bench_plan)
+    bp.set_defaults(fn=bench.bench_plan)
     br = bsub.add_parser("reconfig", help="live vs stop-and-restart downtime, tiny model on CPU")
     br.add_argument("--json", action="store_true")
     br.add_argument("--repeats", type=int, default=1, help="runs per scenario and mode (median taken)")
@@ -525,7 +419,7 @@ def main(argv: list[str] | None = None) -> int:
                     help="a job file whose engine and job are benchmarked, e.g. configs/llama-native.toml "
                          "(a user's own model); default: the reference engine's tiny job")
     br.add_argument("--run-dir", default=None)
-    br.set_defaults(fn=_bench_reconfig)
+    br.set_defaults(fn=bench.bench_reconfig)
     bh = bsub.add_parser("handoffs", help="a scenario of events live and by stop-and-restart in one call, any "
                                           "backend (the GPU runs; on gloo a CPU dry run)")
     bh.add_argument("--scenario", default="x2", help="x2, x2-twice, x2-cycles (with --cycles, --gap), x8")
@@ -538,20 +432,20 @@ def main(argv: list[str] | None = None) -> int:
     bh.add_argument("--live-only", action="store_true", help="no restart run (the overhead over many events)")
     bh.add_argument("--run-root", default=None, help="run directories here (e.g. /dev/shm); default: --out")
     bh.add_argument("--out", required=True, help="results: handoffs.json, reports, timelines")
-    bh.set_defaults(fn=_bench_handoffs)
+    bh.set_defaults(fn=bench.bench_handoffs)
     bt = bsub.add_parser("transfer", help="the streaming executor alone on 2 GPUs: tp1 -> tp2 of a 0.6B and a 1.1B state")
     bt.add_argument("--out", required=True)
     bt.add_argument("--budget-mib", type=int, default=512, help="staging budget B per rank")
-    bt.set_defaults(fn=_bench_transfer)
+    bt.set_defaults(fn=bench.bench_transfer)
     bc = bsub.add_parser("core-binding", help="CPU step times with workers bound to their slots' cores and not")
     bc.add_argument("--json", action="store_true")
     bc.add_argument("--repeats", type=int, default=3, help="interleaved runs of each")
     bc.add_argument("--steps", type=int, default=800, help="steps per run")
     bc.add_argument("--run-dir", default=None)
-    bc.set_defaults(fn=_bench_core_binding)
+    bc.set_defaults(fn=bench.bench_core_binding)
     bm = bsub.add_parser("measured", help="the README's Measured section from bench/results (claims.toml)")
     bm.add_argument("--write", action="store_true", help="rewrite the section (default: only check it)")
-    bm.set_defaults(fn=_bench_measured)
+    bm.set_defaults(fn=bench.bench_measured)
     bb = bsub.add_parser("boot", help="a cold joiner's cost before its Shadow World: fresh interpreter vs "
                                       "forked from the zygote")
     bb.add_argument("--json", action="store_true")
@@ -560,14 +454,14 @@ def main(argv: list[str] | None = None) -> int:
     bb.add_argument("--parallel", default="1,1,2", help="the joiner's configuration tp,pp,dp (rank 0)")
     bb.add_argument("--warmup-steps", type=int, default=2, help="mock-world warm-up steps")
     bb.add_argument("--run-dir", default=None)
-    bb.set_defaults(fn=_bench_boot)
+    bb.set_defaults(fn=bench.bench_boot)
     bhe = bsub.add_parser("heal", help="a replica killed: healed from the survivor vs recovered from the checkpoint")
     bhe.add_argument("--repeats", type=int, default=3)
     bhe.add_argument("--ckpt-every", type=int, default=10)
     bhe.add_argument("--kill-after", type=int, default=6, help="steps past a checkpoint at which the kill lands")
     bhe.add_argument("--steps", type=int, default=60)
     bhe.add_argument("--run-dir", default=None)
-    bhe.set_defaults(fn=_bench_heal)
+    bhe.set_defaults(fn=bench.bench_heal)
     bso = bsub.add_parser("soak", help="random events (every kind, kills, hangs, notices, overlaps) on a CPU job, "
                                        "checked for digest parity and step continuity")
     bso.add_argument("--events", type=int, default=100)
@@ -576,12 +470,12 @@ def main(argv: list[str] | None = None) -> int:
     bso.add_argument("--ckpt-every", type=int, default=5)
     bso.add_argument("--run-dir", default=None)
     bso.add_argument("--out", default=None, metavar="FILE", help="the whole result, with the driver's log, as JSON")
-    bso.set_defaults(fn=_bench_soak)
+    bso.set_defaults(fn=bench.bench_soak)
     bta = bsub.add_parser("target", help="every valid configuration timed on CPU against the controller's choice")
     bta.add_argument("--counts", default="2-8", help="process counts, e.g. 2-8")
     bta.add_argument("--steps", type=int, default=25, help="steps per configuration")
     bta.add_argument("--run-dir", default=None)
-    bta.set_defaults(fn=_bench_target)
+    bta.set_defaults(fn=bench.bench_target)
     bss = bsub.add_parser("sim-speed", help="the simulator's CPU time for an 8-hour trace at 1,024 GPUs")
     bss.add_argument("--trace", required=True, help="a spot trace (p3: 32 nodes at its peak)")
     bss.add_argument("--gpus-per-node", type=int, default=32)

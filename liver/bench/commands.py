@@ -1,0 +1,116 @@
+"""The ``liver bench`` subcommands: each parses nothing itself (``liver.cli`` builds the flags),
+runs its benchmark and prints its JSON or its lines."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+
+def bench_plan(args: argparse.Namespace) -> int:
+    from liver.bench.plan import run, run_pickle
+
+    if args.pickle:
+        return print_rows(run_pickle(), args.json, lambda r: (
+            f"{r['model']:<6} {r['old']} -> {r['new']}: plan {r['plan_cpu_s'] * 1e3:.2f} ms, unpickle "
+            f"{r['unpickle_cpu_s'] * 1e3:.2f} ms of CPU ({r['pickle_bytes']:,} bytes)"))
+
+    return print_rows(run(repeats=args.repeats), args.json, lambda r: (
+        f"{r['scenario']:<60} tasks {r['num_tasks']:>8,}  moved {r['bytes_moved'] / 1e12:7.2f} TB "
+        f"(identity placement {r['bytes_moved_identity_placement'] / 1e12:7.2f} TB)  plan {r['plan_s']:.3f} s"))
+
+
+def print_rows(rows: list[dict], as_json: bool, line) -> int:
+    """A benchmark's rows: the JSON list, or one line each."""
+    print(json.dumps(rows, indent=1) if as_json else "\n".join(line(r) for r in rows))
+    return 0
+
+
+def bench_reconfig(args: argparse.Namespace) -> int:
+    from liver.bench.reconfig import run
+
+    rows = run(repeats=args.repeats, steps=args.steps, run_dir=Path(args.run_dir) if args.run_dir else None,
+               calm=args.calm_steps, world=args.world, cycles=args.cycles, workload_file=args.workload)
+    return print_rows(rows, args.json, lambda r: (
+        f"{r['scenario']:<40} live {r['downtime_live_s']:.3f} s  restart {r['downtime_restart_s']:.2f} s  "
+        f"ratio {r['ratio']:.1f}x (forked restart {r['downtime_restart_forked_s']:.2f} s: {r['ratio_forked']:.1f}x)  prepare {r['prepare_s']:.2f} s  steady overhead {r['steady_overhead']:+.2%}"))
+
+
+def bench_handoffs(args: argparse.Namespace) -> int:
+    from liver.bench.handoffs import run
+
+    result = run(args)
+    print(json.dumps({k: v for k, v in result.items() if k != "steady_overhead_by_kind"}, indent=1))
+    return 0 if result.get("digests_equal") else 1
+
+
+def bench_transfer(args: argparse.Namespace) -> int:
+    from liver.bench.transfer import run
+
+    report = run(args.out, args.budget_mib)
+    for k, v in report["models"].items():
+        print(k, {kk: vv for kk, vv in v.items() if kk != "per_rank"})
+    return 0 if all(v["bit_exact"] for v in report["models"].values()) else 1
+
+
+def bench_core_binding(args: argparse.Namespace) -> int:
+    from liver.bench.core_binding import run
+
+    out = run(repeats=args.repeats, steps=args.steps, run_dir=Path(args.run_dir) if args.run_dir else None)
+    b, u = out["bound"]["pooled"], out["unbound"]["pooled"]
+    print(json.dumps(out, indent=1) if args.json else
+          f"bound {b['median_ms']:.1f} ms median, unbound {u['median_ms']:.1f} ms ({out['repeats']} runs each)")
+    return 0
+
+
+def bench_measured(args: argparse.Namespace) -> int:
+    from liver.bench.measured import run
+
+    current = run(args.write)
+    print("README.md: Measured section " + ("written" if args.write else "current" if current else
+                                             "out of date (liver bench measured --write)"))
+    return 0 if current else 1
+
+
+def bench_boot(args: argparse.Namespace) -> int:
+    from liver.bench.boot import run
+
+    rows = run(repeats=args.repeats, model=args.model, parallel=args.parallel, warmup_steps=args.warmup_steps,
+               run_dir=Path(args.run_dir) if args.run_dir else None)
+    return print_rows(rows, args.json, lambda r: (
+        f"{r['start']:<24} CPU {r['cpu_s']:.3f} s  wall {r['wall_s']:.3f} s  "
+        f"fresh/this: CPU {r['cpu_ratio_fresh_over_this']:.1f}x, wall {r['wall_ratio_fresh_over_this']:.1f}x"))
+
+
+def bench_target(args: argparse.Namespace) -> int:
+    from liver.bench.target import run
+
+    lo, _, hi = args.counts.partition("-")
+    result = run(list(range(int(lo), int(hi or lo) + 1)), steps=args.steps,
+                 run_dir=Path(args.run_dir) if args.run_dir else None)
+    print(json.dumps(result, indent=1))
+    return 0
+
+
+def bench_heal(args: argparse.Namespace) -> int:
+    from liver.bench.heal import run
+
+    result = run(repeats=args.repeats, ckpt_every=args.ckpt_every, kill_after=args.kill_after, steps=args.steps,
+                 run_dir=Path(args.run_dir) if args.run_dir else None)
+    print(json.dumps(result, indent=1))
+    return 0 if result["digests_equal"] else 1
+
+
+def bench_soak(args: argparse.Namespace) -> int:
+    from liver import logs
+    from liver.bench.soak import run
+
+    logs.setup()  # the job's phases and the driver's actions, one line each
+    result = run(events=args.events, seed=args.seed, slots=args.slots, ckpt_every=args.ckpt_every,
+                 run_dir=Path(args.run_dir) if args.run_dir else None)
+    text = json.dumps(result, indent=1)
+    if args.out:
+        Path(args.out).write_text(text + "\n")
+    print(json.dumps({k: v for k, v in result.items() if k != "driver"}, indent=1))
+    return 0 if result["ok"] else 1
