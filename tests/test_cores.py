@@ -52,8 +52,8 @@ def test_ranks_and_a_joiner_run_on_their_slots_cores(tmp_path):
     seen: dict[int, dict[int, list[int]]] = {}
     box: dict = {}
     t = threading.Thread(target=lambda: box.update(rc=main(
-        ["run", "--run-dir", str(run_dir), "--digest", "--events", str(events), "--slots", "2", "--gpus", "1",
-         "--steps", "100000", "--end-after-events", "150", "--ckpt-every", "0", "--no-endpoint"])), daemon=True)
+        ["run", "--run-dir", str(run_dir), "--digest", "switch", "--events", str(events), "--slots", "2", "--gpus", "1",
+         "--steps", "100000", "--end-after-events", "60", "--ckpt-every", "0", "--no-endpoint"])), daemon=True)
     t.start()
     while t.is_alive():  # sample every live worker's threads while it trains after the handoff
         try:

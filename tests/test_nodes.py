@@ -27,7 +27,7 @@ class Job:
         self.log = open(run_dir / "controller.log", "ab")
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "liver.cli", "controller", "--run-dir", str(run_dir), "--gpus", "2",
-             "--steps", "100000", "--end-after-events", "-1", "--digest", "--ckpt-every", "5",
+             "--steps", "100000", "--end-after-events", "-1", "--digest", "switch", "--ckpt-every", "5",
              "--set", "controller.agent_timeout_s=4",
              # (preparation unpaced: nodes are the subject here, the pace has tests of its own)
              "--companion-share", "0", *args],
@@ -206,7 +206,7 @@ def test_liver_run_with_several_nodes_on_this_machine(tmp_path):
     events = tmp_path / "events.txt"
     events.write_text("at step 3: scale-out 2\n")
     run_dir = tmp_path / "run"
-    rc = main(["run", "--run-dir", str(run_dir), "--nodes", "2", "--slots", "1", "--gpus", "1", "--digest",
+    rc = main(["run", "--run-dir", str(run_dir), "--nodes", "2", "--slots", "1", "--gpus", "1", "--digest", "switch",
                "--events", str(events), "--end-after-events", "3", "--ckpt-every", "0", "--companion-share", "0",
                "--set", "controller.on_join=never"])
     assert rc == 0

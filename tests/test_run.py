@@ -21,6 +21,8 @@ from liver.controller.report import DROPPED
 
 
 def liver(run_dir: Path, *args: str) -> dict:
+    """A run with a state digest after every step (``"--digest", "switch"`` in ``args``: at the
+    handoffs only, for tests that compare no step's state)."""
     rc = main(["run", "--run-dir", str(run_dir), "--digest", *args])
     report = json.loads((run_dir / "report.json").read_text())
     report["rc"] = rc
@@ -120,7 +122,7 @@ def test_joiner_killed_during_prepare_then_next_event_and_control_endpoint(tmp_p
     events.write_text("at step 2: scale-out 4\n")
     run_dir = tmp_path / "run"
     t, box = background(run_dir, "--events", str(events), "--parallel", "1,2,1", "--steps", "20000",
-                        "--end-after-events", "300", "--ckpt-every", "0")
+                        "--end-after-events", "-1", "--ckpt-every", "0", "--digest", "switch")
     joiner = wait_for(lambda: next((p for p in procs(run_dir) if p["role"] == "joiner" and p["alive"]), None),
                       what="a joiner")
     os.kill(joiner["pid"], signal.SIGKILL)
@@ -150,6 +152,7 @@ def test_joiner_killed_during_prepare_then_next_event_and_control_endpoint(tmp_p
     wait_for(lambda: any(s["parallel"] == "tp1pp1dp1" for s in steps_of(run_dir)), what="the scale-in")
     code, body = request(url, token, "POST", "/scale", {"action": "scale-out 1"})  # the job has 1 already
     assert code == 400 and "allowed a larger total" in body["error"], body
+    assert request(url, token, "POST", "/end", {"after": 3})[0] == 202
     t.join(timeout=500)
     rep = box["report"]
     assert rep["rc"] == 0
@@ -192,7 +195,7 @@ def test_trace_drives_the_job_and_liver_scale_cli_talks_to_it(tmp_path, capsys):
     trace.write_text("0,add,n1\r\n0,add,n2\r\n2000,add,n3\r\n2000,add,n4\r\n60000,remove,n4\r\n")
     run_dir = tmp_path / "run"
     t, box = background(run_dir, "--trace", str(trace), "--slots", "4", "--compress", "10", "--notice", "100",
-                        "--steps", "20000", "--end-after-events", "200", "--ckpt-every", "0")
+                        "--steps", "20000", "--end-after-events", "60", "--ckpt-every", "0", "--digest", "switch")
     wait_for(lambda: (run_dir / "control.json").exists() and steps_of(run_dir), what="the first steps")
     assert main(["scale", "--run-dir", str(run_dir), "reshape", "9,9,9"]) == 1  # refused by the job
     assert "tp" in capsys.readouterr().out

@@ -209,15 +209,10 @@ class Controller(NodeMembership):
             self._await_shutdown()
             if self.endpoint is not None:
                 self.endpoint.close()
+            self._recovery_digests()  # (from the store: before it goes)
+            self._journal(force=True)
             if self.store_pid is not None:  # the job is over: its store goes too
                 self.store.set(storehost.STOP_KEY, "1")
-            self._journal(force=True)
-        for rec in self.records:  # the state digest each recovery started from
-            if rec.get("status") == "recovered":
-                procs = list(GenerationSpec.fetch(self.store, rec["generation"]).procs)
-                starts = self._collect(rec["generation"], procs, StartReport) or {}
-                rec["digest_after"] = first(starts.values(), "digest_after")
-                rec["digest_after_s"] = least(starts.values(), "digest_after_s")
         why = "interrupted (Ctrl-C)" if self.interrupted else "training ended"
         if self.current is not None:
             self.current.record["status"] = f"not completed: {why} in phase {self.phase.value}"
@@ -226,6 +221,15 @@ class Controller(NodeMembership):
             self.records.append({"event": ev.to_dict(), "status": f"not reached: {why}"})
         return {"mode": self.mode, "records": self.records, "wall_s": time.time() - self.started_at,
                 "interrupted": self.interrupted}
+
+    def _recovery_digests(self) -> None:
+        """The state digest each recovery started from, as its new generation's ranks reported it."""
+        for rec in self.records:
+            if rec.get("status") == "recovered":
+                procs = list(GenerationSpec.fetch(self.store, rec["generation"]).procs)
+                starts = self._collect(rec["generation"], procs, StartReport) or {}
+                rec["digest_after"] = first(starts.values(), "digest_after")
+                rec["digest_after_s"] = least(starts.values(), "digest_after_s")
 
     # ---- events --------------------------------------------------------------------------
     def submit(self, action: str) -> dict[str, Any]:

@@ -26,6 +26,9 @@ from liver.resource_view.view import Box, box_numel
 
 _INT = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 _CHUNK_ELEMENTS = 16 << 20  # elements hashed together: bounds the temporary memory (~0.4 GiB)
+_KEPT_BYTES = 64 << 20  # the weights of boxes hashed again and again (a digest every step), kept up to this
+_kept: dict[tuple, torch.Tensor] = {}
+_kept_bytes = 0
 _M = 1 << 64
 _MIX = tuple(c - _M if c >= 1 << 63 else c for c in (0x9F3D5B79A2C4E687, 0x5851F42D4C957F2D, 0x2545F4914F6CDD1D,
                                                      0x94D049BB133111EB))  # as signed int64
@@ -45,6 +48,7 @@ def _weights(flat: torch.Tensor) -> torch.Tensor:
 
 def box_hash(t: torch.Tensor, box: Box, shape: tuple[int, ...]) -> tuple[int, int]:
     """The pair of sums (modulo 2**64) of shard ``t``, the box ``box`` of a tensor of ``shape``."""
+    global _kept_bytes
     x = t.detach()
     if x.dim() == 0:
         x = x.reshape(1)
@@ -64,8 +68,13 @@ def box_hash(t: torch.Tensor, box: Box, shape: tuple[int, ...]) -> tuple[int, in
     h = [0, 0]
     for start in range(0, bits.shape[0], rows_per):
         b = bits[start:start + rows_per].to(torch.int64)
-        first = (torch.arange(start, start + b.shape[0], dtype=torch.int64, device=dev) + lo0) * s0
-        w = _weights(first.unsqueeze(1) + inner)
+        key = (str(dev), shape, tuple(map(tuple, box)), start)
+        w = _kept.get(key)
+        if w is None:
+            first = (torch.arange(start, start + b.shape[0], dtype=torch.int64, device=dev) + lo0) * s0
+            w = _weights(first.unsqueeze(1) + inner)
+            if _kept_bytes + w.nbytes <= _KEPT_BYTES:
+                _kept[key], _kept_bytes = w, _kept_bytes + w.nbytes
         for k in range(2):
             h[k] = (h[k] + int((b * w[k]).sum().item())) % _M
     return h[0], h[1]
