@@ -1,19 +1,25 @@
-"""A data-parallel replica killed with SIGKILL mid-run: LiveR (healed from the survivor's memory)
-against torchft 0.2.0 (the survivor goes on in a smaller quorum), side by side on this machine,
-interleaved repeats, the same 12.6M-parameter model shape, two replicas of one CPU process each,
-the kill at the same step.
+"""A data-parallel replica killed with SIGKILL mid-run (``--event kill``): LiveR (healed from the
+survivor's memory) against torchft 0.2.0 (the survivor goes on in a smaller quorum); or a second
+replica that joins mid-run (``--event join``): LiveR's scale-out 1 -> 2 (a cold joiner, the state
+moved live) against torchft's join (the newcomer heals from its peer). Side by side on this
+machine, interleaved repeats, the same 12.6M-parameter model shape, replicas of one CPU process
+each, the event at the same step.
 
     .venv/bin/python bench/torchft/side_by_side.py --torchft-python /tmp/tftvenv/bin/python \\
-        --repeats 3 --out bench/results/cpu-heal-vs-torchft
+        --repeats 3 --out bench/results/cpu-heal-vs-torchft            (writes side_by_side.json)
+    ... --event join --out bench/results/cpu-heal-vs-torchft           (writes join.json)
 
 torchft runs from its own environment (``pip install torch==2.13.0 torchft==0.2.0``): it is not a
 dependency of LiveR. Its lighthouse runs with the flags of torchft's own examples
 (``--min_replicas 1 --quorum_tick_ms 100 --join_timeout_ms 10000``), other settings at their defaults
 except the collective timeout (10 s, as LiveR's gloo groups break at once on a lost peer).
 
-Per run, from the survivor's own step log: the stall (from the end of the last step committed
-before the kill to the end of the first committed after it, less a normal step), the steps that
-did not commit or were re-run (lost work: their count x the median step), and the sum.
+Per run, from the first replica's own step log: the stall, the steps that did not commit or were
+re-run (lost work: their count x the median step), and the sum. A kill's stall runs from the end
+of the last step committed before it to the end of the first committed after it, less a normal
+step. A join's runs from the event (the newcomer's start) to the first step with both replicas,
+less a normal step for each step in that window (of its own replica count): what the steps beside
+the newcomer's start, the state sent to it and the first step together cost beyond training.
 """
 
 from __future__ import annotations
@@ -54,7 +60,26 @@ def _lines(f: Path) -> list[dict[str, Any]]:
     return [json.loads(x) for x in f.read_text().splitlines() if x.strip()] if f.exists() else []
 
 
-def torchft_once(python: str, run_dir: Path, kill_at: int, steps: int) -> dict[str, Any]:
+def window_stall(log: list[dict[str, Any]], t_event: float, t_end: float, kind) -> float:
+    """What the steps from ``t_event`` to ``t_end`` took beyond normal steps (a join): the time
+    from the step before the window to its last step, less a normal step of each step's own kind
+    (``kind(step)``: its replica count), normal being the median of that kind outside the window."""
+    inside = [x for x in log if t_event < x["time"] <= t_end]
+    start = max((x["time"] for x in log if x["time"] <= t_event), default=t_event)
+    normal = {}
+    for k in {kind(x) for x in inside}:
+        normal[k] = statistics.median(x["step_s"] for x in log if kind(x) == k and x not in inside)
+    return inside[-1]["time"] - start - sum(normal[kind(x)] for x in inside)
+
+
+def _replica(python: str, r: int, addr: str, steps: int, run_dir: Path, env: dict) -> subprocess.Popen:
+    return subprocess.Popen([python, str(HERE / "replica.py"), "--replica", str(r), "--lighthouse", addr,
+                             "--store-port", str(_free_port()), "--steps", str(steps),
+                             "--out", str(run_dir / f"replica{r}.jsonl")],
+                            stdout=open(run_dir / f"replica{r}.log", "w"), stderr=subprocess.STDOUT, env=env)
+
+
+def torchft_once(python: str, run_dir: Path, at: int, steps: int, event: str = "kill") -> dict[str, Any]:
     run_dir.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     lh = subprocess.Popen([python, "-c", LIGHTHOUSE], stdout=subprocess.PIPE, stderr=open(run_dir / "lighthouse.log", "w"),
@@ -64,18 +89,18 @@ def torchft_once(python: str, run_dir: Path, kill_at: int, steps: int) -> dict[s
         addr = lh.stdout.readline().strip()
         if not addr:
             raise RuntimeError(f"torchft's lighthouse did not start; see {run_dir / 'lighthouse.log'}")
-        for r in range(2):
-            procs.append(subprocess.Popen(
-                [python, str(HERE / "replica.py"), "--replica", str(r), "--lighthouse", addr, "--store-port",
-                 str(_free_port()), "--steps", str(steps), "--out", str(run_dir / f"replica{r}.jsonl")],
-                stdout=open(run_dir / f"replica{r}.log", "w"), stderr=subprocess.STDOUT, env=env))
+        for r in range(2 if event == "kill" else 1):
+            procs.append(_replica(python, r, addr, steps, run_dir, env))
         end = time.time() + 600
-        while not any(x["step"] >= kill_at for x in _lines(run_dir / "replica0.jsonl")):
+        while not any(x["step"] >= at for x in _lines(run_dir / "replica0.jsonl")):
             if time.time() > end or any(p.poll() is not None for p in procs):
-                raise RuntimeError(f"torchft: the replicas did not reach step {kill_at}; see {run_dir}")
+                raise RuntimeError(f"torchft: the replicas did not reach step {at}; see {run_dir}")
             time.sleep(0.01)
-        t_kill = time.time()
-        os.kill(procs[1].pid, signal.SIGKILL)
+        t_event = time.time()
+        if event == "kill":
+            os.kill(procs[1].pid, signal.SIGKILL)
+        else:
+            procs.append(_replica(python, 1, addr, steps, run_dir, env))
         if procs[0].wait(900) != 0:
             raise RuntimeError(f"torchft: the survivor failed; see {run_dir / 'replica0.log'}")
     finally:
@@ -85,14 +110,27 @@ def torchft_once(python: str, run_dir: Path, kill_at: int, steps: int) -> dict[s
                 p.wait()
     log = _lines(run_dir / "replica0.jsonl")
     both = [x for x in log if x["participants"] == 2 and x["committed"]]
-    step_s = statistics.median(x["step_s"] for x in log[1:] if x["committed"])
-    before = [x for x in log if x["committed"] and x["time"] <= t_kill]
-    after = [x for x in log if x["committed"] and x["time"] > t_kill]
+    want = 1 if event == "kill" else 2  # the participants once the event is through
+    before = [x for x in log if x["committed"] and x["time"] <= t_event]
+    after = [x for x in log if x["committed"] and x["time"] > t_event and x["participants"] == want]
+    if not after:
+        raise RuntimeError(f"torchft: no step with {want} participants after the {event}; see {run_dir}")
+    # a normal step: over the whole run (a kill), or with both replicas (a join: one replica's steps
+    # have no all-reduce to wait for)
+    step_s = statistics.median(x["step_s"] for x in (log[1:] if event == "kill" else after[1:] or after)
+                               if x["committed"])
+    # steps not committed, and (a join) steps committed by the survivor alone while the newcomer came
     lost = sum(1 for x in log if not x["committed"] and x["time"] > before[-1]["time"])
-    stall = after[0]["time"] - before[-1]["time"] - step_s
-    return {"system": "torchft 0.2.0", "failed_at_step": before[-1]["step"], "steps_with_both": len(both),
-            "participants_after": after[0]["participants"], "stall_s": stall, "lost_steps": lost,
-            "median_step_s": step_s, "lost_work_s": lost * step_s, "total_lost_s": stall + lost * step_s,
+    alone = sum(1 for x in log if x["committed"] and t_event < x["time"] < after[0]["time"])
+    if event == "kill":
+        stall = after[0]["time"] - before[-1]["time"] - step_s
+    else:
+        stall = window_stall([x for x in log if x["committed"]], t_event, after[0]["time"], lambda x: x["participants"])
+    return {"system": "torchft 0.2.0", "event": event,
+            ("failed_at_step" if event == "kill" else "event_at_step"): before[-1]["step"],
+            "steps_with_both": len(both), "steps_before_joined": alone, "participants_after": after[0]["participants"],
+            "stall_s": stall, "lost_steps": lost, "median_step_s": step_s, "lost_work_s": lost * step_s,
+            "total_lost_s": stall + lost * step_s, "event_to_new_count_s": after[0]["time"] - t_event,
             "run_dir": str(run_dir)}
 
 
@@ -105,11 +143,50 @@ def liver_once(run_dir: Path, kill_at: int, steps: int, ckpt_every: int) -> dict
         "total_lost_s", "run_dir")}}
 
 
+def liver_join_once(run_dir: Path, at: int, steps: int) -> dict[str, Any]:
+    """LiveR's scale-out 1 -> 2 data-parallel replicas at step ``at`` (a cold joiner on the second
+    slot), on ``liver bench heal``'s job; the stall measured from the step log as torchft's."""
+    import threading
+
+    from liver.bench.heal import MODEL, _steps
+    from liver.config.jobfile import build
+    from liver.controller.job import run_job
+    from liver.controller.events import parse_schedule_text
+
+    run_dir.mkdir(parents=True, exist_ok=True)
+    text = f"at step {at}: scale-out 2 as 1,1,2\n"
+    cfg = build({"preset": "tiny", "gpus": 1, "parallel": "1,1,1", "steps": steps,
+                 "job": {"model": MODEL, "train": {"global_batch": 8, "micro_batch": 2}},
+                 "checkpoint": {"every": 10}, "agent": {"slots": 2, "quiet": True},
+                 "controller": {"mode": "live", "endpoint": False, "end_after_events": None}})
+    box: dict[str, Any] = {}
+    t = threading.Thread(target=lambda: box.update(report=run_job(cfg, parse_schedule_text(text, "join"), run_dir,
+                                                                  {"bench": "join"})), daemon=True)
+    t.start()
+    t.join(900)
+    rep = box["report"]
+    (ev,) = rep["events"]
+    if ev["status"] != "done":
+        raise RuntimeError(f"LiveR: the scale-out was {ev['status']!r}; see {run_dir}")
+    log = _steps(run_dir)
+    first = next(i for i, x in enumerate(log) if x["generation"] >= 1)
+    step_s = statistics.median(x["step_s"] for x in log[first + 1:])
+    # from the event (the joiner's cold start beside training) to the first step with both
+    stall = window_stall(log, ev["arrived"], log[first]["time"], lambda x: x["generation"] >= 1)
+    steps_run = [x["step"] for x in log]
+    return {"system": "LiveR (scale-out, cold joiner)", "event": "join", "event_at_step": log[first - 1]["step"],
+            "status": ev["status"], "stall_s": stall, "downtime_s": ev.get("downtime_s"),
+            "lost_steps": len(steps_run) - len(set(steps_run)), "median_step_s": step_s,
+            "lost_work_s": 0.0, "total_lost_s": stall, "event_to_new_count_s": ev["t_done"] - ev["arrived"],
+            "digest_equal": ev.get("digest_equal"), "run_dir": str(run_dir)}
+
+
 def main() -> int:
     a = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     a.add_argument("--torchft-python", required=True, help="an interpreter with torchft 0.2.0 installed")
     a.add_argument("--repeats", type=int, default=3)
-    a.add_argument("--kill-at", type=int, default=26)
+    a.add_argument("--event", choices=("kill", "join"), default="kill")
+    a.add_argument("--kill-at", type=int, default=26, help="the step of the event (a kill or a join)")
     a.add_argument("--steps", type=int, default=60)
     a.add_argument("--out", required=True)
     args = a.parse_args()
@@ -128,11 +205,15 @@ def main() -> int:
     base = Path(tempfile.mkdtemp(prefix="liver-vs-torchft-"))
     runs = []
     for r in range(args.repeats):  # interleaved: both see the same machine
-        runs.append(liver_once(base / f"liver-{r}", args.kill_at, args.steps, ckpt_every=10))
-        runs.append(torchft_once(args.torchft_python, base / f"torchft-{r}", args.kill_at, args.steps))
+        if args.event == "kill":
+            runs.append(liver_once(base / f"liver-{r}", args.kill_at, args.steps, ckpt_every=10))
+        else:
+            runs.append(liver_join_once(base / f"liver-{r}", args.kill_at, args.steps))
+        runs.append(torchft_once(args.torchft_python, base / f"torchft-{r}", args.kill_at, args.steps, args.event))
         print(json.dumps(runs[-2:]), flush=True)
     result: dict[str, Any] = {"torchft_version": probe.stdout.strip(), "params": 12587264, "replicas": 2,
-                              "kill_at_step": args.kill_at, "steps": args.steps, "repeats": args.repeats, "runs": runs,
+                              "event": args.event, ("kill_at_step" if args.event == "kill" else "join_at_step"):
+                              args.kill_at, "steps": args.steps, "repeats": args.repeats, "runs": runs,
                               "command": " ".join(["python", "bench/torchft/side_by_side.py", *sys.argv[1:]])}
     for system in ("LiveR", "torchft"):
         mine = [x for x in runs if x["system"].startswith(system)]
@@ -141,7 +222,7 @@ def main() -> int:
         result[system]["stall_s_range"] = [min(x["stall_s"] for x in mine), max(x["stall_s"] for x in mine)]
         result[system]["total_lost_s_range"] = [min(x["total_lost_s"] for x in mine),
                                                 max(x["total_lost_s"] for x in mine)]
-    (out / "side_by_side.json").write_text(json.dumps(result, indent=1) + "\n")
+    (out / ("side_by_side.json" if args.event == "kill" else "join.json")).write_text(json.dumps(result, indent=1) + "\n")
     print(json.dumps({k: v for k, v in result.items() if k != "runs"}, indent=1))
     return 0
 

@@ -139,6 +139,18 @@ def _vs_torchft(d: dict[str, Any]) -> list[str]:
             f"{tf['median_step_s']:.2f} s)."]
 
 
+def _join_vs_torchft(d: dict[str, Any]) -> list[str]:
+    lv, tf = d["LiveR"], d["torchft"]
+    live = [r for r in d["runs"] if r["system"].startswith("LiveR")]
+    down = [r["downtime_s"] for r in live]
+    return [f"{d['params'] / 1e6:.1f}M parameters, a second replica joins a job of one, {d['repeats']} interleaved runs "
+            f"each: what the first replica lost, LiveR's scale-out {lv['stall_s']:.2f} s (runs "
+            f"{lv['stall_s_range'][0]:.2f}-{lv['stall_s_range'][1]:.2f}; its switch {min(down):.2f}-{max(down):.2f} s, "
+            f"the rest the slowdown beside the cold joiner's start) against torchft {d['torchft_version']}'s join "
+            f"{tf['stall_s']:.2f} s (runs {tf['stall_s_range'][0]:.2f}-{tf['stall_s_range'][1]:.2f}); "
+            f"{lv['lost_steps']:g} and {tf['lost_steps']:g} steps lost."]
+
+
 def _soak(rows: list[dict[str, Any]]) -> list[str]:
     out = []
     for d in rows:
@@ -199,7 +211,7 @@ RENDER: dict[str, Callable[[Any], list[str]]] = {
     "cpu_target": _cpu_target,
     "sim_validation": _sim_validation, "sim_downtime": _sim_downtime, "sim_goodput": _sim_goodput,
     "sim_speed": _sim_speed,
-    "heal": _heal, "vs_torchft": _vs_torchft, "soak": _soak,
+    "heal": _heal, "vs_torchft": _vs_torchft, "join_vs_torchft": _join_vs_torchft, "soak": _soak,
     "compat": _compat, "native_compat": _native_compat,
     "handoffs": _handoffs, "overhead": _overhead, "transfer": _transfer, "cpu_reconfig": _cpu_reconfig,
     "boot": _boot, "core_binding": _core_binding, "plan": _plan, "plan_pickle": _plan_pickle}

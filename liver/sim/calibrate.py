@@ -40,6 +40,20 @@ STATED = {
 }
 
 
+# measured directly: the file under bench/results, and what it says
+DIRECT = {
+    "plan_s_per_krank": ("cpu-planner-speed/plan.json",
+                         "measured: the planner on GPT-3 175B at 1,024 to 2,048 ranks, per 1,000 ranks"),
+    "joiner_boot_s": ("cpu-joiner-boot/boot.json", "measured: a joiner forked from the zygote, before its mock world (CPU)"),
+    "dp_kill_stall_s": ("cpu-heal-vs-torchft/side_by_side.json",
+                        "measured: torchft 0.2.0, a replica SIGKILLed, the survivor's stall and uncommitted step "
+                        "(median; CPU machine, torchft's default heartbeats)"),
+    "dp_join_stall_s": ("cpu-heal-vs-torchft/join.json",
+                        "measured: torchft 0.2.0, a replica joins, the other's stall (median; CPU machine; its "
+                        "0.15 GB of state sent over loopback included)"),
+}
+
+
 @dataclass(frozen=True)
 class Event:
     """One measured handoff, with its restart counterpart."""
@@ -118,6 +132,10 @@ def measurements(results: Path) -> tuple[list[Event], list[Step], dict[str, floa
         rows = json.loads(plan.read_text())
         direct["plan_s_per_krank"] = statistics.median(r["plan_s"] / (max(r["ranks_old"], r["ranks_new"]) / 1000)
                                                        for r in rows)
+    for key, name in (("dp_kill_stall_s", "side_by_side.json"), ("dp_join_stall_s", "join.json")):
+        f = results / "cpu-heal-vs-torchft" / name
+        if f.exists():  # torchft's replicas: the median time the ones that stay lose to the event
+            direct[key] = json.loads(f.read_text())["torchft"]["total_lost_s"]
     boot = results / "cpu-joiner-boot" / "boot.json"
     if boot.exists():
         rows = json.loads(boot.read_text())
@@ -171,11 +189,11 @@ def fit(events: list[Event], steps: list[Step], direct: dict[str, float]) -> tup
     v["prepare_joiner_s"] = max(0.0, _median([e.prepare_s - e.groups_s - e.mock_s for e in joining], "a joiner's rest"))
     src["prepare_joiner_s"] = "median of a scale-out's preparation less its groups and mock warm-up"
     staying = [e for e in same if not e.joiners]
-    base, per_state, per_moved = _lsq([[1.0, state_gb(e), e.max_rank_bytes / GB] for e in staying],
-                                      [e.prepare_s for e in staying])
+    base, per_state, per_moved = _nnls([[1.0, state_gb(e), e.max_rank_bytes / GB] for e in staying],
+                                       [e.prepare_s for e in staying])
     v["prepare_base_s"], v["prepare_s_per_gb"], v["prepare_s_per_moved_gb"] = base, per_state, per_moved
     src["prepare_base_s"] = src["prepare_s_per_gb"] = src["prepare_s_per_moved_gb"] = (
-        "least squares over the handoffs on the same processes: preparation against a rank's new state and the "
+        "least squares (coefficients 0 or more) over the handoffs on the same processes: preparation against a rank's new state and the "
         "busiest rank's bytes (GB); paced at the companion share, so it is the pace's figure as much as the machine's")
     total = [e.params * 12 for e in events]
     fixed, inv_bw = _lsq([[1.0, t / e.old.world_size] for t, e in zip(total, events)], [e.save_s for e in events])
@@ -197,13 +215,10 @@ def fit(events: list[Event], steps: list[Step], direct: dict[str, float]) -> tup
     src["mfu"] = "median of 6 N tokens / (peak x step time) over one-GPU steps"
     v["peak_flops"] = steps[0].peak_flops if steps else 989e12
     src["peak_flops"] = "the GPU's bf16 dense peak"
-    for k in ("plan_s_per_krank", "joiner_boot_s"):
+    for k, where in DIRECT.items():
         if k not in direct:
-            raise ValueError(f"calibration: {k} needs bench/results/"
-                             f"{'cpu-planner-speed/plan.json' if k == 'plan_s_per_krank' else 'cpu-joiner-boot/boot.json'}")
-        v[k] = direct[k]
-    src["plan_s_per_krank"] = "measured: the planner on GPT-3 175B at 1,024 to 2,048 ranks, per 1,000 ranks"
-    src["joiner_boot_s"] = "measured: a joiner forked from the zygote, before its mock world (CPU)"
+            raise ValueError(f"calibration: {k} needs bench/results/{where[0]}")
+        v[k], src[k] = direct[k], where[1]
     for k, (val, why) in STATED.items():
         v[k], src[k] = val, why
     return v, src

@@ -27,9 +27,6 @@ from liver.sim.profile import Profile
 from liver.sim.sources import Change
 from liver.topology import JobConfig, Layout
 
-TORCHFT_JOIN_STALL_S = 0.46   # measured here (DESIGN.md): torchft's join stall, CPU machine
-TORCHFT_KILL_STALL_S = 1.8    # ... its stall after a SIGKILL, with 2 s heartbeats
-
 
 @dataclass
 class Outcome:
@@ -323,7 +320,8 @@ class RestartMemory(Restart):
 
 class DataParallelOnly(Policy):
     """What torchft does: only the replicated dimension changes, live (a stall of its measured
-    size, joiners healed from a peer over the network); TP and PP stay as they began; a count
+    size, ``Profile.dp_join_stall_s`` and ``dp_kill_stall_s``, joiners healed from a peer over the
+    network); TP and PP stay as they began; a count
     with no whole replica left idles until GPUs come back, and then restarts from the checkpoint."""
 
     name = "dp-only"
@@ -375,10 +373,11 @@ class DataParallelOnly(Policy):
             sim.avail, sim.layout = c.gpus, tgt
             sim.record(env, "restart", downtime_s=r.downtime_s)
             return
+        prof = sim.prof
         if tgt.dp > old.dp:  # joiners healed from a live peer
-            dt = TORCHFT_JOIN_STALL_S + costs.rank_state_bytes(sim.job, tgt) / sim.prof.inter_bw
-        else:
-            dt = TORCHFT_JOIN_STALL_S if c.notice_s > 0 else TORCHFT_KILL_STALL_S
+            dt = prof.dp_join_stall_s + costs.rank_state_bytes(sim.job, tgt) / prof.inter_bw
+        else:  # a replica leaves with a notice (it leaves the quorum as a joiner enters it), or dies
+            dt = prof.dp_join_stall_s if c.notice_s > 0 else prof.dp_kill_stall_s
         yield from sim.pause(env, dt)
         sim.avail, sim.layout = c.gpus, tgt
         sim.record(env, "dp-resize", downtime_s=dt)

@@ -62,6 +62,9 @@ class Profile:
     rendezvous_s_per_rank: float   # the store's rendezvous, per rank
     restart_fixed_s: float         # the rest of a restart: stop, first step, what no part names
     detect_s: float = 5.0          # a fail-stop noticed (heartbeat, collective timeout)
+    # data-parallel-only live resizing (torchft): what the replicas that stay lose
+    dp_join_stall_s: float         # a replica joins (its state sent by a peer, on the measured machine)
+    dp_kill_stall_s: float         # a replica killed: the stall and the step that did not commit
     sources: dict[str, str] = field(default_factory=dict, compare=False)
 
     def replace(self, **kw: Any) -> "Profile":
