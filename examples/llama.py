@@ -1,4 +1,4 @@
-"""A Llama-style model in plain PyTorch, trained by LiveR and reshaped live (TP, FSDP, both).
+"""A Llama-style model in plain PyTorch, trained by LiveR and reshaped live (TP, FSDP, pipeline stages).
 
 Run it:  liver run --config configs/llama-native.toml
 The model knows nothing of LiveR; the recipe at the bottom says how to build, parallelise and
@@ -81,20 +81,20 @@ class Llama(nn.Module):
         self.layers = nn.ModuleDict({str(i): Block(dim, heads, hidden, theta, eps) for i in range(layers)})
         self.norm, self.output = RMSNorm(dim, eps), nn.Linear(dim, vocab, bias=False)
 
-    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
-        x = self.tok_embeddings(tokens)
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:  # (a pipeline stage lacks what it does not run)
+        x = self.tok_embeddings(tokens) if self.tok_embeddings is not None else tokens
         for block in self.layers.values():
             x = block(x)
-        return self.output(self.norm(x))
+        return self.output(self.norm(x)) if self.output is not None else x
 
 
 def parallelize(model: Llama, mesh) -> Llama:
     """Megatron-style TP over mesh["tp"], then FSDP2 over mesh["dp"] (per block, then the root)."""
     tp, dp = mesh["tp"], mesh["dp"]
     if tp.size() > 1:
-        parallelize_module(model, tp, {
+        parallelize_module(model, tp, {k: v for k, v in {
             "tok_embeddings": RowwiseParallel(input_layouts=Replicate(), output_layouts=Replicate()),
-            "output": ColwiseParallel(output_layouts=Replicate())})
+            "output": ColwiseParallel(output_layouts=Replicate())}.items() if getattr(model, k) is not None})
         for block in model.layers.values():
             parallelize_module(block, tp, {
                 "attention": PrepareModuleInput(input_layouts=(Replicate(),), desired_input_layouts=(Replicate(),)),
@@ -118,6 +118,16 @@ class LlamaRecipe(Recipe):
 
     def parallelize(self, model, mesh, job):
         return parallelize(model, mesh)
+
+    def stage(self, model, layers, first, last):
+        """Pipeline stage: its blocks under their own names, the embedding first, the head last."""
+        for i in [k for k in model.layers if int(k) not in layers]:
+            del model.layers[i]
+        if not first:
+            model.tok_embeddings = None
+        if not last:
+            model.norm = model.output = None
+        return model
 
     def check(self, job, parallel):
         for field in ("num_heads", "ffn_size", "vocab_size"):
@@ -145,8 +155,7 @@ class LlamaRecipe(Recipe):
         data = torch.stack(rows)
         return data[:, :-1], data[:, 1:]
 
-    def loss(self, model, inputs, targets):
-        logits = model(inputs)
+    def criterion(self, logits, targets):
         return F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten())
 
 

@@ -5,8 +5,9 @@ In-process: the Resource View from DTensor placements (every rank's box, from ra
 and the mesh's shape, equals what DTensor gives that rank), refusals naming the tensor, and the
 private DeviceMesh arguments and DTensor caches the mesh construction relies on. With real
 processes over gloo (`liver run`): TP2 -> FSDP2 -> TP2 -> scale-out to FSDP2 x TP2 with cold
-joiners -> FSDP4 -> scale-in with a deadline, live and by restart through DCP, bit for bit; and a
-kill -9 recovered from the periodic DCP checkpoint.
+joiners -> FSDP4 -> scale-in with a deadline -> two pipeline stages (torch.distributed.pipelining),
+live and by restart through DCP, bit for bit; and a kill -9 recovered from the periodic DCP
+checkpoint.
 """
 
 from __future__ import annotations
@@ -44,7 +45,7 @@ def actual_boxes(adapter, job: JobConfig, parallel: ParallelConfig, rank: int) -
         try:
             model, optimizer, placed = build_model(adapter.recipe, job, world, torch.device("meta"))
             names = dict(model.named_parameters())
-            out = {}
+            out = {}  # (a pipeline stage's model names only its own tensors)
             for p in placed:
                 t = names[p.spec.param or p.spec.name]
                 if p.spec.kind != "param":
@@ -57,13 +58,14 @@ def actual_boxes(adapter, job: JobConfig, parallel: ParallelConfig, rank: int) -
 
 @settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(tp=st.sampled_from([1, 2, 4]), dp=st.sampled_from([1, 2, 3, 4]), vocab=st.sampled_from([4, 12, 20, 36]),
-       hidden_mult=st.sampled_from([1, 3]))
-def test_dtensor_view_is_every_ranks_own_box(tp, dp, vocab, hidden_mult):
+       hidden_mult=st.sampled_from([1, 3]), pp=st.sampled_from([1, 2, 3]))
+def test_dtensor_view_is_every_ranks_own_box(tp, dp, vocab, hidden_mult, pp):
     """Uneven FSDP splits (hidden 24 over 3 or 4 ranks of 2-D shards, a 4-row vocabulary over 3
-    ranks: empty shards) included; the boxes tile every tensor (BoxTable.build checks it)."""
+    ranks: empty shards) included, and pipeline stages (3 layers: uneven over 2); the boxes tile
+    every tensor (BoxTable.build checks it); a rank holds only its stage's tensors."""
     adapter = load_adapter(EXAMPLE)
-    job = job_of(hidden=8 * hidden_mult, heads=4, ffn=8, vocab=vocab)
-    parallel = ParallelConfig(tp=tp, dp=dp)
+    job = job_of(hidden=8 * hidden_mult, heads=4, ffn=8, vocab=vocab, layers=3)
+    parallel = ParallelConfig(tp=tp, pp=pp, dp=dp)
     layout = adapter.layout(job, parallel)
     table = adapter.view(job, layout)
     specs = adapter.state_specs(job)
@@ -71,7 +73,7 @@ def test_dtensor_view_is_every_ranks_own_box(tp, dp, vocab, hidden_mult):
     for rank in range(layout.size):
         got = actual_boxes(adapter, job, parallel, rank)
         for s in specs:
-            assert table.box(s, rank) == got[s.name], (s.name, rank)
+            assert table.box(s, rank) == got.get(s.name), (s.name, rank)
 
 
 def table_specs(adapter, job, layout):
@@ -119,10 +121,14 @@ def test_what_cannot_be_described_is_refused_with_the_tensor_named():
 
 
 def test_bad_layouts_are_refused_naming_the_field():
+    from liver.engine.native import Recipe
+    from liver.engine.native.adapter import NativeAdapter
+
     adapter = load_adapter(EXAMPLE)
     job = job_of(hidden=8, heads=4, ffn=8, vocab=4)
-    with pytest.raises(ValueError, match="parallel.pp=2"):
-        adapter.layout(job, ParallelConfig(pp=2))
+    flat = type("NoStages", (type(adapter.recipe),), {"stage": Recipe.stage})()  # a recipe that cannot cut stages
+    with pytest.raises(ValueError, match="parallel.pp=2: the recipe 'llama' defines no stage()"):
+        NativeAdapter(flat).layout(job, ParallelConfig(pp=2))
     with pytest.raises(ValueError, match="parallel.tp=3 does not divide model.num_heads=4"):
         adapter.layout(job, ParallelConfig(tp=3))
     with pytest.raises(ValueError, match="engine='nowhere.py:RECIPE': cannot import it"):
@@ -158,9 +164,10 @@ def test_device_mesh_private_arguments_and_dtensor_caches_hold_on_this_torch():
 
 def test_recipe_job_file_runs_and_bad_input_is_refused_before_anything_starts(tmp_path, capsys):
     from liver.cli import main
-    assert main(["run", "--config", CONFIG, "--set", "parallel=1,2,1", "--run-dir", str(tmp_path / "a")]) == 2
+    assert main(["run", "--config", CONFIG, "--set", "parallel=3,1,1", "--set", "gpus=3", "--run-dir",
+                 str(tmp_path / "a")]) == 2
     err = capsys.readouterr().err
-    assert "parallel.pp=2" in err and "Traceback" not in err
+    assert "parallel.tp=3 does not divide model.num_heads=4" in err and "Traceback" not in err
     assert not (tmp_path / "a" / "logs").exists()
 
 
@@ -174,7 +181,8 @@ EVENTS = [("reshape 1,1,2", "tp1pp1dp2"),                      # TP2 -> FSDP2
           ("reshape 2,1,1", "tp2pp1dp1"),                      # FSDP2 -> TP2
           ("scale-out 4 as 2,1,2", "tp2pp1dp2"),               # cold joiners; FSDP2 x TP2
           ("reshape 1,1,4", "tp1pp1dp4"),                      # 2-D -> FSDP4
-          ("scale-in 2 deadline 60s as 1,1,2", "tp1pp1dp2")]   # FSDP4 -> FSDP2, a deadline
+          ("scale-in 2 deadline 60s as 1,1,2", "tp1pp1dp2"),   # FSDP4 -> FSDP2, a deadline
+          ("reshape 1,2,1", "tp1pp2dp1")]                      # FSDP2 -> two pipeline stages
 
 
 @pytest.mark.timeout(600)
@@ -188,7 +196,7 @@ def test_live_reshapes_of_a_users_model_equal_restart_through_dcp(tmp_path):
     assert [e["new"] for e in live["events"]] == [n for _, n in EVENTS]
     for e in live["events"]:
         assert e["digest_equal"] is True, e
-    assert live["events"][-1]["deadline_met"] is True
+    assert live["events"][4]["deadline_met"] is True
     total = live["steps"][-1]["step"]
     check_continuous(live, total)
     cuts = [e["last_old_step"] for e in live["events"]]

@@ -3,13 +3,15 @@
 The Resource View of a layout comes from the recipe's own model: built and parallelised on the
 meta device as rank 0 of that layout over fake process groups (``liver.world.fake``), in this
 process, with no process of the layout needed; its DTensor placements then give every rank's box
-(``resource.table``). Made once per job and layout. The live switch builds the new generation's
+(``resource.table``). With pipeline stages, as the first rank of each stage: a tensor lives on the
+stage whose model names it. Made once per job and layout. The live switch builds the new generation's
 model first (meta, parallelise, storage for this rank's shards only) and lets the executor write
 the state straight into that storage.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 from typing import Callable
 
@@ -43,20 +45,36 @@ class NativeAdapter(EngineAdapter):
         """Every logical tensor with its placements under ``layout`` (a meta build, cached)."""
         key = (job, layout.parallel)
         if key not in self._placed:
-            with _lock:
-                world = FakeWorld.build_fake(0, layout, 0, "gloo", torch.device("cpu"))
-                with world.registered():
-                    try:
-                        _, _, placed = build_model(self.recipe, job, world, torch.device("meta"))
-                    except ValueError:
-                        raise
-                    except Exception as e:
-                        raise ValueError(f"parallel={layout.parallel.short()}: the recipe {self.name!r} cannot "
-                                         f"build its model on this layout ({type(e).__name__}: {e})") from None
-                    finally:
-                        forget_meshes()  # nothing cached about the fake mesh outlives it
-            self._placed[key] = placed
+            stages = [self._meta(job, layout, layout.rank(s, 0, 0)) for s in range(layout.pp)]
+            if layout.pp == 1:
+                self._placed[key] = stages[0]
+            else:
+                seen: dict[str, int] = {}
+                out = []
+                for s, part in enumerate(stages):
+                    for p in part:
+                        if p.spec.name in seen:
+                            raise ValueError(f"parallel={layout.parallel.short()}: tensor {p.spec.name!r} is on "
+                                             f"stages {seen[p.spec.name]} and {s} of the recipe {self.name!r}: "
+                                             f"allowed each tensor on one stage (tied weights are not moved)")
+                        seen[p.spec.name] = s
+                        out.append(dataclasses.replace(p, stage=s))
+                self._placed[key] = out
         return self._placed[key]
+
+    def _meta(self, job: JobConfig, layout: Layout, rank: int) -> list[Placed]:
+        with _lock:
+            world = FakeWorld.build_fake(0, layout, rank, "gloo", torch.device("cpu"))
+            with world.registered():
+                try:
+                    return build_model(self.recipe, job, world, torch.device("meta"))[2]
+                except ValueError:
+                    raise
+                except Exception as e:
+                    raise ValueError(f"parallel={layout.parallel.short()}: the recipe {self.name!r} cannot "
+                                     f"build its model on this layout ({type(e).__name__}: {e})") from None
+                finally:
+                    forget_meshes()  # nothing cached about the fake mesh outlives it
 
     def state_specs(self, job: JobConfig) -> list[TensorSpec]:
         return [p.spec for p in self.placed(job, Layout(job.model, ParallelConfig(), job.train))]
@@ -69,9 +87,9 @@ class NativeAdapter(EngineAdapter):
         return self._tables[key]
 
     def check(self, job: JobConfig, parallel: ParallelConfig) -> None:
-        if parallel.pp > 1:
-            raise ValueError(f"parallel.pp={parallel.pp}: a recipe's model is reshaped over tp and dp only "
-                             f"(pipeline stages are not supported by the native adapter yet); allowed pp=1")
+        if parallel.pp > 1 and not self.recipe.pipelines():
+            raise ValueError(f"parallel.pp={parallel.pp}: the recipe {self.name!r} defines no stage() (how to cut "
+                             f"its model into pipeline stages); allowed pp=1")
         self.recipe.check(job, parallel)
 
     def layout(self, job: JobConfig, parallel: ParallelConfig) -> Layout:
@@ -82,7 +100,8 @@ class NativeAdapter(EngineAdapter):
     # ---- engines -----------------------------------------------------------------------------
     def build(self, job: JobConfig, world: World, device: torch.device, *, initialise: bool = True,
               state: dict[str, torch.Tensor] | None = None) -> TrainingEngine:
-        engine = NativeEngine(self.recipe, job, world, device, initialise=initialise and state is None)
+        engine = NativeEngine(self.recipe, job, world, device, initialise=initialise and state is None,
+                              specs=self._specs(job, world.layout))
         if state is not None:
             with torch.no_grad():
                 for name, t in engine.state.items():
@@ -93,12 +112,15 @@ class NativeAdapter(EngineAdapter):
               deliver: Callable[[dict[str, torch.Tensor] | None], dict[str, torch.Tensor]],
               into: dict[str, torch.Tensor] | None = None) -> TrainingEngine:
         """The new model first (its storage), then the executor writes into it."""
-        engine = NativeEngine(self.recipe, job, world, device, initialise=False)
+        engine = NativeEngine(self.recipe, job, world, device, initialise=False, specs=self._specs(job, world.layout))
         delivered = deliver(engine.state)
         for name, t in delivered.items():
             if t is not engine.state[name]:
                 raise RuntimeError(f"the transfer delivered {name!r} outside the engine's storage")
         return engine
+
+    def _specs(self, job: JobConfig, layout: Layout) -> list[TensorSpec]:
+        return [p.spec for p in self.placed(job, layout)]
 
     def warm_storage(self, engine: TrainingEngine) -> dict[str, torch.Tensor] | None:
         return None  # a warm-up engine lives on a fake mesh: the switch builds on the real one

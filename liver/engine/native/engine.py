@@ -1,16 +1,20 @@
 """One rank of a user's PyTorch-native job (a ``Recipe``) as the runtime's ``TrainingEngine``.
 
-Built once per generation on that generation's World: the model on the meta device, the user's
-``parallelize`` over the World's own mesh (``World.mesh``: its axes are this generation's
+Built once per generation on that generation's World: the model on the meta device, cut to this
+rank's pipeline stage (the recipe's ``stage``, where pp > 1), the user's ``parallelize`` over the
+World's own mesh (``World.mesh``: its axes are this generation's
 groups), then storage for this rank's shards only (``to_empty``) and the optimizer's state made
 at once (zeros, as Adam would make it at its first step). The storage is then filled: from the
 seed (each parameter's whole initial value cut to this rank's box), from a DCP checkpoint, or by
 the live transfer (the executor writes straight into it). ``state`` maps each logical tensor's
-name to this rank's local tensor: the DTensor's own storage, no copy.
+name to this rank's local tensor: the DTensor's own storage, no copy. With pipeline stages,
+``torch.distributed.pipelining`` runs the step (GPipe over the layout's micro-batches, the
+recipe's ``criterion`` on the last stage), over the mesh's "pp" group.
 """
 
 from __future__ import annotations
 
+import inspect
 import time
 import zlib
 from typing import Any
@@ -19,10 +23,11 @@ import torch
 from torch.distributed.tensor import DTensor
 
 from liver.engine.interface import StepStats
-from liver.engine.native.recipe import Recipe
+from liver.engine.native.recipe import Recipe, clip_grad_norm
 from liver.engine.native.resource import local_box, placed_state
 from liver.resource_view.view import Box
 from liver.topology import JobConfig
+from liver.world.fake import FakeWorld
 from liver.world.world import World, forget_meshes
 
 
@@ -34,6 +39,10 @@ def build_model(recipe: Recipe, job: JobConfig, world: World, device: torch.devi
     mesh = world.mesh()
     with torch.device("meta"):
         model = recipe.model(job)
+    lay, c = world.layout, world.coord
+    if lay.pp > 1:
+        lo, hi = lay.stage_bounds[c.pp]
+        model = recipe.stage(model, range(lo, hi), c.pp == 0, c.pp == lay.pp - 1) or model
     model = recipe.parallelize(model, mesh, job) or model
     if device.type != "meta":
         model.to_empty(device=device)
@@ -50,6 +59,23 @@ def build_model(recipe: Recipe, job: JobConfig, world: World, device: torch.devi
     return model, optimizer, placed_state(model, optimizer, keys)
 
 
+def stage_activations(recipe: Recipe, job: JobConfig, layout, stage: int,
+                      micro_inputs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The input and output of pipeline stage ``stage`` for one micro-batch, as meta tensors: the
+    whole model's stages before it and it, cut by the recipe and not parallelised, run on the meta
+    device (the activations between stages are whole tensors, as TP's replicated outputs are)."""
+    x = torch.empty_like(micro_inputs, device="meta")
+    for s in range(stage + 1):
+        with torch.device("meta"):
+            whole = recipe.model(job)
+        lo, hi = layout.stage_bounds[s]
+        part = recipe.stage(whole, range(lo, hi), s == 0, s == layout.pp - 1) or whole
+        x_in = x
+        with torch.no_grad():
+            x = part(x_in)
+    return x_in, x
+
+
 def _local(t: torch.Tensor) -> torch.Tensor:
     return t._local_tensor if isinstance(t, DTensor) else t
 
@@ -58,11 +84,14 @@ class NativeEngine:
     """Rank ``world.rank`` of a recipe's job (see the module's docstring)."""
 
     def __init__(self, recipe: Recipe, job: JobConfig, world: World, device: torch.device, *,
-                 initialise: bool = True) -> None:
+                 initialise: bool = True, specs: list | None = None) -> None:
+        """``specs``: every logical tensor of the layout, in one order on every rank (the
+        adapter's; with pipeline stages a rank's own model names only its stage's)."""
         self.recipe, self.job, self.world, self.layout, self.device = recipe, job, world, world.layout, device
         self.model, self.optimizer, self.placed = build_model(recipe, job, world, device)
         self.scheduler = recipe.scheduler(self.optimizer, job)
-        self.specs = [p.spec for p in self.placed]
+        self.specs = list(specs) if specs is not None else [p.spec for p in self.placed]
+        self._schedule = None
         self._tensors = self._by_name()
         self.boxes: dict[str, Box] = {}
         self.state: dict[str, torch.Tensor] = {}
@@ -146,7 +175,10 @@ class NativeEngine:
         inputs, targets = self.recipe.batch(job, c.dp, self.layout.dp, self.consumed_samples)
         inputs, targets = inputs.to(self.device), targets.to(self.device)
         self.model.train()
-        loss, norm = self.recipe.train_step(self.model, self.optimizer, inputs, targets, job)
+        if self.layout.pp > 1:
+            loss, norm = self._pipeline_step(inputs, targets)
+        else:
+            loss, norm = self.recipe.train_step(self.model, self.optimizer, inputs, targets, job)
         lr = float(self.optimizer.param_groups[0]["lr"])
         if self.scheduler is not None:
             self.scheduler.step()
@@ -158,11 +190,55 @@ class NativeEngine:
             loss = loss.full_tensor()
         total = torch.tensor([float(loss)], dtype=torch.float64, device=self.device)
         w.dp.allreduce(total)
+        if self.layout.pp > 1:  # (only the last stage has the loss)
+            w.pp.allreduce(total)
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         dt = time.perf_counter() - t0
         tokens = job.train.global_batch * job.model.seq_len
         return StepStats(self.step, float(total.item()) / self.layout.dp, float(norm), lr, dt, tokens / dt)
+
+    def _pipeline_step(self, inputs: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, float]:
+        """One GPipe step over this generation's pipeline (built at its first step, its stage's
+        activations given: no shape inference over the wire), then the gradients clipped by their
+        norm over every stage, and the optimizer's step. On a fake World (a joiner's warm-up, the
+        template's rehearsal) each micro-batch runs through this stage alone: the same kernels and
+        DTensor collectives, no pipeline messages (no peer exists to answer them)."""
+        from torch.distributed.pipelining import PipelineStage, ScheduleGPipe
+
+        lay, c = self.layout, self.world.coord
+        first, last = c.pp == 0, c.pp == lay.pp - 1
+        micro = lay.num_micro_batches
+        if self._schedule is None:
+            x, y = stage_activations(self.recipe, self.job, lay, c.pp, inputs[: inputs.shape[0] // micro])
+            x, y = (torch.zeros(t.shape, dtype=t.dtype, device=self.device) for t in (x, y))
+            if isinstance(self.world, FakeWorld):
+                self._schedule = ("local", x)
+            else:
+                meta = {"input_args": x, "output_args": y,  # (the gradients' too where torch takes them)
+                        "output_grads": (None if last else y,), "input_grads": (None if first else x,)}
+                takes = inspect.signature(PipelineStage).parameters
+                stage = PipelineStage(self.model, c.pp, lay.pp, self.device, group=self.world.mesh()["pp"].get_group(),
+                                      **{k: v for k, v in meta.items() if k in takes})
+                self._schedule = ("pipeline", ScheduleGPipe(stage, n_microbatches=micro,
+                                                            loss_fn=self.recipe.criterion))
+        how, sched = self._schedule
+        losses: list[torch.Tensor] = []
+        if how == "pipeline":
+            kw = {"target": targets, "losses": losses} if last else {}
+            sched.step(*([inputs] if first else []), **kw)
+        else:
+            for i in range(micro):
+                n = inputs.shape[0] // micro
+                out = self.model(inputs[i * n:(i + 1) * n] if first else sched)
+                part = self.recipe.criterion(out, targets[i * n:(i + 1) * n]) if last else out.float().sum() * 0.0
+                (part / micro).backward()
+                losses.append(part)
+        loss = torch.stack([x.detach().float() for x in losses]).mean() if last else torch.zeros(())
+        norm = clip_grad_norm(self.model.parameters(), self.job.train.grad_clip, stages=self.world.pp)
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return loss, norm
 
     # ---- checkpoints -------------------------------------------------------------------------
     def checkpoint_tensors(self, tensors: dict[str, torch.Tensor] | None = None,

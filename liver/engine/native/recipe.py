@@ -1,9 +1,10 @@
 """The public API for a user's own PyTorch-native training: a ``Recipe``.
 
 A recipe says how to build the model (on the meta device: LiveR allocates its storage once, in
-the layout it is parallelised to), how to parallelise it over the mesh LiveR gives (the user's
-own ``parallelize``: ``parallelize_module`` plans over ``mesh["tp"]``, ``fully_shard`` over
-``mesh["dp"]``), the optimizer, this data-parallel rank's part of the batch at a given position in
+the layout it is parallelised to), how to cut it into a pipeline stage (``stage``, where pp > 1:
+this stage's blocks under their own names, ``torch.distributed.pipelining`` then runs the
+schedule), how to parallelise it over the mesh LiveR gives (the user's own ``parallelize``:
+``parallelize_module`` plans over ``mesh["tp"]``, ``fully_shard`` over ``mesh["dp"]``), the optimizer, this data-parallel rank's part of the batch at a given position in
 the data, and one iteration of the user's loop (``train_step``). LiveR owns generations, meshes,
 the cut and the switch: it calls ``train_step`` once per iteration, and between two calls it may
 rebuild the model and optimizer for another mesh with the state moved over bit for bit.
@@ -52,9 +53,30 @@ class Recipe(ABC):
         ``position`` of the data (``job.train.global_batch`` samples a step, split over
         ``dp_size`` ranks). Must depend on nothing else, so that any layout sees the same data."""
 
-    @abstractmethod
+    def criterion(self, outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        """The mean loss of the model's outputs against the targets (the last pipeline stage's
+        loss function; ``loss`` by default)."""
+        raise NotImplementedError(f"recipe {self.name!r}: define criterion(outputs, targets) (or loss)")
+
     def loss(self, model: nn.Module, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        """The mean loss of this rank's batch."""
+        """The mean loss of this rank's batch (without pipeline stages)."""
+        return self.criterion(model(inputs), targets)
+
+    def stage(self, model: nn.Module, layers: range, first: bool, last: bool) -> nn.Module:
+        """Pipeline parallelism (pp > 1): the part of ``model`` (on the meta device, not yet
+        parallelised) that the stage holding the transformer blocks ``layers`` runs; ``first``: it
+        takes the inputs (the embedding), ``last``: it makes the outputs (the head). Keep each
+        kept tensor's qualified name (delete the blocks of other stages, set the embedding or the
+        head to None): every stage names its tensors as the whole model does, so that state moves
+        between any stage splits. Its forward maps the previous stage's output (or the inputs) to
+        the next one's input (or the outputs)."""
+        raise ValueError(f"parallel.pp > 1: recipe {self.name!r} defines no stage() (how to cut its model "
+                         f"into pipeline stages); allowed pp=1")
+
+    @classmethod
+    def pipelines(cls) -> bool:
+        """Whether the recipe can cut its model into pipeline stages."""
+        return cls.stage is not Recipe.stage
 
     def init_tensor(self, name: str, shape: tuple[int, ...], generator: torch.Generator) -> torch.Tensor:
         """The initial value of parameter ``name`` as a whole (LiveR keeps each rank's box of it,
@@ -90,10 +112,11 @@ class Recipe(ABC):
         return loss.detach(), norm
 
 
-def clip_grad_norm(params: Iterable[torch.Tensor], max_norm: float) -> float:
+def clip_grad_norm(params: Iterable[torch.Tensor], max_norm: float, stages=None) -> float:
     """The global L2 norm of the gradients, scaled down to ``max_norm`` when above it (0: no
     clipping). Works for plain tensors and DTensors on several meshes at once: each gradient's
-    norm is taken as a full scalar first (``torch.nn.utils.clip_grad_norm_`` refuses the mix)."""
+    norm is taken as a full scalar first (``torch.nn.utils.clip_grad_norm_`` refuses the mix).
+    ``stages``: the pipeline's group (a LiveR ``Group``), whose stages' squares are summed."""
     grads = [p.grad for p in params if p.grad is not None]
     total = torch.zeros((), dtype=torch.float64)
     for g in grads:
@@ -101,6 +124,10 @@ def clip_grad_norm(params: Iterable[torch.Tensor], max_norm: float) -> float:
         if isinstance(n, DTensor):
             n = n.full_tensor()
         total += n.double().cpu() ** 2
+    if stages is not None and stages.size > 1:
+        t = total.reshape(1).to(stages.device)
+        stages.allreduce(t)
+        total = t.cpu().reshape(())
     norm = math.sqrt(float(total))
     if max_norm > 0:
         coef = min(1.0, max_norm / (norm + 1e-6))

@@ -48,10 +48,13 @@ class Placed:
     mesh_dims: tuple[str, ...]  # the (sub)mesh it lives on, by dimension name; () for a plain tensor
     mesh_shape: tuple[int, ...]
     placements: tuple[Any, ...]
+    stage: int | None = None    # the pipeline stage whose model holds it (None: every rank's model)
 
     def box(self, coordinate: dict[str, int]) -> Box | None:
         """The box that the rank at ``coordinate`` (its index along each named dimension of the
-        generation's mesh) holds; None for an empty shard."""
+        generation's mesh) holds; None for an empty shard, or a tensor of another stage."""
+        if self.stage is not None and coordinate["pp"] != self.stage:
+            return None
         shape = self.spec.shape
         if not self.placements:
             return tuple((0, n) for n in shape)
