@@ -153,10 +153,12 @@ class ControlEndpoint:
         self.url = f"http://{host}:{self.server.server_address[1]}"
         self.thread = threading.Thread(target=self.server.serve_forever, name="control", daemon=True)
         self.thread.start()
-        info = run_dir / "control.json"
-        fd = os.open(info, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        # written whole, then put in place: a reader that sees the file sees all of it (owner only)
+        info, tmp = run_dir / "control.json", run_dir / f".control.json.{os.getpid()}"
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         with os.fdopen(fd, "w") as f:
             json.dump({"url": self.url, "token": self.token}, f)
+        os.replace(tmp, info)
 
     def close(self) -> None:
         self.server.shutdown()

@@ -488,7 +488,11 @@ class LiveController(Controller):
         if self.current is None or self.phase not in PENDING or w.proc not in self.pending.procs:
             return
         self.lost_slots.add(w.slot)
-        self._withdraw_then(lambda: self._cancel(f"joiner {w.proc} (slot {w.slot}) died during Prepare", replan=True))
+        if not self._withdraw_then(lambda: self._cancel(f"joiner {w.proc} (slot {w.slot}) died during Prepare",
+                                                        replan=True)):
+            # rank 0 had committed first: the switch cannot complete without it (as a member lost
+            # in the switch, ``_breaks_handoff``), one fail-stop at once, naming it
+            self._fail_stop([w])
 
     # ---- the switch and after ----------------------------------------------------------------
     def _watch_switch(self) -> None:
