@@ -31,3 +31,16 @@ def test_the_gpu_scenario_script_dry_runs_on_cpu(tmp_path):
 def test_bench_refuses_bad_flags(capsys):
     assert main(["bench", "handoffs", "--scenario", "x3", "--out", "/tmp/never"]) == 2
     assert "--scenario='x3': allowed x2" in capsys.readouterr().err
+
+
+def test_bench_dcp_times_a_step_and_a_save_and_load_of_the_whole_state(tmp_path, capsys):
+    out = tmp_path / "out"
+    assert main(["bench", "dcp", "--model", "tiny", "--dir", str(tmp_path), "--repeats", "2", "--steps", "2",
+                 "--out", str(out)]) == 0
+    (row,) = json.loads((out / "dcp.json").read_text())["rows"]
+    assert row["state_bytes"] == 12 * row["params"] and row["step_s"] > 0  # fp32 parameters and AdamW moments
+    d = row["dirs"][str(tmp_path)]
+    assert len(d["save_s"]) == len(d["load_s"]) == 2 and d["save_GBps"] > 0 and d["load_GBps"] > 0
+    assert list(tmp_path.glob("liver-bench-dcp-*")) == []  # nothing left behind
+    assert main(["bench", "dcp", "--dir", str(tmp_path / "none"), "--out", str(out)]) == 2
+    assert "--dir=" in capsys.readouterr().err

@@ -64,6 +64,20 @@ def bench_core_binding(args: argparse.Namespace) -> int:
     return 0
 
 
+def bench_dcp(args: argparse.Namespace) -> int:
+    import tempfile
+
+    from liver.bench.dcp import run
+
+    out = run(args.model or ["1b"], args.dir or [tempfile.gettempdir()], Path(args.out), args.repeats, args.steps,
+              args.backend)
+    for r in out["rows"]:
+        parts = ", ".join(f"{d}: save {v['save_GBps']:.2f} GB/s, load {v['load_GBps']:.2f} GB/s"
+                          for d, v in r["dirs"].items())
+        print(f"{r['model']} ({r['state_bytes'] / 1e9:.1f} GB of state) on {r['device']}: step {r['step_s']:.3f} s; {parts}")
+    return 0
+
+
 def bench_measured(args: argparse.Namespace) -> int:
     from liver.bench.measured import run
 
