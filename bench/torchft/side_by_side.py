@@ -146,25 +146,13 @@ def liver_once(run_dir: Path, kill_at: int, steps: int, ckpt_every: int) -> dict
 def liver_join_once(run_dir: Path, at: int, steps: int) -> dict[str, Any]:
     """LiveR's scale-out 1 -> 2 data-parallel replicas at step ``at`` (a cold joiner on the second
     slot), on ``liver bench heal``'s job; the stall measured from the step log as torchft's."""
-    import threading
-
-    from liver.bench.heal import MODEL, _steps
-    from liver.config.jobfile import build
-    from liver.controller.job import run_job
+    from liver.bench.heal import _steps, job_config
     from liver.controller.events import parse_schedule_text
+    from liver.controller.job import run_job
 
     run_dir.mkdir(parents=True, exist_ok=True)
     text = f"at step {at}: scale-out 2 as 1,1,2\n"
-    cfg = build({"preset": "tiny", "gpus": 1, "parallel": "1,1,1", "steps": steps,
-                 "job": {"model": MODEL, "train": {"global_batch": 8, "micro_batch": 2}},
-                 "checkpoint": {"every": 10}, "agent": {"slots": 2, "quiet": True},
-                 "controller": {"mode": "live", "endpoint": False, "end_after_events": None}})
-    box: dict[str, Any] = {}
-    t = threading.Thread(target=lambda: box.update(report=run_job(cfg, parse_schedule_text(text, "join"), run_dir,
-                                                                  {"bench": "join"})), daemon=True)
-    t.start()
-    t.join(900)
-    rep = box["report"]
+    rep = run_job(job_config(steps, 10, gpus=1), parse_schedule_text(text, "join"), run_dir, {"bench": "join"})
     (ev,) = rep["events"]
     if ev["status"] != "done":
         raise RuntimeError(f"LiveR: the scale-out was {ev['status']!r}; see {run_dir}")

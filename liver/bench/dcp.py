@@ -22,7 +22,7 @@ from typing import Any
 import torch
 
 from liver.checkpoint import dcp as ckpt
-from liver.engine.interface import load_adapter
+from liver.engine.reference import ADAPTER
 from liver.topology import Layout, ParallelConfig
 from liver.topology.presets import PRESETS
 from liver.world.world import World, make_store
@@ -34,9 +34,8 @@ def _one(model: str, dirs: list[str], repeats: int, steps: int, backend: str) ->
     store, _ = make_store()
     world = World.build(store, 0, Layout(job.model, ParallelConfig(), job.train), 0, backend, device)
     world.activate()
-    adapter = load_adapter("liver.engine.reference:ADAPTER")
     try:
-        engine = adapter.build(job, world, device)
+        engine = ADAPTER.build(job, world, device)
         times = []
         for _ in range(steps):
             times.append(engine.train_step().step_s)

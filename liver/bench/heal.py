@@ -34,13 +34,18 @@ def _steps(run_dir: Path) -> list[dict[str, Any]]:
     return [json.loads(x) for x in f.read_text().splitlines() if x.strip()] if f.exists() else []
 
 
+def job_config(steps: int, ckpt_every: int, gpus: int = 2, heal_timeout_s: float = 30.0):
+    """The benchmark's job: ``MODEL``, data-parallel over ``gpus`` of 2 slots, live."""
+    return build({"preset": "tiny", "gpus": gpus, "parallel": f"1,1,{gpus}", "steps": steps,
+                  "job": {"model": MODEL, "train": {"global_batch": 8, "micro_batch": 2}},
+                  "checkpoint": {"every": ckpt_every},
+                  "agent": {"slots": 2, "quiet": True},
+                  "controller": {"mode": "live", "endpoint": False, "end_after_events": None,
+                                 "heal_timeout_s": heal_timeout_s}})
+
+
 def _once(mode: str, run_dir: Path, kill_at: int, steps: int, ckpt_every: int) -> dict[str, Any]:
-    cfg = build({"preset": "tiny", "gpus": 2, "parallel": "1,1,2", "steps": steps,
-                 "job": {"model": MODEL, "train": {"global_batch": 8, "micro_batch": 2}},
-                 "checkpoint": {"every": ckpt_every},
-                 "agent": {"slots": 2, "quiet": True},
-                 "controller": {"mode": "live", "endpoint": False, "end_after_events": None,
-                                "heal_timeout_s": 30.0 if mode == "heal" else 0.0}})
+    cfg = job_config(steps, ckpt_every, heal_timeout_s=30.0 if mode == "heal" else 0.0)
     box: dict[str, Any] = {}
     t = threading.Thread(target=lambda: box.update(report=run_job(cfg, [], run_dir, {"bench": mode})), daemon=True)
     t.start()

@@ -127,16 +127,16 @@ def measurements(results: Path) -> tuple[list[Event], list[Step], dict[str, floa
             for par, ts in by.items():
                 if len(ts) >= 5 and peak:
                     steps.append(Step(f.parent.name, d["params"], tokens, _par(par), statistics.median(ts[2:]), peak))
-    plan = results / "cpu-planner-speed" / "plan.json"
+    plan = results / DIRECT["plan_s_per_krank"][0]
     if plan.exists():
         rows = json.loads(plan.read_text())
         direct["plan_s_per_krank"] = statistics.median(r["plan_s"] / (max(r["ranks_old"], r["ranks_new"]) / 1000)
                                                        for r in rows)
-    for key, name in (("dp_kill_stall_s", "side_by_side.json"), ("dp_join_stall_s", "join.json")):
-        f = results / "cpu-heal-vs-torchft" / name
+    for key in ("dp_kill_stall_s", "dp_join_stall_s"):
+        f = results / DIRECT[key][0]
         if f.exists():  # torchft's replicas: the median time the ones that stay lose to the event
             direct[key] = json.loads(f.read_text())["torchft"]["total_lost_s"]
-    boot = results / "cpu-joiner-boot" / "boot.json"
+    boot = results / DIRECT["joiner_boot_s"][0]
     if boot.exists():
         rows = json.loads(boot.read_text())
         direct["joiner_boot_s"] = next(r["wall_s"] for r in rows if r["start"] != "fresh interpreter")
@@ -193,8 +193,8 @@ def fit(events: list[Event], steps: list[Step], direct: dict[str, float]) -> tup
                                        [e.prepare_s for e in staying])
     v["prepare_base_s"], v["prepare_s_per_gb"], v["prepare_s_per_moved_gb"] = base, per_state, per_moved
     src["prepare_base_s"] = src["prepare_s_per_gb"] = src["prepare_s_per_moved_gb"] = (
-        "least squares (coefficients 0 or more) over the handoffs on the same processes: preparation against a rank's new state and the "
-        "busiest rank's bytes (GB); paced at the companion share, so it is the pace's figure as much as the machine's")
+        "least squares (coefficients 0 or more) over the handoffs on the same processes: preparation against a "
+        "rank's new state and the busiest rank's bytes (GB); paced at the companion share, so it is the pace's figure as much as the machine's")
     total = [e.params * 12 for e in events]
     fixed, inv_bw = _lsq([[1.0, t / e.old.world_size] for t, e in zip(total, events)], [e.save_s for e in events])
     v["save_fixed_s"], v["save_bw_per_rank"] = max(0.0, fixed), 1 / inv_bw

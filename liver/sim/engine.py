@@ -321,8 +321,8 @@ class RestartMemory(Restart):
 class DataParallelOnly(Policy):
     """What torchft does: only the replicated dimension changes, live (a stall of its measured
     size, ``Profile.dp_join_stall_s`` and ``dp_kill_stall_s``, joiners healed from a peer over the
-    network); TP and PP stay as they began; a count
-    with no whole replica left idles until GPUs come back, and then restarts from the checkpoint."""
+    network); TP and PP stay as they began; a count with no whole replica left idles until GPUs
+    come back, and then restarts from the checkpoint."""
 
     name = "dp-only"
 

@@ -3,9 +3,9 @@
 The Resource View of a layout comes from the recipe's own model: built and parallelised on the
 meta device as rank 0 of that layout over fake process groups (``liver.world.fake``), in this
 process, with no process of the layout needed; its DTensor placements then give every rank's box
-(``resource.table``). With pipeline stages, as the first rank of each stage: a tensor lives on the
-stage whose model names it. Made once per job and layout. The live switch builds the new generation's
-model first (meta, parallelise, storage for this rank's shards only) and lets the executor write
+(``resource.table``). With pipeline stages, as the first rank of each stage: a tensor lives on
+the stage whose model names it. Made once per job and layout. The live switch builds the new
+generation's model first (meta, parallelise, storage for this rank's shards only) and lets the executor write
 the state straight into that storage.
 """
 

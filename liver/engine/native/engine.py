@@ -91,7 +91,8 @@ class NativeEngine:
         self.model, self.optimizer, self.placed = build_model(recipe, job, world, device)
         self.scheduler = recipe.scheduler(self.optimizer, job)
         self.specs = list(specs) if specs is not None else [p.spec for p in self.placed]
-        self._schedule = None
+        self._schedule = None  # the pipeline's (pp > 1), and its stage's input, made at the first step
+        self._stage_input: torch.Tensor | None = None
         self._tensors = self._by_name()
         self.boxes: dict[str, Box] = {}
         self.state: dict[str, torch.Tensor] = {}
@@ -209,28 +210,25 @@ class NativeEngine:
         lay, c = self.layout, self.world.coord
         first, last = c.pp == 0, c.pp == lay.pp - 1
         micro = lay.num_micro_batches
-        if self._schedule is None:
-            x, y = stage_activations(self.recipe, self.job, lay, c.pp, inputs[: inputs.shape[0] // micro])
-            x, y = (torch.zeros(t.shape, dtype=t.dtype, device=self.device) for t in (x, y))
-            if isinstance(self.world, FakeWorld):
-                self._schedule = ("local", x)
-            else:
+        n = inputs.shape[0] // micro
+        if self._stage_input is None:
+            x, y = (torch.zeros(t.shape, dtype=t.dtype, device=self.device)
+                    for t in stage_activations(self.recipe, self.job, lay, c.pp, inputs[:n]))
+            self._stage_input = x
+            if not isinstance(self.world, FakeWorld):
                 meta = {"input_args": x, "output_args": y,  # (the gradients' too where torch takes them)
                         "output_grads": (None if last else y,), "input_grads": (None if first else x,)}
                 takes = inspect.signature(PipelineStage).parameters
                 stage = PipelineStage(self.model, c.pp, lay.pp, self.device, group=self.world.mesh()["pp"].get_group(),
                                       **{k: v for k, v in meta.items() if k in takes})
-                self._schedule = ("pipeline", ScheduleGPipe(stage, n_microbatches=micro,
-                                                            loss_fn=self.recipe.criterion))
-        how, sched = self._schedule
+                self._schedule = ScheduleGPipe(stage, n_microbatches=micro, loss_fn=self.recipe.criterion)
         losses: list[torch.Tensor] = []
-        if how == "pipeline":
+        if self._schedule is not None:
             kw = {"target": targets, "losses": losses} if last else {}
-            sched.step(*([inputs] if first else []), **kw)
-        else:
+            self._schedule.step(*([inputs] if first else []), **kw)
+        else:  # (a fake World)
             for i in range(micro):
-                n = inputs.shape[0] // micro
-                out = self.model(inputs[i * n:(i + 1) * n] if first else sched)
+                out = self.model(inputs[i * n:(i + 1) * n] if first else self._stage_input)
                 part = self.recipe.criterion(out, targets[i * n:(i + 1) * n]) if last else out.float().sum() * 0.0
                 (part / micro).backward()
                 losses.append(part)

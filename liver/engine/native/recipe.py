@@ -4,8 +4,9 @@ A recipe says how to build the model (on the meta device: LiveR allocates its st
 the layout it is parallelised to), how to cut it into a pipeline stage (``stage``, where pp > 1:
 this stage's blocks under their own names, ``torch.distributed.pipelining`` then runs the
 schedule), how to parallelise it over the mesh LiveR gives (the user's own ``parallelize``:
-``parallelize_module`` plans over ``mesh["tp"]``, ``fully_shard`` over ``mesh["dp"]``), the optimizer, this data-parallel rank's part of the batch at a given position in
-the data, and one iteration of the user's loop (``train_step``). LiveR owns generations, meshes,
+``parallelize_module`` plans over ``mesh["tp"]``, ``fully_shard`` over ``mesh["dp"]``), the
+optimizer, this data-parallel rank's part of the batch at a given position in the data, and one
+iteration of the user's loop (``train_step``). LiveR owns generations, meshes,
 the cut and the switch: it calls ``train_step`` once per iteration, and between two calls it may
 rebuild the model and optimizer for another mesh with the state moved over bit for bit.
 
