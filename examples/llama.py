@@ -1,8 +1,8 @@
 """A Llama-style model in plain PyTorch, trained by LiveR and reshaped live (TP, FSDP, pipeline stages).
 
 Run it:  liver run --config configs/llama-native.toml
-The model knows nothing of LiveR; the recipe at the bottom says how to build, parallelise and
-train it (TorchTitan's pattern: a parallelize function over a named DeviceMesh).
+The model knows nothing of LiveR. The recipe at the bottom builds and parallelises it (TorchTitan's
+pattern: parallelize over a named DeviceMesh) and trains it in its own loop, one LiveR step a turn.
 """
 
 from __future__ import annotations
@@ -41,8 +41,7 @@ class Attention(nn.Module):
     def __init__(self, dim: int, heads: int, theta: float) -> None:
         super().__init__()
         self.head_dim, self.theta = dim // heads, theta
-        self.wq, self.wk, self.wv = (nn.Linear(dim, dim, bias=False) for _ in range(3))
-        self.wo = nn.Linear(dim, dim, bias=False)
+        self.wq, self.wk, self.wv, self.wo = (nn.Linear(dim, dim, bias=False) for _ in range(4))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         b, s, _ = x.shape  # under TP each rank has its own heads: -1 is the local head count
@@ -123,10 +122,8 @@ class LlamaRecipe(Recipe):
         """Pipeline stage: its blocks under their own names, the embedding first, the head last."""
         for i in [k for k in model.layers if int(k) not in layers]:
             del model.layers[i]
-        if not first:
-            model.tok_embeddings = None
-        if not last:
-            model.norm = model.output = None
+        model.tok_embeddings = model.tok_embeddings if first else None
+        model.norm, model.output = (model.norm, model.output) if last else (None, None)
         return model
 
     def check(self, job, parallel):
@@ -144,8 +141,7 @@ class LlamaRecipe(Recipe):
         return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: min(1.0, (step + 1) / warmup))
 
     def batch(self, job, dp_rank, dp_size, position):
-        """Sample k: tokens (a + b*t) mod vocab, a and b drawn from (seed, k): learnable, and the
-        same samples for any layout."""
+        """Sample k: tokens (a + b*t) mod vocab, a and b from (seed, k): the same for any layout."""
         m, n = job.model, job.train.global_batch // dp_size
         rows = []
         for k in range(position + dp_rank * n, position + (dp_rank + 1) * n):
@@ -154,6 +150,20 @@ class LlamaRecipe(Recipe):
             rows.append((a + (b % 7 + 1) * torch.arange(m.seq_len + 1)) % m.vocab_size)
         data = torch.stack(rows)
         return data[:, :-1], data[:, 1:]
+
+    def loop(self, steps):
+        """The training loop: LiveR hands out one step an iteration, on this generation's mesh."""
+        for step in steps:
+            with step:  # a peer lost mid-step: healed, and the iteration run again
+                if step.pipelined:  # pipeline stages: LiveR's schedule runs forward and backward
+                    loss = step.schedule_step()
+                else:
+                    loss = self.criterion(step.model(step.inputs), step.targets)
+                    loss.backward()
+                norm = step.clip_grad_norm(step.job.train.grad_clip)
+                step.optimizer.step()
+                step.optimizer.zero_grad(set_to_none=True)
+                step.done(loss, norm)
 
     def criterion(self, logits, targets):
         return F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten())

@@ -72,7 +72,8 @@ def bench_dcp(args: argparse.Namespace) -> int:
     out = run(args.model or ["1b"], args.dir or [tempfile.gettempdir()], Path(args.out), args.repeats, args.steps,
               args.backend)
     for r in out["rows"]:
-        parts = ", ".join(f"{d}: save {v['save_GBps']:.2f} GB/s, load {v['load_GBps']:.2f} GB/s"
+        parts = ", ".join(f"{d}: skipped ({v['skipped']})" if "skipped" in v else
+                          f"{d}: save {v['save_GBps']:.2f} GB/s, load {v['load_GBps']:.2f} GB/s"
                           for d, v in r["dirs"].items())
         print(f"{r['model']} ({r['state_bytes'] / 1e9:.1f} GB of state) on {r['device']}: step {r['step_s']:.3f} s; {parts}")
     return 0

@@ -28,7 +28,10 @@ from liver.topology.presets import PRESETS
 from liver.world.world import World, make_store
 
 
-def _one(model: str, dirs: list[str], repeats: int, steps: int, backend: str) -> dict[str, Any]:
+def _one(model: str, dirs: list[str], repeats: int, steps: int, backend: str, out: dict[str, Any],
+         flush) -> None:
+    """Fills ``out`` (the model's row), calling ``flush()`` after each measurement: a run cut
+    short by a time limit keeps what it measured."""
     job = PRESETS[model]
     device = torch.device("cuda", 0) if backend == "nccl" else torch.device("cpu")
     store, _ = make_store()
@@ -40,26 +43,30 @@ def _one(model: str, dirs: list[str], repeats: int, steps: int, backend: str) ->
         for _ in range(steps):
             times.append(engine.train_step().step_s)
         state = sum(t.numel() * t.element_size() for t in engine.state.values())
-        out: dict[str, Any] = {"model": model, "params": job.model.num_params(), "state_bytes": state,
+        out.update({"model": model, "params": job.model.num_params(), "state_bytes": state,
                                "device": torch.cuda.get_device_name(0) if device.type == "cuda" else "cpu",
                                "step_s": statistics.median(times[2:] or times), "steps": len(times),
-                               "tokens_per_step": job.train.global_batch * job.model.seq_len, "dirs": {}}
+                    "tokens_per_step": job.train.global_batch * job.model.seq_len, "dirs": {}})
+        flush()
         for d in dirs:
+            free = shutil.disk_usage(d).free
+            if free < 1.1 * state:  # (a checkpoint is a little larger than the state)
+                out["dirs"][d] = {"skipped": f"{free / 1e9:.1f} GB free, a checkpoint needs {1.1 * state / 1e9:.1f} GB"}
+                continue
             base = Path(tempfile.mkdtemp(prefix="liver-bench-dcp-", dir=d))
-            save_s, load_s = [], []
+            row: dict[str, Any] = out["dirs"].setdefault(d, {"save_s": [], "load_s": []})
             try:
                 for r in range(repeats):
                     path = base / f"r{r}"
-                    save_s.append(ckpt.save(engine, path))
-                    load_s.append(ckpt.load(engine, path))
+                    row["save_s"].append(ckpt.save(engine, path))
+                    row["load_s"].append(ckpt.load(engine, path))
                     shutil.rmtree(path)
+                    kept_save, kept_load = row["save_s"][1:] or row["save_s"], row["load_s"][1:] or row["load_s"]
+                    row["save_GBps"] = state / statistics.median(kept_save) / 1e9
+                    row["load_GBps"] = state / statistics.median(kept_load) / 1e9
+                    flush()
             finally:
                 shutil.rmtree(base, ignore_errors=True)
-            kept_save, kept_load = save_s[1:] or save_s, load_s[1:] or load_s
-            out["dirs"][d] = {"save_s": save_s, "load_s": load_s,
-                              "save_GBps": state / statistics.median(kept_save) / 1e9,
-                              "load_GBps": state / statistics.median(kept_load) / 1e9}
-        return out
     finally:
         world.destroy()
 
@@ -77,9 +84,17 @@ def run(models: list[str], dirs: list[str], out: Path, repeats: int = 3, steps: 
     if backend == "nccl" and not torch.cuda.is_available():
         raise ValueError("--backend nccl: this machine has no GPU (gloo: the same on the CPU)")
     t0 = time.time()
-    rows = [_one(m, dirs, repeats, steps, backend) for m in models]
-    result = {"torch": torch.__version__, "backend": backend, "repeats": repeats, "rows": rows,
-              "wall_s": time.time() - t0}
+    result: dict[str, Any] = {"torch": torch.__version__, "backend": backend, "repeats": repeats, "rows": [],
+                              "complete": False}
     out.mkdir(parents=True, exist_ok=True)
-    (out / "dcp.json").write_text(json.dumps(result, indent=1) + "\n")
+
+    def flush() -> None:
+        result["wall_s"] = time.time() - t0
+        (out / "dcp.json").write_text(json.dumps(result, indent=1) + "\n")
+
+    for m in models:
+        result["rows"].append({})
+        _one(m, dirs, repeats, steps, backend, result["rows"][-1], flush)
+    result["complete"] = True
+    flush()
     return result

@@ -113,10 +113,24 @@ def _compat(d: dict[str, Any]) -> list[str]:
 def _native_compat(d: dict[str, Any]) -> list[str]:
     ev = "; ".join(f"{e['event']} {e['old']} -> {e['new']}: {e['status']}"
                    + (", digest equal" if e["digest_equal"] else ", DIGEST DIFFERS") for e in d["gloo_events"])
-    return [f"torch {d['torch']}, Python {d['python']}, NCCL {d['nccl']}: the recipe's in-process tests "
-            f"({d['pytest_summary']}); its live reshapes over gloo there: {ev}.",
-            f"On the GPU over NCCL (one rank): {d['nccl_steps']} steps at {d['nccl_median_step_s'] * 1e3:.0f} ms, "
-            f"periodic DCP checkpoints at steps {', '.join(map(str, d['nccl_checkpoints']))}."]
+    out = [f"torch {d['torch']}, Python {d['python']}, NCCL {d['nccl']}: the recipe's in-process tests "
+           f"({d['pytest_summary']}); its live reshapes over gloo there: {ev}."]
+    if "nccl_steps" in d:
+        out.append(f"On the GPU over NCCL (one rank): {d['nccl_steps']} steps at {d['nccl_median_step_s'] * 1e3:.0f} "
+                   f"ms, periodic DCP checkpoints at steps {', '.join(map(str, d['nccl_checkpoints']))}.")
+    if "before_fix" in d:
+        out.append(f"Before the fix: {d['before_fix']}.")
+    return out
+
+
+def _dcp(d: dict[str, Any]) -> list[str]:
+    out = []
+    for r in d["rows"]:
+        where = "; ".join(f"{k}: save {v['save_GBps']:.2f} GB/s, load {v['load_GBps']:.2f} GB/s "
+                          f"({len(v['save_s'])} each, the first left out)" for k, v in r["dirs"].items() if "save_GBps" in v)
+        out.append(f"{r['model']} ({r['params'] / 1e9:.2f}B, {r['state_bytes'] / 1e9:.1f} GB of state) on one "
+                   f"{r['device']}: step {r['step_s']:.2f} s; DCP {where}.")
+    return out + ([d["note"] + "."] if d.get("note") else [])
 
 
 def _heal(d: dict[str, Any]) -> list[str]:
@@ -170,7 +184,18 @@ def _sim_validation(d: dict[str, Any]) -> list[str]:
     parts = [f"{q.removesuffix('_s').replace('_', ' ')} median {v['median_abs_error']:.1%}, worst "
              f"{v['worst_abs_error']:.0%} ({v['events']} events; the same event measured twice differs by "
              f"{floor[q]:.1%})" for q, v in s.items()]
-    return ["leave-one-out over the H200 handoffs: " + "; ".join(parts) + "."]
+    out = ["leave-one-out over the H200 handoffs: " + "; ".join(parts) + "."]
+    h = d.get("held_out_dcp")
+    if h:
+        rows = "; ".join(f"{r['model']} to {r['dir']}: save {r['save_s']['measured']:.1f} s measured, "
+                         f"{r['save_s']['simulated']:.1f} s simulated; load {r['load_s']['measured']:.1f} s, "
+                         f"{r['load_s']['simulated']:.1f} s" for r in h["dcp"])
+        steps = "; ".join(f"{r['model']} {r['measured']:.2f} s measured, {r['simulated']:.2f} s simulated"
+                          for r in h["steps"])
+        out.append(f"Held out, DCP of one rank's whole state measured directly on one H200 ({h['source']}): {rows} "
+                   f"(median error: save {h['median_abs_error']['save_s']:.0%}, load "
+                   f"{h['median_abs_error']['load_s']:.0%}). One-GPU steps (in the fit): {steps}.")
+    return out
 
 
 def _sim_downtime(d: dict[str, Any]) -> list[str]:
@@ -212,7 +237,7 @@ RENDER: dict[str, Callable[[Any], list[str]]] = {
     "sim_validation": _sim_validation, "sim_downtime": _sim_downtime, "sim_goodput": _sim_goodput,
     "sim_speed": _sim_speed,
     "heal": _heal, "vs_torchft": _vs_torchft, "join_vs_torchft": _join_vs_torchft, "soak": _soak,
-    "compat": _compat, "native_compat": _native_compat,
+    "compat": _compat, "native_compat": _native_compat, "dcp": _dcp,
     "handoffs": _handoffs, "overhead": _overhead, "transfer": _transfer, "cpu_reconfig": _cpu_reconfig,
     "boot": _boot, "core_binding": _core_binding, "plan": _plan, "plan_pickle": _plan_pickle}
 

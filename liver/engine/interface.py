@@ -136,6 +136,18 @@ class EngineAdapter(ABC):
         from liver.world.mock import MockWorld
         return MockWorld.build_mock(generation, layout, rank, backend, device)
 
+    def make_step(self, engine: TrainingEngine):
+        """One iteration of the loop on ``engine`` (``liver.runtime.steps.Step``)."""
+        from liver.runtime.steps import Step
+        return Step(engine)
+
+    def drive(self, steps) -> None:
+        """The training loop over LiveR's iterations (``liver.runtime.steps.Steps``): here the
+        engine's own step, once an iteration."""
+        for step in steps:
+            with step:
+                step.run()
+
     def max_rank_bytes(self, job: JobConfig, layout: Layout) -> int:
         return max(self.rank_bytes(job, layout, r) for r in range(layout.size))
 

@@ -33,7 +33,7 @@ from liver.host import cores, priority  # noqa: E402
 from liver.checkpoint import dcp as ckpt  # noqa: E402
 from liver.checkpoint.periodic import PeriodicCheckpointer  # noqa: E402
 from liver.engine.digest import local_hashes, state_digest  # noqa: E402
-from liver.engine.interface import EngineAdapter, TrainingEngine  # noqa: E402
+from liver.engine.interface import EngineAdapter, StepStats, TrainingEngine  # noqa: E402
 from liver.protocol import store as protocol  # noqa: E402
 from liver.protocol.cut import agree, confirm  # noqa: E402
 from liver.protocol.messages import (GenerationSpec, Progress, Saved, Stalled, StartReport,  # noqa: E402
@@ -44,6 +44,7 @@ from liver.runtime.companion import Companion, Preparation  # noqa: E402
 from liver.transfer.rehearsal import rehearse  # noqa: E402
 from liver.runtime.mock import rehearse_step, warm_up  # noqa: E402
 from liver.runtime.pace import Pace  # noqa: E402
+from liver.runtime.steps import Steps  # noqa: E402
 from liver.config.fields import from_dict, to_dict  # noqa: E402
 from liver.protocol.worker import WorkerSpec  # noqa: E402
 from liver.runtime.switch import switch  # noqa: E402
@@ -164,19 +165,16 @@ class Member:
 
     # ---- the training loop ---------------------------------------------------------------
     def train(self) -> None:
-        while self.engine is not None and self.engine.step < self.total_steps:
-            try:
-                self._one_step()
-            except RuntimeError as err:
-                if not broken_group(err) or self._switching or self.engine is None or self.engine.world.all.size == 1:
-                    raise
-                self._stall(err)  # a collective broke: a peer of this generation vanished
+        """The engine's loop, or the recipe's own (``adapter.drive``), over LiveR's iterations."""
+        self.adapter.drive(Steps(self, self.adapter.make_step))
         self.ckpt.wait()
 
-    def _one_step(self) -> None:
-        """One training step, its record, and the boundary after it."""
+    def can_stall(self) -> bool:
+        return not self._switching and self.engine is not None and self.engine.world.all.size > 1
+
+    def after_step(self, st: StepStats) -> None:
+        """A step's record (and digest), then the boundary after it."""
         e = self.engine
-        st = e.train_step()
         end = time.time()
         digest, digest_s, broke = None, 0.0, None
         if self.digest == "step":  # a check, timed apart from the step
@@ -204,7 +202,7 @@ class Member:
         self.boundary(st.step_s)
 
     # ---- a generation broken under it --------------------------------------------------------
-    def _stall(self, err: BaseException) -> None:
+    def stall(self, err: BaseException) -> None:
         """Stop where the last step completed (an engine changes its state only after the step's
         last collective), tell the controller, and wait to be healed: a new generation built from
         the survivors' memory (``heal/{g}``), entered like a joiner enters one. No heal within the
@@ -389,15 +387,6 @@ class Member:
             write(self.store, Saved.key(g), Saved(path=str(path), step=e.step))
         e.world.destroy()
         self.engine = None
-
-
-def broken_group(e: BaseException) -> bool:
-    """A collective that failed because a peer vanished (not a bug of the step itself)."""
-    if isinstance(e, getattr(torch.distributed, "DistError", ())):
-        return True
-    text = str(e)
-    return any(s in text for s in ("Connection closed by peer", "Connection reset by peer", "Broken pipe",
-                                   "gloo/transport", "NCCL communicator was aborted", "ncclRemoteError"))
 
 
 def step_line(p: Progress) -> str:

@@ -283,6 +283,47 @@ def validate(events: list[Event], steps: list[Step], direct: dict[str, float]) -
             "noise_floor_same_event_twice": noise_floor(events), "events": rows}
 
 
+HELD_OUT_DCP = "gpu-1x-native-pp-compat/dcp.json"  # liver bench dcp on one H200: not in the fit
+
+
+def validate_dcp(path: Path, v: dict[str, float]) -> dict[str, Any]:
+    """The restart model's save and load against DCP measured directly on one GPU (``liver bench
+    dcp``: one rank, its whole state to local disk and /dev/shm), a held-out check; and the
+    step-time model's one-GPU steps beside the measured ones (these are in the fit)."""
+    d = json.loads(path.read_text())
+    rows = []
+    for r in d["rows"]:
+        for where, m in r["dirs"].items():
+            if "save_s" not in m or len(m["save_s"]) < 2:
+                continue
+            save = statistics.median(m["save_s"][1:])
+            load = statistics.median(m["load_s"][1:])
+            p_save = v["save_fixed_s"] + r["state_bytes"] / v["save_bw_per_rank"]
+            p_load = v["load_fixed_s"] + r["state_bytes"] / v["load_bw_per_rank"]
+            rows.append({"model": r["model"], "dir": where, "state_bytes": r["state_bytes"],
+                         "save_s": {"measured": save, "simulated": p_save, "error": (p_save - save) / save},
+                         "load_s": {"measured": load, "simulated": p_load, "error": (p_load - load) / load}})
+    from liver.sim import costs
+    from liver.sim.profile import Profile
+    from liver.topology.presets import PRESETS
+
+    prof = Profile(name="h200", **v, sources={})
+    step_rows = []
+    for r in d["rows"]:
+        if r.get("model") in PRESETS and "step_s" in r:
+            job = PRESETS[r["model"]]
+            sim = costs.step_time(job, costs.layout(job, ParallelConfig()), prof)
+            step_rows.append({"model": r["model"], "measured": r["step_s"], "simulated": sim,
+                              "error": (sim - r["step_s"]) / r["step_s"]})
+    return {"source": f"bench/results/{HELD_OUT_DCP}",
+            "method": "held out: DCP save and load of one rank's whole state, measured directly, against the "
+                      "restart model's fitted save and load (fitted to the restarts' saves and loads of 2-GPU runs); "
+                      "the one-GPU step times are in the fit (its MFU), shown beside the model",
+            "dcp": rows, "steps": step_rows,
+            "median_abs_error": {q: statistics.median(abs(x[q]["error"]) for x in rows) for q in ("save_s", "load_s")}
+            if rows else None}
+
+
 # ---- CPU processes: the controller's target choice on this machine ---------------------------
 CPU_TERMS = ("compute_s_per_flop", "layer_op_s", "tp_latency_s", "dp_latency_s", "p2p_latency_s", "step_fixed_s")
 CPU_CORES = 2  # the machine the target benchmark ran on (bench/results/cpu-target-choice)

@@ -52,9 +52,13 @@ def _sim_validate(args: argparse.Namespace) -> int:
     cpu = Path(args.results) / "cpu-target-choice" / "target.json"
     if cpu.exists():
         result["target_choice_cpu"] = calibrate.validate_choice(cpu)
+    dcp = Path(args.results) / calibrate.HELD_OUT_DCP
+    if dcp.exists():
+        v, _ = calibrate.fit(*calibrate.measurements(Path(args.results)))
+        result["held_out_dcp"] = calibrate.validate_dcp(dcp, v)
     print(json.dumps(result if args.json else {"summary": result["summary"], "target_choice_cpu": {
-        k: {kk: vv for kk, vv in x.items() if kk != "rows"} for k, x in result.get("target_choice_cpu", {}).items()}},
-        indent=1))
+        k: {kk: vv for kk, vv in x.items() if kk != "rows"} for k, x in result.get("target_choice_cpu", {}).items()},
+        "held_out_dcp": result.get("held_out_dcp")}, indent=1))
     return 0
 
 

@@ -21,6 +21,7 @@ from liver.engine.interface import EngineAdapter, TrainingEngine
 from liver.engine.native.engine import NativeEngine, build_model
 from liver.engine.native.recipe import Recipe
 from liver.engine.native.resource import Placed, table
+from liver.engine.native.step import NativeStep
 from liver.resource_view.spec import TensorSpec
 from liver.resource_view.table import BoxTable
 from liver.resource_view.view import box_numel
@@ -118,6 +119,12 @@ class NativeAdapter(EngineAdapter):
             if t is not engine.state[name]:
                 raise RuntimeError(f"the transfer delivered {name!r} outside the engine's storage")
         return engine
+
+    def make_step(self, engine: TrainingEngine) -> NativeStep:
+        return NativeStep(engine)
+
+    def drive(self, steps) -> None:
+        self.recipe.loop(steps)
 
     def _specs(self, job: JobConfig, layout: Layout) -> list[TensorSpec]:
         return [p.spec for p in self.placed(job, layout)]

@@ -170,16 +170,35 @@ class NativeEngine:
 
     # ---- training ----------------------------------------------------------------------------
     def train_step(self) -> StepStats:
+        """The recipe's ``train_step`` (or, with pipeline stages, the schedule's), as one step."""
         t0 = time.perf_counter()
-        job, w = self.job, self.world
-        c = w.coord
-        inputs, targets = self.recipe.batch(job, c.dp, self.layout.dp, self.consumed_samples)
-        inputs, targets = inputs.to(self.device), targets.to(self.device)
-        self.model.train()
+        inputs, targets = self.batch()
         if self.layout.pp > 1:
-            loss, norm = self._pipeline_step(inputs, targets)
+            loss = self.schedule_step(inputs, targets)
+            norm = self.clip_grad_norm(self.job.train.grad_clip)
+            self.optimizer.step()
+            self.optimizer.zero_grad(set_to_none=True)
         else:
-            loss, norm = self.recipe.train_step(self.model, self.optimizer, inputs, targets, job)
+            loss, norm = self.recipe.train_step(self.model, self.optimizer, inputs, targets, self.job)
+        return self.finish(loss, norm, t0)
+
+    def batch(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """This rank's inputs and targets for the next step, on the device; the model in train mode."""
+        c = self.world.coord
+        inputs, targets = self.recipe.batch(self.job, c.dp, self.layout.dp, self.consumed_samples)
+        self.model.train()
+        # contiguous: a recipe's batch may be a view (tokens[:, :-1]); torch 2.11's pipeline stage
+        # checks its input's strides against the contiguous activations it was given
+        return inputs.to(self.device).contiguous(), targets.to(self.device).contiguous()
+
+    def clip_grad_norm(self, max_norm: float) -> float:
+        """The gradients' global norm over every stage, clipped to ``max_norm`` (0: not clipped)."""
+        return clip_grad_norm(self.model.parameters(), max_norm, stages=self.world.pp if self.layout.pp > 1 else None)
+
+    def finish(self, loss: torch.Tensor, norm: float, t0: float) -> StepStats:
+        """The step taken (the optimizer has stepped): the LR schedule, the counters, and the loss
+        averaged over the data-parallel ranks (from the last stage, with pipeline stages)."""
+        job = self.job
         lr = float(self.optimizer.param_groups[0]["lr"])
         if self.scheduler is not None:
             self.scheduler.step()
@@ -190,19 +209,20 @@ class NativeEngine:
         if isinstance(loss, DTensor):
             loss = loss.full_tensor()
         total = torch.tensor([float(loss)], dtype=torch.float64, device=self.device)
-        w.dp.allreduce(total)
+        self.world.dp.allreduce(total)
         if self.layout.pp > 1:  # (only the last stage has the loss)
-            w.pp.allreduce(total)
+            self.world.pp.allreduce(total)
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         dt = time.perf_counter() - t0
         tokens = job.train.global_batch * job.model.seq_len
         return StepStats(self.step, float(total.item()) / self.layout.dp, float(norm), lr, dt, tokens / dt)
 
-    def _pipeline_step(self, inputs: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, float]:
-        """One GPipe step over this generation's pipeline (built at its first step, its stage's
-        activations given: no shape inference over the wire), then the gradients clipped by their
-        norm over every stage, and the optimizer's step. On a fake World (a joiner's warm-up, the
+    def schedule_step(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        """Forward and backward of one step over this generation's pipeline (GPipe over the
+        layout's micro-batches, the recipe's ``criterion`` on the last stage; built at its first
+        step, its stage's activations given: no shape inference over the wire). Returns the mean
+        loss on the last stage, 0 on the others. On a fake World (a joiner's warm-up, the
         template's rehearsal) each micro-batch runs through this stage alone: the same kernels and
         DTensor collectives, no pipeline messages (no peer exists to answer them)."""
         from torch.distributed.pipelining import PipelineStage, ScheduleGPipe
@@ -232,11 +252,7 @@ class NativeEngine:
                 part = self.recipe.criterion(out, targets[i * n:(i + 1) * n]) if last else out.float().sum() * 0.0
                 (part / micro).backward()
                 losses.append(part)
-        loss = torch.stack([x.detach().float() for x in losses]).mean() if last else torch.zeros(())
-        norm = clip_grad_norm(self.model.parameters(), self.job.train.grad_clip, stages=self.world.pp)
-        self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
-        return loss, norm
+        return torch.stack([x.detach().float() for x in losses]).mean() if last else torch.zeros(())
 
     # ---- checkpoints -------------------------------------------------------------------------
     def checkpoint_tensors(self, tensors: dict[str, torch.Tensor] | None = None,

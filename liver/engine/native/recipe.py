@@ -6,9 +6,10 @@ this stage's blocks under their own names, ``torch.distributed.pipelining`` then
 schedule), how to parallelise it over the mesh LiveR gives (the user's own ``parallelize``:
 ``parallelize_module`` plans over ``mesh["tp"]``, ``fully_shard`` over ``mesh["dp"]``), the
 optimizer, this data-parallel rank's part of the batch at a given position in the data, and one
-iteration of the user's loop (``train_step``). LiveR owns generations, meshes,
-the cut and the switch: it calls ``train_step`` once per iteration, and between two calls it may
-rebuild the model and optimizer for another mesh with the state moved over bit for bit.
+iteration of the user's loop (``train_step``), or the loop itself (``loop``: the user's own
+``for step in steps``). LiveR owns generations, meshes, the cut and the switch: between two
+iterations it may rebuild the model and optimizer for another mesh with the state moved over
+bit for bit. A cold joiner's warm-up and the rehearsals run ``train_step``.
 
 What a recipe must not do: keep tensors of a model or optimizer it was given across calls (after
 a switch they belong to a mesh that no longer exists), build process groups or meshes of its own
@@ -100,6 +101,18 @@ class Recipe(ABC):
         """A small job of this model, for rehearsals of the code paths (default: the tiny preset)."""
         from liver.topology.presets import preset
         return preset("tiny")
+
+    def loop(self, steps) -> None:
+        """The training loop, the recipe's own where it overrides this: ``steps`` yields one
+        ``NativeStep`` an iteration (liver/engine/native/step.py: this generation's model and
+        optimizer, this rank's inputs and targets), across every switch; LiveR takes the boundary
+        between two iterations. Each iteration's body runs ``with step:`` (a peer lost mid-step
+        is healed and the iteration run again) and ends with ``step.done(loss, grad_norm)``, or
+        ``step.run()`` (``train_step``, as here). It must not keep the model, the optimizer or
+        their tensors across iterations, nor leave the loop before ``steps`` ends."""
+        for step in steps:
+            with step:
+                step.run()
 
     def train_step(self, model: nn.Module, optimizer: torch.optim.Optimizer, inputs: torch.Tensor,
                    targets: torch.Tensor, job: JobConfig) -> tuple[torch.Tensor, float]:
