@@ -162,6 +162,44 @@ def test_device_mesh_private_arguments_and_dtensor_caches_hold_on_this_torch():
     assert first["tok_embeddings.weight"] == ((0, 4), (0, 8)) and second["tok_embeddings.weight"] == ((4, 8), (0, 8))
 
 
+def test_a_shard_that_stays_is_adopted_without_a_copy_except_into_fsdp2_buffers():
+    """The new generation's model takes the old shards' storage (DTensor.from_local on its mesh)
+    where the box stays on the process: parameters and Adam moments alike; not where FSDP2 owns
+    the storage, nor where a shape differs."""
+    from liver.engine.native.engine import NativeEngine
+    from liver.world.world import World, make_store
+
+    adapter = load_adapter(EXAMPLE)
+    job = job_of(hidden=8, heads=4, ffn=8, vocab=8)
+    store, _ = make_store()
+    world = World.build(store, 0, adapter.layout(job, ParallelConfig()), 0, "gloo", torch.device("cpu"))
+    world.activate()
+    try:
+        old = NativeEngine(adapter.recipe, job, world, torch.device("cpu"))
+        old.train_step()
+        kept = dict(old.state)
+        kept["norm.weight"] = torch.zeros(3)  # (a shape that does not fit: fresh storage)
+        new = NativeEngine(adapter.recipe, job, world, torch.device("cpu"), initialise=False, adopt=kept)
+        for name, t in new.state.items():
+            same = t.data_ptr() == old.state[name].data_ptr()
+            assert same == (name != "norm.weight"), name
+        assert any(n.endswith(".exp_avg") for n in new.state)
+        new.load_scalars(old.scalars())
+        with torch.no_grad():
+            new.state["norm.weight"].copy_(old.state["norm.weight"])
+        assert new.train_step().step == 2
+    finally:
+        world.destroy()
+    fsdp = FakeWorld.build_fake(0, adapter.layout(job, ParallelConfig(dp=2)), 0, "gloo", torch.device("cpu"))
+    with fsdp.registered():
+        try:
+            first = NativeEngine(adapter.recipe, job, fsdp, torch.device("cpu"))
+            second = NativeEngine(adapter.recipe, job, fsdp, torch.device("cpu"), initialise=False, adopt=first.state)
+            assert all(t.data_ptr() != first.state[n].data_ptr() for n, t in second.state.items())
+        finally:
+            forget_meshes()
+
+
 def test_recipe_job_file_runs_and_bad_input_is_refused_before_anything_starts(tmp_path, capsys):
     from liver.cli import main
     assert main(["run", "--config", CONFIG, "--set", "parallel=3,1,1", "--set", "gpus=3", "--run-dir",
@@ -197,6 +235,10 @@ def test_live_reshapes_of_a_users_model_equal_restart_through_dcp(tmp_path):
     for e in live["events"]:
         assert e["digest_equal"] is True, e
     assert live["events"][4]["deadline_met"] is True
+    # FSDP2 -> TP2: the row halves that stay on their process are adopted by the TP model (no copy);
+    # into FSDP2 they are copied (its own padded buffers)
+    assert live["events"][1]["bytes_kept"] > 0 and live["events"][1]["bytes_kept_copied"] == 0
+    assert live["events"][0]["bytes_kept_copied"] == live["events"][0]["bytes_kept"] > 0
     total = live["steps"][-1]["step"]
     check_continuous(live, total)
     cuts = [e["last_old_step"] for e in live["events"]]

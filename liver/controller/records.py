@@ -64,6 +64,10 @@ def switch_metrics(done: dict[int, SwitchReport], leavers: dict[int, SwitchRepor
         "switch_s": max(r.transfer["switch_s"] for r in olds),
         "transfer_s": max(r.transfer["seconds"] for r in allrec.values()),
         "peak_staging_bytes": max(r.transfer["peak_staging_bytes"] for r in allrec.values()),
+        # shards that stayed in place (same process, same box), and those of them the new engine
+        # did not adopt (copied into its own storage: FSDP2's buffers), summed over processes
+        "bytes_kept": sum(r.transfer.get("bytes_kept", 0) for r in allrec.values()),
+        "bytes_kept_copied": sum(r.transfer.get("bytes_kept_copied", 0) for r in allrec.values()),
         "switch_start": min(r.switch_start for r in olds),
         "switch_end": max(r.switch_end for r in allrec.values()),
         "digest_after": first(done.values(), "digest_after"),

@@ -121,10 +121,13 @@ class EngineAdapter(ABC):
 
     def enter(self, job: JobConfig, world: World, device: torch.device,
               deliver: Callable[[dict[str, torch.Tensor] | None], dict[str, torch.Tensor]],
-              into: dict[str, torch.Tensor] | None = None) -> TrainingEngine:
+              into: dict[str, torch.Tensor] | None = None,
+              kept: dict[str, torch.Tensor] | None = None) -> TrainingEngine:
         """The new generation's engine, its state delivered by the transfer: ``deliver(storage)``
         runs it, writing into ``storage`` where given (else into fresh tensors), and returns the
-        shards. Here: into ``into`` (a joiner's warm-up state) or fresh, then adopted."""
+        shards. ``kept``: this process's old shards that stay in the same box (the engine may
+        adopt their storage; ``storage`` then holds them). Here: into ``into`` (a joiner's
+        warm-up state) or fresh, then adopted; a kept shard is the old tensor itself."""
         return self.build(job, world, device, state=deliver(into))
 
     def warm_storage(self, engine: TrainingEngine) -> dict[str, torch.Tensor] | None:

@@ -45,7 +45,8 @@ def switch(*, adapter: EngineAdapter, job: JobConfig, old: TrainingEngine | None
         if old is not None:  # the old generation's groups are not the default any more
             old.world.deactivate()
         new_world.activate()  # (DeviceMesh asks the default group for the rank)
-        engine = adapter.enter(job, new_world, device, deliver, into)
+        kept = {n: old.state[n] for n in executor.kept() if n in old.state} if old is not None else {}
+        engine = adapter.enter(job, new_world, device, deliver, into, kept=kept)
         engine.load_scalars(scalars)
         engine.refresh()
     return engine, {"switch_s": time.perf_counter() - t0, **ran[0].to_dict()}

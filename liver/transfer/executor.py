@@ -39,6 +39,7 @@ class TransferStats:
     bytes_received: int = 0
     bytes_local: int = 0
     bytes_kept: int = 0
+    bytes_kept_copied: int = 0  # kept shards copied into the new engine's own storage (not adopted)
     seconds: float = 0.0
     host_seconds: float = 0.0  # until everything was launched, before the wait for the device
     peak_staging_bytes: int = 0
@@ -165,6 +166,11 @@ class StreamingExecutor:
             self._ring = StagingRing(self.staging_bytes, self.device)
         return self
 
+    def kept(self) -> frozenset[str]:
+        """The tensors whose shard stays on this process in the same box: nothing moves, and the
+        new engine may adopt the old storage (``EngineAdapter.enter``'s ``kept``)."""
+        return frozenset(n for step in self._steps for n in step.keeps)
+
     def _new_shard(self, name: str) -> None:
         if name not in self._shapes:
             spec = self.specs[name]
@@ -268,8 +274,12 @@ class StreamingExecutor:
         for seq, step in enumerate(self._steps):
             self._layer = seq  # position in this process's order of layers
             for name in step.keeps:
-                if into is not None and name in into:  # the new engine's own storage: a local copy
-                    dst[name] = into[name].copy_(src_state[name])
+                if into is not None and name in into:
+                    old, own = src_state[name], into[name]
+                    if own.data_ptr() != old.data_ptr() or own.stride() != old.stride():
+                        own.copy_(old)  # the new engine's own storage: a local copy
+                        stats.bytes_kept_copied += _nbytes(own)
+                    dst[name] = own  # (else it adopted the old storage: nothing to do)
                 else:
                     dst[name] = src_state[name]  # the very same storage: nothing moves
             for m in step.messages:  # in the order of each message's first slice

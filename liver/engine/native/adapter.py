@@ -111,9 +111,12 @@ class NativeAdapter(EngineAdapter):
 
     def enter(self, job: JobConfig, world: World, device: torch.device,
               deliver: Callable[[dict[str, torch.Tensor] | None], dict[str, torch.Tensor]],
-              into: dict[str, torch.Tensor] | None = None) -> TrainingEngine:
-        """The new model first (its storage), then the executor writes into it."""
-        engine = NativeEngine(self.recipe, job, world, device, initialise=False, specs=self._specs(job, world.layout))
+              into: dict[str, torch.Tensor] | None = None,
+              kept: dict[str, torch.Tensor] | None = None) -> TrainingEngine:
+        """The new model first (its storage, where a shard stays: the old one's, re-wrapped on
+        the new mesh without a copy), then the executor writes the rest into it."""
+        engine = NativeEngine(self.recipe, job, world, device, initialise=False, specs=self._specs(job, world.layout),
+                              adopt=kept)
         delivered = deliver(engine.state)
         for name, t in delivered.items():
             if t is not engine.state[name]:

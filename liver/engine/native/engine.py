@@ -20,6 +20,7 @@ import zlib
 from typing import Any
 
 import torch
+from torch.distributed.fsdp import FSDPModule
 from torch.distributed.tensor import DTensor
 
 from liver.engine.interface import StepStats
@@ -31,10 +32,12 @@ from liver.world.fake import FakeWorld
 from liver.world.world import World, forget_meshes
 
 
-def build_model(recipe: Recipe, job: JobConfig, world: World, device: torch.device):
+def build_model(recipe: Recipe, job: JobConfig, world: World, device: torch.device,
+                adopt: dict[str, torch.Tensor] | None = None):
     """The model and optimizer of ``world``'s rank, on ``device`` (``torch.device("meta")`` for
     metadata only), with the optimizer state made; and their tensors as ``Placed``. The World
-    must be registered (``World.activate``): DeviceMesh asks the default group for the rank."""
+    must be registered (``World.activate``): DeviceMesh asks the default group for the rank.
+    ``adopt``: local shards (by state name) to use as storage instead of new memory (``adopted``)."""
     forget_meshes()  # (meshes of other worlds compare equal to this one: liver/world/world.py)
     mesh = world.mesh()
     with torch.device("meta"):
@@ -44,19 +47,39 @@ def build_model(recipe: Recipe, job: JobConfig, world: World, device: torch.devi
         lo, hi = lay.stage_bounds[c.pp]
         model = recipe.stage(model, range(lo, hi), c.pp == 0, c.pp == lay.pp - 1) or model
     model = recipe.parallelize(model, mesh, job) or model
+    adopt = adopt if device.type != "meta" and adopt and not any(isinstance(m, FSDPModule) for m in model.modules()) \
+        else {}  # (FSDP2 keeps a rank's shards as views into its own padded buffer: never adopted)
     if device.type != "meta":
-        model.to_empty(device=device)
+        names = {id(p): n for n, p in model.named_parameters()}
+        model._apply(lambda t: adopted(adopt.get(names.get(id(t), "")), t, device))  # (to_empty, adopting)
         recipe.init_buffers(model, job)
     optimizer = recipe.optimizer(model, job)
     amsgrad = any(g.get("amsgrad", False) for g in optimizer.param_groups)
     keys = tuple(k for k in recipe.state_keys if k != "max_exp_avg_sq" or amsgrad)
+    names = {id(p): n for n, p in model.named_parameters()}
     for group in optimizer.param_groups:
         for p in group["params"]:
             st = optimizer.state[p]
             st.setdefault("step", torch.tensor(0.0))
             for key in keys:
-                st.setdefault(key, torch.zeros_like(p, memory_format=torch.preserve_format))
+                old = adopt.get(f"{names.get(id(p))}.{key}")
+                st.setdefault(key, adopted(old, p, device) if old is not None else
+                              torch.zeros_like(p, memory_format=torch.preserve_format))
     return model, optimizer, placed_state(model, optimizer, keys)
+
+
+def adopted(old: torch.Tensor | None, like: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """A tensor like ``like`` (a DTensor or a plain one) on ``device``: with ``old`` as its local
+    storage where it fits (DTensor.from_local: no copy), else uninitialised."""
+    local = like._local_tensor if isinstance(like, DTensor) else like
+    if old is None or tuple(old.shape) != tuple(local.shape) or old.dtype != local.dtype or old.device != device \
+            or not old.is_contiguous():
+        return torch.empty_like(like, device=device)
+    old = old.detach()
+    if isinstance(like, DTensor):
+        return DTensor.from_local(old, like.device_mesh, like.placements, run_check=False, shape=like.shape,
+                                  stride=like.stride())
+    return old
 
 
 def stage_activations(recipe: Recipe, job: JobConfig, layout, stage: int,
@@ -84,11 +107,14 @@ class NativeEngine:
     """Rank ``world.rank`` of a recipe's job (see the module's docstring)."""
 
     def __init__(self, recipe: Recipe, job: JobConfig, world: World, device: torch.device, *,
-                 initialise: bool = True, specs: list | None = None) -> None:
+                 initialise: bool = True, specs: list | None = None,
+                 adopt: dict[str, torch.Tensor] | None = None) -> None:
         """``specs``: every logical tensor of the layout, in one order on every rank (the
-        adapter's; with pipeline stages a rank's own model names only its stage's)."""
+        adapter's; with pipeline stages a rank's own model names only its stage's). ``adopt``:
+        the old generation's shards that stay on this process in the same box, used as this
+        engine's storage (``build_model``)."""
         self.recipe, self.job, self.world, self.layout, self.device = recipe, job, world, world.layout, device
-        self.model, self.optimizer, self.placed = build_model(recipe, job, world, device)
+        self.model, self.optimizer, self.placed = build_model(recipe, job, world, device, adopt)
         self.scheduler = recipe.scheduler(self.optimizer, job)
         self.specs = list(specs) if specs is not None else [p.spec for p in self.placed]
         self._schedule = None  # the pipeline's (pp > 1), and its stage's input, made at the first step
