@@ -422,8 +422,11 @@ def main(argv: list[str] | None = None) -> int:
     br.set_defaults(fn=bench.bench_reconfig)
     bh = bsub.add_parser("handoffs", help="a scenario of events live and by stop-and-restart in one call, any "
                                           "backend (the GPU runs; on gloo a CPU dry run)")
-    bh.add_argument("--scenario", default="x2", help="x2, x2-twice, x2-cycles (with --cycles, --gap), x8")
+    bh.add_argument("--scenario", default="x2", help="x2, x2-twice, x2-native (TP2 <-> FSDP2), x2-cycles (with "
+                                                     "--cycles, --gap), x8")
     bh.add_argument("--model", default="1b", help="preset: tiny, tiny8, 1b, 3b, 7b")
+    bh.add_argument("--engine", default=None, help="the engine or recipe by import path (a user's own model: "
+                                                   "examples/llama.py:RECIPE at the preset's shape); default: the reference engine")
     bh.add_argument("--backend", default="nccl", choices=["nccl", "gloo"])
     bh.add_argument("--warm", default="auto", choices=["auto", "background", "boundary"])
     bh.add_argument("--budget-mib", type=int, default=512, help="staging budget B per rank")

@@ -3,6 +3,7 @@ script runs end to end as a CPU dry run (gloo), live and restart, with its JSON.
 
 import argparse
 import json
+from pathlib import Path
 
 import pytest
 
@@ -14,10 +15,13 @@ def test_the_readmes_measured_section_is_rendered_from_bench_results():
     assert measured.run(write=False), "README.md is out of date: run `liver bench measured --write`"
 
 
+EXAMPLE = str(Path(__file__).resolve().parent.parent / "examples" / "llama.py") + ":RECIPE"
+
+
 @pytest.mark.timeout(600)
 def test_the_gpu_scenario_script_dry_runs_on_cpu(tmp_path):
-    args = argparse.Namespace(scenario="x2", model="tiny", backend="gloo", warm="auto", budget_mib=64, cycles=1,
-                              gap=12, live_only=False, run_root=None, out=str(tmp_path))
+    args = argparse.Namespace(scenario="x2", model="tiny", engine=None, backend="gloo", warm="auto", budget_mib=64,
+                              cycles=1, gap=12, live_only=False, run_root=None, out=str(tmp_path))
     result = handoffs.run(args)
     assert json.loads((tmp_path / "handoffs.json").read_text()) == json.loads(json.dumps(result))
     assert [e["event"] for e in result["events"]] == ["scale-out", "reshape", "scale-in"]
@@ -28,9 +32,25 @@ def test_the_gpu_scenario_script_dry_runs_on_cpu(tmp_path):
     assert (tmp_path / "timeline-live.png").exists() and (tmp_path / "report-restart.json").exists()
 
 
+@pytest.mark.timeout(600)
+def test_the_gpu_scenario_script_of_a_users_model_dry_runs_on_cpu(tmp_path):
+    """Live only (its restart path is the reference's, and test_native's): TP2 on cold joiners,
+    TP2 -> FSDP2 -> TP2, scale-in by deadline, on examples/llama.py at the preset's shape."""
+    args = argparse.Namespace(scenario="x2-native", model="tiny", engine=EXAMPLE, backend="gloo", warm="auto",
+                              budget_mib=64, cycles=1, gap=12, live_only=True, run_root=None, out=str(tmp_path))
+    result = handoffs.run(args)
+    assert result["engine"] == EXAMPLE and result["digests_equal"] is True
+    assert [(e["event"], e["new"], e["status"]) for e in result["events"]] == [
+        ("scale-out", "tp2pp1dp1", "done"), ("reshape", "tp1pp1dp2", "done"), ("reshape", "tp2pp1dp1", "done"),
+        ("scale-in", "tp1pp1dp1", "done")]
+    assert result["events"][3]["deadline_met"] is True
+
+
 def test_bench_refuses_bad_flags(capsys):
     assert main(["bench", "handoffs", "--scenario", "x3", "--out", "/tmp/never"]) == 2
     assert "--scenario='x3': allowed x2" in capsys.readouterr().err
+    assert main(["bench", "handoffs", "--engine", "nowhere.py:X", "--out", "/tmp/never"]) == 2
+    assert "engine='" in capsys.readouterr().err
 
 
 def test_bench_dcp_times_a_step_and_a_save_and_load_of_the_whole_state(tmp_path, capsys):

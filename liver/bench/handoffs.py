@@ -7,6 +7,7 @@ point-to-point bandwidth is measured first in the same call (the transfer floor)
     liver bench handoffs --scenario x2-twice --model 1b --run-root /dev/shm --out OUT
     liver bench handoffs --scenario x2-cycles --cycles 4 --gap 40 --live-only --model 1b --out OUT
     liver bench handoffs --scenario x8 --model tiny8 --backend gloo --out OUT      # CPU dry run
+    liver bench handoffs --scenario x2-native --model 1b --engine examples/llama.py:RECIPE --out OUT
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from liver.bench.scenarios import Scenario
 from liver.config.jobfile import build
 from liver.controller import report as rep
 from liver.controller.events import parse_schedule_text
+from liver.engine.interface import absolute_engine_path, load_adapter
 from liver.controller.job import run_job
 from liver.topology.presets import PRESETS
 
@@ -34,6 +36,10 @@ SCENARIOS = {
     "x2": lambda c, g: Scenario("x2", "1,1,1", _X2),
     "x2-twice": lambda c, g: Scenario("x2-twice", "1,1,1", _X2 + (("scale-out 2 as 2,1,1", 75), ("reshape 1,1,2", 110),
                                                                   ("scale-in 1 deadline 60s as 1,1,1", 125))),
+    # a user's DTensor model: TP2 on a cold joiner, TP2 -> FSDP2, FSDP2 -> TP2, scale-in by deadline
+    "x2-native": lambda c, g: Scenario("x2-native", "1,1,1", (("scale-out 2 as 2,1,1", 8), ("reshape 1,1,2", 45),
+                                                              ("reshape 2,1,1", 60),
+                                                              ("scale-in 1 deadline 60s as 1,1,1", 75))),
     "x2-cycles": lambda c, g: Scenario("x2-cycles", "2,1,1", tuple((a, 10 + g * i) for i, a in enumerate(_CYCLE * c))),
     "x8": lambda c, g: Scenario("x8", "4,2,1", (("reshape 8,1,1", 8), ("reshape 2,2,2", 20),
                                                 ("scale-in 4 deadline 120s as 2,2,1", 32),
@@ -76,7 +82,8 @@ def _run(mode: str, schedule: str, steps: int, end_after: int | None, args, firs
     shutil.rmtree(d, ignore_errors=True)
     d.mkdir(parents=True)
     (d / "events.txt").write_text(schedule)
-    cfg = build({"preset": args.model, "steps": steps, "gpus": gpus, "parallel": first, "backend": args.backend,
+    engine = {"engine": absolute_engine_path(args.engine)} if args.engine else {}
+    cfg = build({**engine, "preset": args.model, "steps": steps, "gpus": gpus, "parallel": first, "backend": args.backend,
                  "digest": "switch", "checkpoint": {"every": 0}, "transfer": {"budget_mib": args.budget_mib},
                  "prepare": {"mock_steps": 2, "group_timeout_s": 300.0, "warm": args.warm},
                  "agent": {"slots": slots, "quiet": True},
@@ -94,6 +101,8 @@ def run(args) -> dict[str, Any]:
         raise ValueError(f"--scenario={args.scenario!r}: allowed {', '.join(SCENARIOS)}")
     if args.model not in PRESETS:
         raise ValueError(f"--model={args.model!r}: allowed {', '.join(PRESETS)}")
+    if args.engine:
+        load_adapter(absolute_engine_path(args.engine))  # (ValueError naming engine=)
     if args.cycles < 1 or args.gap < 1:
         raise ValueError(f"--cycles={args.cycles}, --gap={args.gap}: allowed positive counts")
     import torch
@@ -106,7 +115,8 @@ def run(args) -> dict[str, Any]:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     cuda = torch.cuda.is_available()
-    info = {"torch": torch.__version__, "model": args.model, "scenario": args.scenario, "warm": args.warm,
+    info = {"torch": torch.__version__, "model": args.model, "engine": args.engine or "reference",
+            "scenario": args.scenario, "warm": args.warm,
             "backend": args.backend, "params": PRESETS[args.model].model.num_params(),
             "gpus": [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())],
             "nccl": ".".join(map(str, torch.cuda.nccl.version())) if cuda else None}
