@@ -227,3 +227,25 @@ def test_an_agent_with_a_wrong_token_or_a_taken_name_is_refused_in_words(tmp_pat
             AgentService(ep.url, "right", 1, node="n").register()
     finally:
         ep.close()
+
+
+def test_several_agents_on_one_machine_get_their_own_gpus_numbered_from_zero():
+    import pytest
+
+    from liver.agent.local import node_devices
+    assert [node_devices(i, 1) for i in range(2)] == ["0", "1"]
+    assert [node_devices(i, 2) for i in range(2)] == ["0,1", "2,3"]
+    assert node_devices(1, 2, "4, 5,6,7") == "6,7"
+    assert node_devices(0, 1, "") == ""  # hidden GPUs stay hidden
+    with pytest.raises(ValueError, match=r"node1: its GPUs 2-3 are beyond CUDA_VISIBLE_DEVICES='0,1'"):
+        node_devices(1, 2, "0,1")
+
+
+def test_a_registration_under_a_known_name_is_the_same_agent_only_from_the_same_process():
+    from liver.controller.nodes import RemoteNode
+    n = RemoteNode("node1", 0, 1, "vm", agent_pid=41)
+    assert n.same_agent("vm", 41)  # it lost its controller, or a reply: reconciled
+    assert not n.same_agent("vm", 42) and not n.same_agent("other", 41)  # the node came back: a new node
+    assert RemoteNode("node1", 0, 1, "vm").same_agent("vm", 42)  # (unknown pid, from an older journal)
+    assert RemoteNode.restored({**n.record(), "agent_pid": 41}).agent_pid == 41
+    assert n.running() == []

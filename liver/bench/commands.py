@@ -45,6 +45,17 @@ def bench_handoffs(args: argparse.Namespace) -> int:
     return 0 if result.get("digests_equal") else 1
 
 
+def bench_nodes(args: argparse.Namespace) -> int:
+    from liver.bench.nodes import run
+
+    result = run(args)
+    for e in result["events"]:
+        print(f"{e['event']} {e['old']} -> {e['new']} ({e['node']}): live {e['downtime_live_s']}, restart "
+              f"{e['downtime_restart_s']} s; digest equal {e['digest_equal_live']}/{e['digest_equal_restart']}")
+    ok = all(e["digest_equal_live"] and e["status_live"] == "done" for e in result["events"])
+    return 0 if ok and len(result["events"]) == 2 else 1
+
+
 def bench_transfer(args: argparse.Namespace) -> int:
     from liver.bench.transfer import run
 

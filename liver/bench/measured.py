@@ -133,6 +133,14 @@ def _dcp(d: dict[str, Any]) -> list[str]:
     return out + ([d["note"] + "."] if d.get("note") else [])
 
 
+def _nodes(d: dict[str, Any]) -> list[str]:
+    parts = [f"{e['event']} {e['old']} -> {e['new']}" + (f" (notice to {e['node']})" if e["node"] else " (node1 back)")
+             + f": live {e['downtime_live_s']:.3f} s, restart {e['downtime_restart_s']:.1f} s, digest "
+             + ("equal" if e["digest_equal_live"] and e["digest_equal_restart"] else "DIFFERS")
+             for e in d["events"]]
+    return ["; ".join(parts) + "."]
+
+
 def _heal(d: dict[str, Any]) -> list[str]:
     h, c = d["heal"], d["checkpoint"]
     return [f"{d['params'] / 1e6:.1f}M parameters, {d['layout']}, one replica killed at step {d['kill_at_step']} "
@@ -237,7 +245,7 @@ RENDER: dict[str, Callable[[Any], list[str]]] = {
     "sim_validation": _sim_validation, "sim_downtime": _sim_downtime, "sim_goodput": _sim_goodput,
     "sim_speed": _sim_speed,
     "heal": _heal, "vs_torchft": _vs_torchft, "join_vs_torchft": _join_vs_torchft, "soak": _soak,
-    "compat": _compat, "native_compat": _native_compat, "dcp": _dcp,
+    "compat": _compat, "native_compat": _native_compat, "dcp": _dcp, "nodes": _nodes,
     "handoffs": _handoffs, "overhead": _overhead, "transfer": _transfer, "cpu_reconfig": _cpu_reconfig,
     "boot": _boot, "core_binding": _core_binding, "plan": _plan, "plan_pickle": _plan_pickle}
 

@@ -78,16 +78,20 @@ class NodeMembership:
     def _register(self, msg: Register) -> Registered:
         with self.nodes.lock:
             old = self.nodes.nodes.get(msg.node)
-            if isinstance(old, RemoteNode) and not old.lost and old.slots == msg.slots:
+            if isinstance(old, RemoteNode) and not old.lost and old.slots == msg.slots and \
+                    old.same_agent(msg.host, msg.pid):
                 node = old  # the same agent, back (it lost its controller, or a reply)
                 node.reconcile(msg.workers, msg.done)
             else:
-                if old is not None:  # declared lost before: it comes back as a new node
-                    if not isinstance(old, RemoteNode) or not old.lost:
+                if old is not None:  # declared lost before, or gone empty: it comes back as a new node
+                    if not isinstance(old, RemoteNode) or not (old.lost or not old.running()):
                         raise ValueError(f"node {msg.node!r}: a node of that name is in the job with "
-                                         f"{old.slots} slots; allowed: a name of its own")
+                                         f"{old.slots} slots and runs processes; allowed: a name of its own, or "
+                                         f"this one once the old agent is declared lost "
+                                         f"(controller.agent_timeout_s={self.cfg.controller.agent_timeout_s:g})")
                     self.nodes.nodes.pop(msg.node)
-                node = self.nodes.add(lambda base: RemoteNode(msg.node, base, msg.slots, msg.host))
+                    self._noticed.discard(msg.node)  # (a notice to the old node is not the new one's)
+                node = self.nodes.add(lambda base: RemoteNode(msg.node, base, msg.slots, msg.host, agent_pid=msg.pid))
                 for r in msg.workers:  # processes of a generation it was declared lost from
                     node.workers[r.proc] = Worker(r.proc, r.slot, r.role, r.generation, r.pid, time.time())
                     node.kill(r.proc)

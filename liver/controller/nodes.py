@@ -43,8 +43,9 @@ class RemoteNode:
     The sync comes from the endpoint's threads, the controller reads from its loop: one lock."""
 
     def __init__(self, name: str, slot_base: int, slots: int, host: str = "",
-                 workers: Iterable[Running] = ()) -> None:
+                 workers: Iterable[Running] = (), agent_pid: int = 0) -> None:
         self.name, self.slot_base, self.slots, self.host = name, slot_base, slots, host
+        self.agent_pid = agent_pid  # its agent's process (0: unknown), on ``host``
         self.workers: dict[int, Worker] = {}
         self.commands: list[Command] = []
         self._next = 1
@@ -113,17 +114,26 @@ class RemoteNode:
                 w.returncode = NODE_LOST
             return gone
 
+    def same_agent(self, host: str, pid: int) -> bool:
+        """Whether a registration under this node's name comes from the agent it already knows
+        (one that lost its controller, or a reply) rather than a new one (the node came back)."""
+        return self.agent_pid == 0 or pid == 0 or (host, pid) == (self.host, self.agent_pid)
+
+    def running(self) -> list[Worker]:
+        with self.cond:
+            return [w for w in self.workers.values() if w.returncode is None]
+
     # ---- a controller that came back ---------------------------------------------------------
     def record(self) -> dict[str, Any]:
         """What the journal keeps of it."""
         with self.cond:
             return {"name": self.name, "slot_base": self.slot_base, "slots": self.slots, "host": self.host,
-                    "next": self._next, "done": self.done, "lost": self.lost, "notice": self.notice,
+                    "agent_pid": self.agent_pid, "next": self._next, "done": self.done, "lost": self.lost, "notice": self.notice,
                     "commands": list(self.commands), "workers": [dataclasses.replace(w) for w in self.workers.values()]}
 
     @classmethod
     def restored(cls, rec: dict[str, Any]) -> "RemoteNode":
-        n = cls(rec["name"], rec["slot_base"], rec["slots"], rec["host"])
+        n = cls(rec["name"], rec["slot_base"], rec["slots"], rec["host"], agent_pid=rec.get("agent_pid", 0))
         n._next, n.done, n.lost, n.notice, n.commands = rec["next"], rec["done"], rec["lost"], rec["notice"], rec["commands"]
         n.workers = {w.proc: w for w in rec["workers"]}
         n.resumed, n._fresh_from = not n.lost, rec["next"]

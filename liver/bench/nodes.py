@@ -1,0 +1,164 @@
+"""``liver bench nodes``: two node agents on this machine (one GPU each, or one CPU slot each on
+gloo) under one ``liver controller``: a preemption notice to node1 (its rank leaves within the
+deadline), node1's agent gone, then node1 back (a new agent registers: scale-out onto it). The
+same, live and by stop-and-restart through DCP, one after the other in one call.
+
+    liver bench nodes --model 1b --backend nccl --out OUT
+    liver bench nodes --model tiny --backend gloo --out OUT      # CPU dry run
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from liver.agent.local import node_devices, start_agent, stop_agent
+from liver.controller.endpoint import request
+from liver.engine.interface import absolute_engine_path, load_adapter
+from liver.topology.presets import PRESETS
+
+KEYS = ("old", "new", "status", "downtime_s", "switch_s", "transfer_s", "prepare_s", "digest_equal",
+        "deadline_met", "peak_extra_bytes", "save_s", "load_s", "process_start_s")
+
+
+class _Job:
+    """A controller and its agents, each a process tree of its own, in one run directory."""
+
+    def __init__(self, run_dir: Path, args, mode: str) -> None:
+        self.run_dir, self.backend = run_dir, args.backend
+        shutil.rmtree(run_dir, ignore_errors=True)  # (a run before's control.json would mislead the agents)
+        run_dir.mkdir(parents=True)
+        self.log = open(run_dir / "controller.log", "ab")
+        engine = ["--set", f"engine={absolute_engine_path(args.engine)}"] if args.engine else []
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "liver.cli", "controller", "--run-dir", str(run_dir), "--model", args.model,
+             "--backend", args.backend, "--gpus", "2", "--steps", "1000000", "--end-after-events", "-1",
+             "--digest", "switch", "--ckpt-every", "0", "--mode", mode, *engine],
+            env=dict(os.environ, OMP_NUM_THREADS="1"), stdout=self.log, stderr=subprocess.STDOUT,
+            start_new_session=True)
+        self.agents: dict[str, subprocess.Popen] = {}
+        info = self._wait_file(run_dir / "control.json", 120)
+        self.url, self.token = info["url"], info["token"]
+
+    def _wait_file(self, path: Path, timeout: float) -> dict:
+        end = time.time() + timeout
+        while time.time() < end:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"the controller exited:\n{self.tail()}")
+            try:
+                return json.loads(path.read_text())
+            except (FileNotFoundError, json.JSONDecodeError):
+                time.sleep(0.1)
+        raise RuntimeError(f"no {path} after {timeout:.0f} s:\n{self.tail()}")
+
+    def agent(self, index: int) -> None:
+        name = f"node{index}"
+        self.agents[name] = start_agent(self.run_dir, name, 1, extra=("--notice-file", str(self.notice(name))),
+                                        devices=node_devices(index, 1, os.environ.get("CUDA_VISIBLE_DEVICES"))
+                                        if self.backend == "nccl" else None)
+
+    def notice(self, name: str) -> Path:
+        return self.run_dir / f"notice-{name}"
+
+    def status(self) -> dict:
+        try:
+            return request(self.url, self.token, "GET", "/status")[1]
+        except OSError:
+            return {"phase": None, "step": 0, "parallel": None, "nodes": []}
+
+    def wait(self, cond, what: str, timeout: float) -> dict:
+        end = time.time() + timeout
+        while time.time() < end:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"the controller exited while waiting for {what}:\n{self.tail()}")
+            s = self.status()
+            if cond(s):
+                return s
+            time.sleep(0.2)
+        raise RuntimeError(f"timed out waiting for {what}: {self.status()}\n{self.tail()}")
+
+    def tail(self) -> str:
+        return "\n".join(line for line in (self.run_dir / "controller.log").read_text().splitlines()
+                         if not line.startswith("step:"))[-3000:]
+
+    def close(self) -> None:
+        for p in [self.proc, *self.agents.values()]:
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGKILL)
+                p.wait()
+        self.log.close()
+
+
+def _ranks(s: dict) -> int:
+    p = s["parallel"]
+    return p["tp"] * p["pp"] * p["dp"] if p else 0
+
+
+def _holders(s: dict) -> set[str]:
+    return {n["node"] for n in s["nodes"] if n["ranks"]}
+
+
+def _one(mode: str, args, out: Path) -> dict[str, Any]:
+    timeout = args.timeout_s
+    job = _Job(out / f"run-{mode}", args, mode)
+    try:
+        job.agent(0)
+        job.agent(1)
+        s = job.wait(lambda s: s["step"] >= args.gap and _ranks(s) == 2, "the first generation on both nodes", timeout)
+        (job.notice("node1")).write_text(str(args.notice_s))  # node1's provider: notice_s to leave
+        s = job.wait(lambda s: s["phase"] == "stable" and _ranks(s) == 1 and "node1" not in _holders(s),
+                     "node1's rank gone after its notice", timeout)
+        stop_agent(job.agents.pop("node1"), 0.0)  # its machine goes (its rank left already)
+        job.wait(lambda s, at=s["step"]: s["step"] >= at + args.gap, "training on node0 alone", timeout)
+        job.notice("node1").unlink()
+        job.agent(1)  # node1 is back: a new agent registers, and the job scales out onto it
+        s = job.wait(lambda s: s["phase"] == "stable" and _ranks(s) == 2 and _holders(s) == {"node0", "node1"},
+                     "the scale-out onto node1 again", timeout)
+        job.wait(lambda s, at=s["step"]: s["step"] >= at + args.gap, "training on both", timeout)
+        request(job.url, job.token, "POST", "/end", {"after": 2})
+        if job.proc.wait(timeout) != 0:
+            raise RuntimeError(f"the controller failed:\n{job.tail()}")
+    finally:
+        job.close()
+    rep = json.loads((job.run_dir / "report.json").read_text())
+    return {"mode": mode, "wall_s": rep.get("wall_s"), "steps": rep["steps"][-1]["step"] if rep["steps"] else 0,
+            "events": [{"event": e["event"]["kind"], "node": e["event"].get("node"), **{k: e.get(k) for k in KEYS}}
+                       for e in rep["events"]]}
+
+
+def run(args) -> dict[str, Any]:
+    """Both modes; writes OUT/nodes.json and returns it."""
+    if args.model not in PRESETS:
+        raise ValueError(f"--model={args.model!r}: allowed {', '.join(PRESETS)}")
+    if args.engine:
+        load_adapter(absolute_engine_path(args.engine))  # (ValueError naming engine=)
+    if args.gap < 1 or args.notice_s <= 0 or args.timeout_s <= 0:
+        raise ValueError(f"--gap={args.gap}, --notice-s={args.notice_s}, --timeout-s={args.timeout_s}: allowed "
+                         f"positive values")
+    import torch
+    if args.backend == "nccl" and torch.cuda.device_count() < 2:
+        raise ValueError(f"--backend nccl: two nodes of one GPU each need 2 GPUs; this machine has "
+                         f"{torch.cuda.device_count()} (--backend gloo: a CPU dry run)")
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    result: dict[str, Any] = {"torch": torch.__version__, "model": args.model, "engine": args.engine or "reference",
+                              "backend": args.backend, "params": PRESETS[args.model].model.num_params(),
+                              "gpus": [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())],
+                              "runs": [_one(mode, args, out) for mode in ("live", "restart")]}
+    live, restart = result["runs"]
+    result["events"] = [{"event": a["event"], "node": a["node"], "old": a["old"], "new": a["new"],
+                         "downtime_live_s": a["downtime_s"], "downtime_restart_s": b["downtime_s"],
+                         "ratio": b["downtime_s"] / a["downtime_s"] if a["downtime_s"] and b["downtime_s"] else None,
+                         "digest_equal_live": a["digest_equal"], "digest_equal_restart": b["digest_equal"],
+                         "deadline_met_live": a["deadline_met"], "status_live": a["status"],
+                         "status_restart": b["status"]}
+                        for a, b in zip(live["events"], restart["events"])]
+    (out / "nodes.json").write_text(json.dumps(result, indent=1))
+    return result
