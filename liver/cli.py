@@ -425,6 +425,8 @@ def main(argv: list[str] | None = None) -> int:
     bh.add_argument("--scenario", default="x2", help="x2, x2-twice, x2-native (TP2 <-> FSDP2), x2-cycles (with "
                                                      "--cycles, --gap), x8")
     bh.add_argument("--model", default="1b", help="preset: tiny, tiny8, 1b, 3b, 7b")
+    bh.add_argument("--set", action="append", metavar="SECTION.FIELD=VALUE",
+                    help="a field of the job beyond the preset, e.g. job.model.vocab_size=50304 (repeatable)")
     bh.add_argument("--engine", default=None, help="the engine or recipe by import path (a user's own model: "
                                                    "examples/llama.py:RECIPE at the preset's shape); default: the reference engine")
     bh.add_argument("--backend", default="nccl", choices=["nccl", "gloo"])
@@ -439,6 +441,8 @@ def main(argv: list[str] | None = None) -> int:
     bn = bsub.add_parser("nodes", help="two node agents on this machine (a GPU each) under one controller: a notice "
                                        "to node1, then node1 back; live and by restart")
     bn.add_argument("--model", default="1b", help="preset: tiny, 1b, 3b, ...")
+    bn.add_argument("--set", action="append", metavar="SECTION.FIELD=VALUE",
+                    help="a field of the job beyond the preset, e.g. job.model.vocab_size=50304 (repeatable)")
     bn.add_argument("--engine", default=None, help="the engine or recipe by import path (default: the reference engine)")
     bn.add_argument("--backend", default="nccl", choices=["nccl", "gloo"])
     bn.add_argument("--gap", type=int, default=20, help="steps between the events")

@@ -51,6 +51,10 @@ def test_bench_refuses_bad_flags(capsys):
     assert "--scenario='x3': allowed x2" in capsys.readouterr().err
     assert main(["bench", "handoffs", "--engine", "nowhere.py:X", "--out", "/tmp/never"]) == 2
     assert "engine='" in capsys.readouterr().err
+    assert main(["bench", "handoffs", "--set", "job.model.vocab_size=abc", "--out", "/tmp/never"]) == 2
+    assert "job.model.vocab_size='abc': expected an integer" in capsys.readouterr().err
+    assert main(["bench", "nodes", "--set", "job.modl.x=1", "--backend", "gloo", "--out", "/tmp/never"]) == 2
+    assert "job.modl: no such field" in capsys.readouterr().err
 
 
 def test_bench_dcp_times_a_step_and_a_save_and_load_of_the_whole_state(tmp_path, capsys):

@@ -16,7 +16,7 @@ nvidia-smi --query-gpu=name,memory.total --format=csv,noheader > "$OUT/versions.
 python3 -c "import torch; print('torch', torch.__version__, 'nccl', torch.cuda.nccl.version())" >> "$OUT/versions.txt"
 case "${RUN:-1}" in
   1) timeout 570 $LIVER bench handoffs --scenario x2-twice --model 1b --run-root /dev/shm --out "$OUT" > "$OUT/run.log" 2>&1 ;;
-  2) timeout 570 $LIVER bench handoffs --scenario x2-native --model 1b --engine examples/llama.py:RECIPE \
+  2) timeout 570 $LIVER bench handoffs --scenario x2-native --model 1b --engine examples/llama.py:RECIPE --set job.model.vocab_size=50304 \
        --run-root /dev/shm --out "$OUT" > "$OUT/run.log" 2>&1 ;;
   3) timeout 570 $LIVER bench nodes --model 1b --backend nccl --out /dev/shm/nodes > "$OUT/run.log" 2>&1
      cp /dev/shm/nodes/nodes.json "$OUT/" ;;

@@ -7,7 +7,8 @@ point-to-point bandwidth is measured first in the same call (the transfer floor)
     liver bench handoffs --scenario x2-twice --model 1b --run-root /dev/shm --out OUT
     liver bench handoffs --scenario x2-cycles --cycles 4 --gap 40 --live-only --model 1b --out OUT
     liver bench handoffs --scenario x8 --model tiny8 --backend gloo --out OUT      # CPU dry run
-    liver bench handoffs --scenario x2-native --model 1b --engine examples/llama.py:RECIPE --out OUT
+    liver bench handoffs --scenario x2-native --model 1b --engine examples/llama.py:RECIPE \
+        --set job.model.vocab_size=50304 --out OUT     # (the example's TP needs the vocabulary even)
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from liver.bench.scenarios import Scenario
-from liver.config.jobfile import build
+from liver.config.jobfile import build, override
 from liver.controller import report as rep
 from liver.controller.events import parse_schedule_text
 from liver.engine.interface import absolute_engine_path, load_adapter
@@ -76,18 +77,27 @@ def measure_p2p(out: Path) -> float:
     return json.loads((out / "p2p.json").read_text())["p2p_GBps"]
 
 
+def _base(args) -> dict[str, Any]:
+    return {"preset": args.model, **({"engine": absolute_engine_path(args.engine)} if args.engine else {})}
+
+
+def _sets(args) -> list[dict[str, Any]]:
+    """``--set section.field=value``: the job's fields beyond the preset (a user's model's shape)."""
+    return [override(t) for t in getattr(args, "set", None) or ()]
+
+
 def _run(mode: str, schedule: str, steps: int, end_after: int | None, args, first: str, gpus: int, slots: int,
          out: Path) -> dict[str, Any]:
     d = Path(args.run_root or out) / f"run-{mode}"
     shutil.rmtree(d, ignore_errors=True)
     d.mkdir(parents=True)
     (d / "events.txt").write_text(schedule)
-    engine = {"engine": absolute_engine_path(args.engine)} if args.engine else {}
-    cfg = build({**engine, "preset": args.model, "steps": steps, "gpus": gpus, "parallel": first, "backend": args.backend,
+    cfg = build(_base(args), {"steps": steps, "gpus": gpus, "parallel": first, "backend": args.backend,
                  "digest": "switch", "checkpoint": {"every": 0}, "transfer": {"budget_mib": args.budget_mib},
                  "prepare": {"mock_steps": 2, "group_timeout_s": 300.0, "warm": args.warm},
                  "agent": {"slots": slots, "quiet": True},
-                 "controller": {"mode": mode, "endpoint": False, "end_after_events": end_after}})
+                 "controller": {"mode": mode, "endpoint": False, "end_after_events": end_after}},
+                *_sets(args))
     report = run_job(cfg, parse_schedule_text(schedule, str(d / "events.txt")), d, {"model": args.model})
     print(rep.summary(report), flush=True)
     shutil.copy(d / "timeline.png", out / f"timeline-{mode}.png")
@@ -103,6 +113,7 @@ def run(args) -> dict[str, Any]:
         raise ValueError(f"--model={args.model!r}: allowed {', '.join(PRESETS)}")
     if args.engine:
         load_adapter(absolute_engine_path(args.engine))  # (ValueError naming engine=)
+    job = build(_base(args), *_sets(args)).job  # (ValueError naming the field)
     if args.cycles < 1 or args.gap < 1:
         raise ValueError(f"--cycles={args.cycles}, --gap={args.gap}: allowed positive counts")
     import torch
@@ -117,7 +128,8 @@ def run(args) -> dict[str, Any]:
     cuda = torch.cuda.is_available()
     info = {"torch": torch.__version__, "model": args.model, "engine": args.engine or "reference",
             "scenario": args.scenario, "warm": args.warm,
-            "backend": args.backend, "params": PRESETS[args.model].model.num_params(),
+            "backend": args.backend, "params": job.model.num_params(),
+            "set": list(getattr(args, "set", None) or ()),
             "gpus": [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())],
             "nccl": ".".join(map(str, torch.cuda.nccl.version())) if cuda else None}
     bw = info["p2p_GBps"] = measure_p2p(out) if args.backend == "nccl" else None

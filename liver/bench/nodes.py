@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from liver.agent.local import node_devices, start_agent, stop_agent
+from liver.config.jobfile import build, override
 from liver.controller.endpoint import request
 from liver.engine.interface import absolute_engine_path, load_adapter
 from liver.topology.presets import PRESETS
@@ -37,6 +38,7 @@ class _Job:
         run_dir.mkdir(parents=True)
         self.log = open(run_dir / "controller.log", "ab")
         engine = ["--set", f"engine={absolute_engine_path(args.engine)}"] if args.engine else []
+        engine += [x for t in getattr(args, "set", None) or () for x in ("--set", t)]
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "liver.cli", "controller", "--run-dir", str(run_dir), "--model", args.model,
              "--backend", args.backend, "--gpus", "2", "--steps", "1000000", "--end-after-events", "-1",
@@ -139,6 +141,8 @@ def run(args) -> dict[str, Any]:
         raise ValueError(f"--model={args.model!r}: allowed {', '.join(PRESETS)}")
     if args.engine:
         load_adapter(absolute_engine_path(args.engine))  # (ValueError naming engine=)
+    base = {"preset": args.model, **({"engine": absolute_engine_path(args.engine)} if args.engine else {})}
+    job = build(base, *[override(t) for t in getattr(args, "set", None) or ()]).job  # (ValueError naming the field)
     if args.gap < 1 or args.notice_s <= 0 or args.timeout_s <= 0:
         raise ValueError(f"--gap={args.gap}, --notice-s={args.notice_s}, --timeout-s={args.timeout_s}: allowed "
                          f"positive values")
@@ -149,7 +153,7 @@ def run(args) -> dict[str, Any]:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     result: dict[str, Any] = {"torch": torch.__version__, "model": args.model, "engine": args.engine or "reference",
-                              "backend": args.backend, "params": PRESETS[args.model].model.num_params(),
+                              "backend": args.backend, "params": job.model.num_params(),
                               "gpus": [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())],
                               "runs": [_one(mode, args, out) for mode in ("live", "restart")]}
     live, restart = result["runs"]
