@@ -32,18 +32,16 @@ def test_the_gpu_scenario_script_dry_runs_on_cpu(tmp_path):
     assert (tmp_path / "timeline-live.png").exists() and (tmp_path / "report-restart.json").exists()
 
 
-@pytest.mark.timeout(600)
-def test_the_gpu_scenario_script_of_a_users_model_dry_runs_on_cpu(tmp_path):
-    """Live only (its restart path is the reference's, and test_native's): TP2 on cold joiners,
-    TP2 -> FSDP2 -> TP2, scale-in by deadline, on examples/llama.py at the preset's shape."""
-    args = argparse.Namespace(scenario="x2-native", model="tiny", engine=EXAMPLE, backend="gloo", warm="auto",
-                              budget_mib=64, cycles=1, gap=12, live_only=True, run_root=None, out=str(tmp_path))
-    result = handoffs.run(args)
-    assert result["engine"] == EXAMPLE and result["digests_equal"] is True
-    assert [(e["event"], e["new"], e["status"]) for e in result["events"]] == [
-        ("scale-out", "tp2pp1dp1", "done"), ("reshape", "tp1pp1dp2", "done"), ("reshape", "tp2pp1dp1", "done"),
-        ("scale-in", "tp1pp1dp1", "done")]
-    assert result["events"][3]["deadline_met"] is True
+def test_the_gpu_scenario_script_runs_a_users_model_at_a_presets_shape():
+    """Its jobs take the engine and the --set fields (its dry run on CPU, 4 events live and by
+    restart: bench/results/cpu-x2-native-dryrun; the same events' paths: test_native.py)."""
+    from liver.config.jobfile import build
+    args = argparse.Namespace(model="1b", engine=EXAMPLE, set=["job.model.vocab_size=50304"])
+    cfg = build(handoffs._base(args), *handoffs._sets(args))
+    assert cfg.engine.endswith("examples/llama.py:RECIPE") and cfg.job.model.vocab_size == 50304
+    assert cfg.job.model.hidden_size == 2048 and type(cfg.adapter).__name__ == "NativeAdapter"
+    assert [a for a, _ in handoffs.SCENARIOS["x2-native"](1, 1).events] == [
+        "scale-out 2 as 2,1,1", "reshape 1,1,2", "reshape 2,1,1", "scale-in 1 deadline 60s as 1,1,1"]
 
 
 def test_bench_refuses_bad_flags(capsys):

@@ -202,7 +202,9 @@ def _sim_validation(d: dict[str, Any]) -> list[str]:
                           for r in h["steps"])
         out.append(f"Held out, DCP of one rank's whole state measured directly on one H200 ({h['source']}): {rows} "
                    f"(median error: save {h['median_abs_error']['save_s']:.0%}, load "
-                   f"{h['median_abs_error']['load_s']:.0%}). One-GPU steps (in the fit): {steps}.")
+                   f"{h['median_abs_error']['load_s']:.0%}; against each run's first save and load, which a "
+                   f"restart pays: {h['median_abs_error']['first_save_s']:.0%} and "
+                   f"{h['median_abs_error']['first_load_s']:.0%}). One-GPU steps (in the fit): {steps}.")
     return out
 
 
