@@ -15,61 +15,21 @@ from pathlib import Path
 
 import pytest
 
-from liver.agent.local import start_agent, stop_agent
+from liver.agent.local import stop_agent
+from liver.bench.nodes import LocalJob
 from liver.cli import main
 from liver.controller.endpoint import request
 
 
-class Job:
+class Job(LocalJob):
+    """The tests' job: long, digests at the handoffs, a checkpoint every 5 steps, agents declared
+    lost after 4 s of silence, the preparation unpaced (nodes are the subject here, the pace has
+    tests of its own)."""
+
     def __init__(self, run_dir: Path, *args: str):
-        self.run_dir = run_dir
-        run_dir.mkdir(parents=True, exist_ok=True)
-        self.log = open(run_dir / "controller.log", "ab")
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "liver.cli", "controller", "--run-dir", str(run_dir), "--gpus", "2",
-             "--steps", "100000", "--end-after-events", "-1", "--digest", "switch", "--ckpt-every", "5",
-             "--set", "controller.agent_timeout_s=4",
-             # (preparation unpaced: nodes are the subject here, the pace has tests of its own)
-             "--companion-share", "0", *args],
-            env=dict(os.environ, OMP_NUM_THREADS="1"), stdout=self.log, stderr=subprocess.STDOUT,
-            start_new_session=True)
-        self.agents: dict[str, subprocess.Popen] = {}
-        end = time.time() + 60
-        while not (run_dir / "control.json").exists():
-            assert self.proc.poll() is None and time.time() < end, self.tail()
-            time.sleep(0.1)
-        info = json.loads((run_dir / "control.json").read_text())
-        self.url, self.token = info["url"], info["token"]
-
-    def agent(self, name: str, *extra: str) -> None:
-        self.agents[name] = start_agent(self.run_dir, name, 1, extra=extra)
-
-    def status(self) -> dict:
-        try:
-            return request(self.url, self.token, "GET", "/status")[1]
-        except OSError:  # (a controller starting again: not listening yet)
-            return {"phase": None, "step": 0, "parallel": None, "nodes": []}
-
-    def wait(self, cond, what: str, timeout: float = 150.0) -> dict:
-        end = time.time() + timeout
-        while time.time() < end:
-            assert self.proc.poll() is None, f"controller exited while waiting for {what}:\n{self.tail()}"
-            s = self.status()
-            if cond(s):
-                return s
-            time.sleep(0.1)
-        raise AssertionError(f"timed out waiting for {what}: {self.status()}\n{self.tail()}")
-
-    def tail(self) -> str:
-        return "\n".join(line for line in (self.run_dir / "controller.log").read_text().splitlines()
-                         if not line.startswith("step:"))[-4000:]
-
-    def close(self) -> None:
-        for p in [self.proc, *self.agents.values()]:
-            if p.poll() is None:
-                os.killpg(p.pid, signal.SIGKILL)
-                p.wait()
-        self.log.close()
+        super().__init__(run_dir, ["--gpus", "2", "--steps", "100000", "--end-after-events", "-1", "--digest",
+                                   "switch", "--ckpt-every", "5", "--set", "controller.agent_timeout_s=4",
+                                   "--companion-share", "0", *args])
 
 
 def ranks(s: dict) -> int:

@@ -190,3 +190,23 @@ def test_a_pipeline_helper_on_a_generation_without_stages_is_refused_naming_the_
             step.schedule_step()
     finally:
         world.destroy()
+
+
+def test_a_cold_joiners_warm_up_runs_the_recipes_own_loop_on_the_mock_world():
+    from liver.engine.native.adapter import NativeAdapter
+    from liver.runtime.mock import warm_up
+
+    base = type(load_adapter(EXAMPLE).recipe)
+    seen = []
+
+    class Counting(base):
+        def loop(self, steps):
+            for step in steps:
+                seen.append(step.number)
+                with step:
+                    step.run()
+
+    adapter = NativeAdapter(Counting())
+    job = adapter.rehearsal_job()
+    engine = warm_up(adapter, job, adapter.layout(job, ParallelConfig(tp=2)), 1, "gloo", torch.device("cpu"), 2)
+    assert seen == [1, 2] and engine.step == 2

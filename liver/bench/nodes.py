@@ -9,6 +9,7 @@ same, live and by stop-and-restart through DCP, one after the other in one call.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -29,53 +30,42 @@ KEYS = ("old", "new", "status", "downtime_s", "switch_s", "transfer_s", "prepare
         "deadline_met", "peak_extra_bytes", "save_s", "load_s", "process_start_s")
 
 
-class _Job:
-    """A controller and its agents, each a process tree of its own, in one run directory."""
+class LocalJob:
+    """A ``liver controller`` and its node agents on this machine, each a process tree of its own,
+    in one run directory (this bench, and the tests of several nodes)."""
 
-    def __init__(self, run_dir: Path, args, mode: str) -> None:
-        self.run_dir, self.backend = run_dir, args.backend
-        shutil.rmtree(run_dir, ignore_errors=True)  # (a run before's control.json would mislead the agents)
-        run_dir.mkdir(parents=True)
+    def __init__(self, run_dir: Path, controller_args: list[str], backend: str = "gloo") -> None:
+        self.run_dir, self.backend = run_dir, backend
+        run_dir.mkdir(parents=True, exist_ok=True)
+        with contextlib.suppress(FileNotFoundError):
+            (run_dir / "control.json").unlink()  # (a run before's would mislead the agents)
         self.log = open(run_dir / "controller.log", "ab")
-        engine = ["--set", f"engine={absolute_engine_path(args.engine)}"] if args.engine else []
-        engine += [x for t in getattr(args, "set", None) or () for x in ("--set", t)]
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "liver.cli", "controller", "--run-dir", str(run_dir), "--model", args.model,
-             "--backend", args.backend, "--gpus", "2", "--steps", "1000000", "--end-after-events", "-1",
-             "--digest", "switch", "--ckpt-every", "0", "--mode", mode, *engine],
+            [sys.executable, "-m", "liver.cli", "controller", "--run-dir", str(run_dir), *controller_args],
             env=dict(os.environ, OMP_NUM_THREADS="1"), stdout=self.log, stderr=subprocess.STDOUT,
             start_new_session=True)
         self.agents: dict[str, subprocess.Popen] = {}
-        info = self._wait_file(run_dir / "control.json", 120)
+        end = time.time() + 120
+        while not (run_dir / "control.json").exists():
+            if self.proc.poll() is not None or time.time() > end:
+                raise RuntimeError(f"no control endpoint from the controller:\n{self.tail()}")
+            time.sleep(0.1)
+        info = json.loads((run_dir / "control.json").read_text())
         self.url, self.token = info["url"], info["token"]
 
-    def _wait_file(self, path: Path, timeout: float) -> dict:
-        end = time.time() + timeout
-        while time.time() < end:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"the controller exited:\n{self.tail()}")
-            try:
-                return json.loads(path.read_text())
-            except (FileNotFoundError, json.JSONDecodeError):
-                time.sleep(0.1)
-        raise RuntimeError(f"no {path} after {timeout:.0f} s:\n{self.tail()}")
-
-    def agent(self, index: int) -> None:
-        name = f"node{index}"
-        self.agents[name] = start_agent(self.run_dir, name, 1, extra=("--notice-file", str(self.notice(name))),
-                                        devices=node_devices(index, 1, os.environ.get("CUDA_VISIBLE_DEVICES"))
-                                        if self.backend == "nccl" else None)
-
-    def notice(self, name: str) -> Path:
-        return self.run_dir / f"notice-{name}"
+    def agent(self, name: str, *extra: str, index: int | None = None) -> None:
+        """Agent ``name`` of one slot; ``index``: on NCCL, its GPU is this machine's ``index``-th."""
+        devices = node_devices(index, 1, os.environ.get("CUDA_VISIBLE_DEVICES")) \
+            if index is not None and self.backend == "nccl" else None
+        self.agents[name] = start_agent(self.run_dir, name, 1, extra=extra, devices=devices)
 
     def status(self) -> dict:
         try:
             return request(self.url, self.token, "GET", "/status")[1]
-        except OSError:
+        except OSError:  # (a controller starting again: not listening yet)
             return {"phase": None, "step": 0, "parallel": None, "nodes": []}
 
-    def wait(self, cond, what: str, timeout: float) -> dict:
+    def wait(self, cond, what: str, timeout: float = 150.0) -> dict:
         end = time.time() + timeout
         while time.time() < end:
             if self.proc.poll() is not None:
@@ -83,12 +73,12 @@ class _Job:
             s = self.status()
             if cond(s):
                 return s
-            time.sleep(0.2)
+            time.sleep(0.1)
         raise RuntimeError(f"timed out waiting for {what}: {self.status()}\n{self.tail()}")
 
     def tail(self) -> str:
         return "\n".join(line for line in (self.run_dir / "controller.log").read_text().splitlines()
-                         if not line.startswith("step:"))[-3000:]
+                         if not line.startswith("step:"))[-4000:]
 
     def close(self) -> None:
         for p in [self.proc, *self.agents.values()]:
@@ -109,18 +99,28 @@ def _holders(s: dict) -> set[str]:
 
 def _one(mode: str, args, out: Path) -> dict[str, Any]:
     timeout = args.timeout_s
-    job = _Job(out / f"run-{mode}", args, mode)
+    run_dir = out / f"run-{mode}"
+    shutil.rmtree(run_dir, ignore_errors=True)
+    sets = ["--set", f"engine={absolute_engine_path(args.engine)}"] if args.engine else []
+    sets += [x for t in getattr(args, "set", None) or () for x in ("--set", t)]
+    job = LocalJob(run_dir, ["--model", args.model, "--backend", args.backend, "--gpus", "2", "--steps", "1000000",
+                             "--end-after-events", "-1", "--digest", "switch", "--ckpt-every", "0", "--mode", mode,
+                             *sets], args.backend)
+
+    def agent(i: int) -> None:
+        job.agent(f"node{i}", "--notice-file", str(run_dir / f"notice-node{i}"), index=i)
+
     try:
-        job.agent(0)
-        job.agent(1)
+        agent(0)
+        agent(1)
         s = job.wait(lambda s: s["step"] >= args.gap and _ranks(s) == 2, "the first generation on both nodes", timeout)
-        (job.notice("node1")).write_text(str(args.notice_s))  # node1's provider: notice_s to leave
+        (run_dir / "notice-node1").write_text(str(args.notice_s))  # node1's provider: notice_s to leave
         s = job.wait(lambda s: s["phase"] == "stable" and _ranks(s) == 1 and "node1" not in _holders(s),
                      "node1's rank gone after its notice", timeout)
         stop_agent(job.agents.pop("node1"), 0.0)  # its machine goes (its rank left already)
         job.wait(lambda s, at=s["step"]: s["step"] >= at + args.gap, "training on node0 alone", timeout)
-        job.notice("node1").unlink()
-        job.agent(1)  # node1 is back: a new agent registers, and the job scales out onto it
+        (run_dir / "notice-node1").unlink()
+        agent(1)  # node1 is back: a new agent registers, and the job scales out onto it
         s = job.wait(lambda s: s["phase"] == "stable" and _ranks(s) == 2 and _holders(s) == {"node0", "node1"},
                      "the scale-out onto node1 again", timeout)
         job.wait(lambda s, at=s["step"]: s["step"] >= at + args.gap, "training on both", timeout)

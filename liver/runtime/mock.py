@@ -6,19 +6,36 @@ from __future__ import annotations
 import torch
 
 from liver.engine.interface import EngineAdapter, TrainingEngine
+from liver.runtime.steps import Steps
 from liver.topology import JobConfig, ParallelConfig
 from liver.topology.layout import Layout
 
 
+class _WarmUp:
+    """The loop's driver for a warm-up: ``steps`` iterations on a mock world, no boundary."""
+
+    def __init__(self, engine: TrainingEngine, steps: int) -> None:
+        self.engine, self.total_steps = engine, engine.step + steps
+
+    def after_step(self, stats) -> None:
+        pass
+
+    def can_stall(self) -> bool:
+        return False
+
+    def stall(self, err: BaseException) -> None:
+        raise err
+
+
 def warm_up(adapter: EngineAdapter, job: JobConfig, layout: Layout, rank: int, backend: str, device: torch.device,
             steps: int, generation: int = 0) -> TrainingEngine:
-    """A cold worker's warm-up: ``steps`` training steps as rank ``rank`` of ``layout`` on a mock
-    world. Returns the engine: its state is already in the new layout."""
+    """A cold worker's warm-up: ``steps`` iterations of the training loop (the engine's, or a
+    recipe's own: the very code it will run) as rank ``rank`` of ``layout`` on a mock world.
+    Returns the engine: its state is already in the new layout."""
     world = adapter.mock_world(generation, layout, rank, backend, device)
     with world.registered():
         engine = adapter.build(job, world, device)
-        for _ in range(steps):
-            engine.train_step()
+        adapter.drive(Steps(_WarmUp(engine, steps), adapter.make_step))
     return engine
 
 

@@ -9,7 +9,8 @@ optimizer, this data-parallel rank's part of the batch at a given position in th
 iteration of the user's loop (``train_step``), or the loop itself (``loop``: the user's own
 ``for step in steps``). LiveR owns generations, meshes, the cut and the switch: between two
 iterations it may rebuild the model and optimizer for another mesh with the state moved over
-bit for bit. A cold joiner's warm-up and the rehearsals run ``train_step``.
+bit for bit. A cold joiner's warm-up and the rehearsals run the same loop for a step or two on a
+mock world.
 
 What a recipe must not do: keep tensors of a model or optimizer it was given across calls (after
 a switch they belong to a mesh that no longer exists), build process groups or meshes of its own
@@ -109,7 +110,9 @@ class Recipe(ABC):
         between two iterations. Each iteration's body runs ``with step:`` (a peer lost mid-step
         is healed and the iteration run again) and ends with ``step.done(loss, grad_norm)``, or
         ``step.run()`` (``train_step``, as here). It must not keep the model, the optimizer or
-        their tensors across iterations, nor leave the loop before ``steps`` ends."""
+        their tensors across iterations, nor leave the loop before ``steps`` ends. A process may run
+        it more than once (a cold joiner's warm-up on a mock world first, a few iterations): keep
+        what comes after the loop free of effects beyond the process."""
         for step in steps:
             with step:
                 step.run()
