@@ -37,7 +37,8 @@ def test_the_gpu_scenario_script_runs_a_users_model_at_a_presets_shape():
     restart: bench/results/cpu-x2-native-dryrun; the same events' paths: test_native.py)."""
     from liver.config.jobfile import build
     args = argparse.Namespace(model="1b", engine=EXAMPLE, set=["job.model.vocab_size=50304"])
-    cfg = build(handoffs._base(args), *handoffs._sets(args))
+    base, sets = handoffs.job_layers(args)
+    cfg = build(base, *sets)
     assert cfg.engine.endswith("examples/llama.py:RECIPE") and cfg.job.model.vocab_size == 50304
     assert cfg.job.model.hidden_size == 2048 and type(cfg.adapter).__name__ == "NativeAdapter"
     assert [a for a, _ in handoffs.SCENARIOS["x2-native"](1, 1).events] == [

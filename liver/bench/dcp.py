@@ -44,8 +44,8 @@ def _one(model: str, dirs: list[str], repeats: int, steps: int, backend: str, ou
             times.append(engine.train_step().step_s)
         state = sum(t.numel() * t.element_size() for t in engine.state.values())
         out.update({"model": model, "params": job.model.num_params(), "state_bytes": state,
-                               "device": torch.cuda.get_device_name(0) if device.type == "cuda" else "cpu",
-                               "step_s": statistics.median(times[2:] or times), "steps": len(times),
+                    "device": torch.cuda.get_device_name(0) if device.type == "cuda" else "cpu",
+                    "step_s": statistics.median(times[2:] or times), "steps": len(times),
                     "tokens_per_step": job.train.global_batch * job.model.seq_len, "dirs": {}})
         flush()
         for d in dirs:

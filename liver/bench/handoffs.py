@@ -24,8 +24,8 @@ from liver.bench.scenarios import Scenario
 from liver.config.jobfile import build, override
 from liver.controller import report as rep
 from liver.controller.events import parse_schedule_text
-from liver.engine.interface import absolute_engine_path, load_adapter
 from liver.controller.job import run_job
+from liver.engine.interface import absolute_engine_path
 from liver.topology.presets import PRESETS
 
 
@@ -77,13 +77,11 @@ def measure_p2p(out: Path) -> float:
     return json.loads((out / "p2p.json").read_text())["p2p_GBps"]
 
 
-def _base(args) -> dict[str, Any]:
-    return {"preset": args.model, **({"engine": absolute_engine_path(args.engine)} if args.engine else {})}
-
-
-def _sets(args) -> list[dict[str, Any]]:
-    """``--set section.field=value``: the job's fields beyond the preset (a user's model's shape)."""
-    return [override(t) for t in getattr(args, "set", None) or ()]
+def job_layers(args) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """The job of ``--model``, ``--engine`` and ``--set section.field=value`` (a user's model's
+    shape beyond the preset): the base table, and the overrides to put over the bench's own."""
+    base = {"preset": args.model, **({"engine": absolute_engine_path(args.engine)} if args.engine else {})}
+    return base, [override(t) for t in getattr(args, "set", None) or ()]
 
 
 def _run(mode: str, schedule: str, steps: int, end_after: int | None, args, first: str, gpus: int, slots: int,
@@ -92,12 +90,13 @@ def _run(mode: str, schedule: str, steps: int, end_after: int | None, args, firs
     shutil.rmtree(d, ignore_errors=True)
     d.mkdir(parents=True)
     (d / "events.txt").write_text(schedule)
-    cfg = build(_base(args), {"steps": steps, "gpus": gpus, "parallel": first, "backend": args.backend,
+    base, sets = job_layers(args)
+    cfg = build(base, {"steps": steps, "gpus": gpus, "parallel": first, "backend": args.backend,
                  "digest": "switch", "checkpoint": {"every": 0}, "transfer": {"budget_mib": args.budget_mib},
                  "prepare": {"mock_steps": 2, "group_timeout_s": 300.0, "warm": args.warm},
                  "agent": {"slots": slots, "quiet": True},
                  "controller": {"mode": mode, "endpoint": False, "end_after_events": end_after}},
-                *_sets(args))
+                *sets)
     report = run_job(cfg, parse_schedule_text(schedule, str(d / "events.txt")), d, {"model": args.model})
     print(rep.summary(report), flush=True)
     shutil.copy(d / "timeline.png", out / f"timeline-{mode}.png")
@@ -111,9 +110,8 @@ def run(args) -> dict[str, Any]:
         raise ValueError(f"--scenario={args.scenario!r}: allowed {', '.join(SCENARIOS)}")
     if args.model not in PRESETS:
         raise ValueError(f"--model={args.model!r}: allowed {', '.join(PRESETS)}")
-    if args.engine:
-        load_adapter(absolute_engine_path(args.engine))  # (ValueError naming engine=)
-    job = build(_base(args), *_sets(args)).job  # (ValueError naming the field)
+    base, sets = job_layers(args)
+    job = build(base, *sets).job  # (ValueError naming the field: engine=, job.model..., before anything runs)
     if args.cycles < 1 or args.gap < 1:
         raise ValueError(f"--cycles={args.cycles}, --gap={args.gap}: allowed positive counts")
     import torch

@@ -21,9 +21,10 @@ from pathlib import Path
 from typing import Any
 
 from liver.agent.local import node_devices, start_agent, stop_agent
-from liver.config.jobfile import build, override
+from liver.bench.handoffs import job_layers
+from liver.config.jobfile import build
 from liver.controller.endpoint import request
-from liver.engine.interface import absolute_engine_path, load_adapter
+from liver.engine.interface import absolute_engine_path
 from liver.topology.presets import PRESETS
 
 KEYS = ("old", "new", "status", "downtime_s", "switch_s", "transfer_s", "prepare_s", "digest_equal",
@@ -139,10 +140,8 @@ def run(args) -> dict[str, Any]:
     """Both modes; writes OUT/nodes.json and returns it."""
     if args.model not in PRESETS:
         raise ValueError(f"--model={args.model!r}: allowed {', '.join(PRESETS)}")
-    if args.engine:
-        load_adapter(absolute_engine_path(args.engine))  # (ValueError naming engine=)
-    base = {"preset": args.model, **({"engine": absolute_engine_path(args.engine)} if args.engine else {})}
-    job = build(base, *[override(t) for t in getattr(args, "set", None) or ()]).job  # (ValueError naming the field)
+    base, sets = job_layers(args)
+    job = build(base, *sets).job  # (ValueError naming the field: engine=, job.model..., before anything runs)
     if args.gap < 1 or args.notice_s <= 0 or args.timeout_s <= 0:
         raise ValueError(f"--gap={args.gap}, --notice-s={args.notice_s}, --timeout-s={args.timeout_s}: allowed "
                          f"positive values")

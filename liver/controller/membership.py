@@ -84,7 +84,7 @@ class NodeMembership:
                 node.reconcile(msg.workers, msg.done)
             else:
                 if old is not None:  # declared lost before, or gone empty: it comes back as a new node
-                    if not isinstance(old, RemoteNode) or not (old.lost or not old.running()):
+                    if not isinstance(old, RemoteNode) or (not old.lost and old.running()):
                         raise ValueError(f"node {msg.node!r}: a node of that name is in the job with "
                                          f"{old.slots} slots and runs processes; allowed: a name of its own, or "
                                          f"this one once the old agent is declared lost "

@@ -147,9 +147,7 @@ class EngineAdapter(ABC):
     def drive(self, steps) -> None:
         """The training loop over LiveR's iterations (``liver.runtime.steps.Steps``): here the
         engine's own step, once an iteration."""
-        for step in steps:
-            with step:
-                step.run()
+        steps.run_all()
 
     def max_rank_bytes(self, job: JobConfig, layout: Layout) -> int:
         return max(self.rank_bytes(job, layout, r) for r in range(layout.size))

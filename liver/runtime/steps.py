@@ -84,6 +84,12 @@ class Steps:
     def __init__(self, driver: Driver, make_step=Step) -> None:
         self.driver, self.make_step = driver, make_step
 
+    def run_all(self) -> None:
+        """LiveR's own loop: the engine's whole step, once an iteration."""
+        for step in self:
+            with step:
+                step.run()
+
     def __iter__(self) -> Iterator[Step]:
         d = self.driver
         while d.engine is not None and d.engine.step < d.total_steps:

@@ -48,13 +48,14 @@ def _sim_calibrate(args: argparse.Namespace) -> int:
 def _sim_validate(args: argparse.Namespace) -> int:
     from liver.sim import calibrate
 
-    result = calibrate.validate(*calibrate.measurements(Path(args.results)))
+    measured = calibrate.measurements(Path(args.results))
+    result = calibrate.validate(*measured)
     cpu = Path(args.results) / "cpu-target-choice" / "target.json"
     if cpu.exists():
         result["target_choice_cpu"] = calibrate.validate_choice(cpu)
     dcp = Path(args.results) / calibrate.HELD_OUT_DCP
     if dcp.exists():
-        v, _ = calibrate.fit(*calibrate.measurements(Path(args.results)))
+        v, _ = calibrate.fit(*measured)
         result["held_out_dcp"] = calibrate.validate_dcp(dcp, v)
     print(json.dumps(result if args.json else {"summary": result["summary"], "target_choice_cpu": {
         k: {kk: vv for kk, vv in x.items() if kk != "rows"} for k, x in result.get("target_choice_cpu", {}).items()},

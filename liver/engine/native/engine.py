@@ -56,7 +56,7 @@ def build_model(recipe: Recipe, job: JobConfig, world: World, device: torch.devi
     optimizer = recipe.optimizer(model, job)
     amsgrad = any(g.get("amsgrad", False) for g in optimizer.param_groups)
     keys = tuple(k for k in recipe.state_keys if k != "max_exp_avg_sq" or amsgrad)
-    names = {id(p): n for n, p in model.named_parameters()}
+    names = {id(p): n for n, p in model.named_parameters()}  # (again: _apply may have made new Parameters)
     for group in optimizer.param_groups:
         for p in group["params"]:
             st = optimizer.state[p]

@@ -113,9 +113,7 @@ class Recipe(ABC):
         their tensors across iterations, nor leave the loop before ``steps`` ends. A process may run
         it more than once (a cold joiner's warm-up on a mock world first, a few iterations): keep
         what comes after the loop free of effects beyond the process."""
-        for step in steps:
-            with step:
-                step.run()
+        steps.run_all()
 
     def train_step(self, model: nn.Module, optimizer: torch.optim.Optimizer, inputs: torch.Tensor,
                    targets: torch.Tensor, job: JobConfig) -> tuple[torch.Tensor, float]:
