@@ -2,7 +2,7 @@
 time of a model on one device, and DCP's save and load of its whole training state (fp32 master
 parameters and AdamW moments: 12 bytes a parameter) to each directory given (local disk,
 ``/dev/shm``), each ``repeats`` times, the first left out (it warms the page cache and the
-allocator). The simulator's restart model fits save and load bandwidths to the handoff runs'
+allocator); and the device's local copy bandwidth (a shard that stays in another box). The simulator's restart model fits save and load bandwidths to the handoff runs'
 restarts; these are the same figures measured directly, on a GPU (``--backend nccl``) for the
 simulator's calibration, or on this machine's CPU.
 
@@ -71,6 +71,24 @@ def _one(model: str, dirs: list[str], repeats: int, steps: int, backend: str, ou
         world.destroy()
 
 
+def local_copy_bandwidth(device: torch.device, nbytes: int = 1 << 30, reps: int = 10) -> float:
+    """GB/s of one copy of ``nbytes`` within a device's memory (the bytes copied, counted once):
+    what a handoff pays for a shard that stays on its process in another box."""
+    src = torch.empty(nbytes // 4, dtype=torch.float32, device=device).fill_(1.0)
+    dst = torch.empty_like(src)
+    times = []
+    for i in range(reps + 2):
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        t0 = time.perf_counter()
+        dst.copy_(src)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        if i >= 2:  # two to warm up
+            times.append(time.perf_counter() - t0)
+    return nbytes / statistics.median(times) / 1e9
+
+
 def run(models: list[str], dirs: list[str], out: Path, repeats: int = 3, steps: int = 8,
         backend: str = "gloo") -> dict[str, Any]:
     bad = [m for m in models if m not in PRESETS]
@@ -87,6 +105,8 @@ def run(models: list[str], dirs: list[str], out: Path, repeats: int = 3, steps: 
     result: dict[str, Any] = {"torch": torch.__version__, "backend": backend, "repeats": repeats, "rows": [],
                               "complete": False}
     out.mkdir(parents=True, exist_ok=True)
+    result["local_copy_GBps"] = local_copy_bandwidth(torch.device("cuda", 0) if backend == "nccl"
+                                                     else torch.device("cpu"))
 
     def flush() -> None:
         result["wall_s"] = time.time() - t0

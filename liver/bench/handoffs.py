@@ -111,7 +111,8 @@ def run(args) -> dict[str, Any]:
     if args.model not in PRESETS:
         raise ValueError(f"--model={args.model!r}: allowed {', '.join(PRESETS)}")
     base, sets = job_layers(args)
-    job = build(base, *sets).job  # (ValueError naming the field: engine=, job.model..., before anything runs)
+    cfg = build(base, *sets)  # (ValueError naming the field: engine=, job.model..., before anything runs)
+    job = cfg.job
     if args.cycles < 1 or args.gap < 1:
         raise ValueError(f"--cycles={args.cycles}, --gap={args.gap}: allowed positive counts")
     import torch
@@ -126,6 +127,7 @@ def run(args) -> dict[str, Any]:
     cuda = torch.cuda.is_available()
     info = {"torch": torch.__version__, "model": args.model, "engine": args.engine or "reference",
             "scenario": args.scenario, "warm": args.warm,
+            "companion_share": cfg.prepare.companion_share,  # what the preparation was paced at (liver sim)
             "backend": args.backend, "params": job.model.num_params(),
             "set": list(getattr(args, "set", None) or ()),
             "gpus": [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())],

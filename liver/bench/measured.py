@@ -130,6 +130,8 @@ def _dcp(d: dict[str, Any]) -> list[str]:
                           f"({len(v['save_s'])} each, the first left out)" for k, v in r["dirs"].items() if "save_GBps" in v)
         out.append(f"{r['model']} ({r['params'] / 1e9:.2f}B, {r['state_bytes'] / 1e9:.1f} GB of state) on one "
                    f"{r['device']}: step {r['step_s']:.2f} s; DCP {where}.")
+    if d.get("local_copy_GBps"):
+        out.append(f"A copy within the device's memory: {d['local_copy_GBps']:.0f} GB/s (1 GiB, the bytes counted once).")
     return out + ([d["note"] + "."] if d.get("note") else [])
 
 
@@ -189,18 +191,34 @@ def _soak(rows: list[dict[str, Any]]) -> list[str]:
 
 def _sim_validation(d: dict[str, Any]) -> list[str]:
     s, floor = d["summary"], d["noise_floor_same_event_twice"]
+    across = d.get("noise_floor_same_event_other_run") or {}
     parts = [f"{q.removesuffix('_s').replace('_', ' ')} median {v['median_abs_error']:.1%}, worst "
              f"{v['worst_abs_error']:.0%} ({v['events']} events; the same event measured twice differs by "
              f"{floor[q]:.1%})" for q, v in s.items()]
     out = ["leave-one-out over the H200 handoffs: " + "; ".join(parts) + "."]
+    if across:
+        out.append("The same handoff in two runs (different sessions) differs by: " + ", ".join(
+            f"{q.removesuffix('_s').replace('_', ' ')} {v:.0%}" for q, v in across.items() if v is not None)
+            + " (median; save and load: the restart's largest parts).")
+    held = d.get("held_out_live")
+    if held:
+        hs = held["summary"]
+        out.append(f"Held out, {', '.join(held['sources'])} (live only, not in the fit; "
+                   f"{len(held['handoffs_not_in_the_fit'])} of its {held['handoffs']} handoffs of configurations "
+                   "no fitted event has): " + "; ".join(
+                       f"{q.removesuffix('_s').replace('_', ' ')} median {v['median_abs_error']:.1%} over "
+                       f"{v['events']} events, {v['pooled_median_abs_error']:.1%} over the {v['handoffs']} handoffs "
+                       f"with their repeats pooled (worst {v['pooled_worst_abs_error']:.0%})" for q, v in hs.items())
+                   + ".")
     h = d.get("held_out_dcp")
     if h:
-        rows = "; ".join(f"{r['model']} to {r['dir']}: save {r['save_s']['measured']:.1f} s measured, "
+        rows = "; ".join(f"{r['model']} to {r['dir']} ({r['source']}): save {r['save_s']['measured']:.1f} s measured, "
                          f"{r['save_s']['simulated']:.1f} s simulated; load {r['load_s']['measured']:.1f} s, "
                          f"{r['load_s']['simulated']:.1f} s" for r in h["dcp"])
-        steps = "; ".join(f"{r['model']} {r['measured']:.2f} s measured, {r['simulated']:.2f} s simulated"
+        steps = "; ".join(f"{r['model']} ({r['source']}) {r['measured']:.2f} s measured, {r['simulated']:.2f} s simulated"
                           for r in h["steps"])
-        out.append(f"Held out, DCP of one rank's whole state measured directly on one H200 ({h['source']}): {rows} "
+        out.append(f"Held out, DCP of one rank's whole state measured directly on one H200, in two sessions "
+                   f"({', '.join(h['sources'])}): {rows} "
                    f"(median error: save {h['median_abs_error']['save_s']:.0%}, load "
                    f"{h['median_abs_error']['load_s']:.0%}; against each run's first save and load, which a "
                    f"restart pays: {h['median_abs_error']['first_save_s']:.0%} and "

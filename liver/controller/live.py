@@ -293,8 +293,8 @@ class LiveController(Controller):
             return max(past), "measured"
         from liver.sim import costs, profile
 
-        busiest = max(max(plan.rank_bytes_in.values(), default=0), max(plan.rank_bytes_out.values(), default=0))
-        model = costs.live(self.job, old, new, profile.load(self.hardware.profile), max_rank_bytes=busiest)
+        model = costs.live(self.job, old, new, profile.load(self.hardware.profile), plan=costs.work(plan),
+                           share=self.cfg.prepare.companion_share)
         return model.prepare_s + model.downtime_s, f"model ({self.hardware.profile})"
 
     def _drop(self, h) -> None:

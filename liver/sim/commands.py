@@ -53,12 +53,17 @@ def _sim_validate(args: argparse.Namespace) -> int:
     cpu = Path(args.results) / "cpu-target-choice" / "target.json"
     if cpu.exists():
         result["target_choice_cpu"] = calibrate.validate_choice(cpu)
-    dcp = Path(args.results) / calibrate.HELD_OUT_DCP
-    if dcp.exists():
-        v, _ = calibrate.fit(*measured)
+    v, _ = calibrate.fit(*measured)
+    held = calibrate.validate_held_out(calibrate.held_out(Path(args.results)), v, measured[0])
+    if held:
+        result["held_out_live"] = held
+    dcp = [Path(args.results) / f for f in calibrate.HELD_OUT_DCP if (Path(args.results) / f).exists()]
+    if dcp:
         result["held_out_dcp"] = calibrate.validate_dcp(dcp, v)
     print(json.dumps(result if args.json else {"summary": result["summary"], "target_choice_cpu": {
         k: {kk: vv for kk, vv in x.items() if kk != "rows"} for k, x in result.get("target_choice_cpu", {}).items()},
+        "held_out_live": held and {k: held[k] for k in ("sources", "handoffs_not_in_the_fit", "summary")},
+        "noise_floor_same_event_other_run": result["noise_floor_same_event_other_run"],
         "held_out_dcp": result.get("held_out_dcp")}, indent=1))
     return 0
 

@@ -1,14 +1,17 @@
 """What each phase costs, as functions of the model, the configurations and the profile.
 
 A live handoff (``live``): its preparation beside training (a cold joiner's boot and mock
-warm-up, the new communicators, growing with the ranks, the controller's plan, the Shadow World's
-state) and its pause (the swap, the transfer of the busiest rank's bytes over its link, the first
-step on the new generation). The bytes come from the project's own planner on the real layouts
-(cached per pair of configurations). A restart (``restart``): save, process start, CUDA context,
-rendezvous and communicators growing with the ranks, load with resharding, the rest; from storage
-(DCP per rank, capped by the file system) or from memory (host copies, resharded over the network).
-A step (``step_time``): a roofline at the profile's sustained share of the peak, with the pipeline
-bubble, the TP all-reduces and the part of the gradient all-reduce not hidden by the backward pass.
+warm-up, the new communicators, growing with the ranks, the controller's plan, and the companion's
+paced work per transfer task of the busiest process) and its pause (the swap, the busiest process's
+sends and receives over its link with its local copies beside them, the first step on the new
+generation with NCCL's connection of the collectives it runs over new process sets). The work
+comes from the project's own planner on the real layouts (``plan_work``, cached per pair of
+configurations). A restart (``restart``): save, process start, CUDA context, rendezvous and
+communicators growing with the ranks, load with resharding (``dcp_bytes``: what DCP writes and
+reads), the rest; from storage (capped by the file system) or from memory (host copies, resharded
+over the network). A step (``step_time``): a roofline at the profile's sustained share of the
+peak, with the pipeline bubble, the TP all-reduces and the part of the gradient all-reduce not
+hidden by the backward pass.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ import functools
 import math
 from dataclasses import dataclass
 
+from liver.runtime.config import PrepareConfig
 from liver.sim.profile import GB, Profile
 from liver.topology import JobConfig, Layout, ParallelConfig
 
@@ -94,19 +98,96 @@ def rank_state_bytes(job: JobConfig, lay: Layout) -> float:
     return job.model.num_params() * 14 / (lay.tp * lay.pp)
 
 
+@dataclass(frozen=True)
+class Work:
+    """What a transfer plan asks of its busiest processes."""
+
+    io_bytes: int    # the most bytes one process sends and receives, together (NCCL's sends and
+                     # receives of one process share its copy engines and SMs)
+    copy_bytes: int  # the most bytes one process copies within its own memory (a shard that stays
+                     # on the process in another box)
+    tasks: int       # the most tasks one process takes part in (its companion's paced work: which
+                     # slice goes in which message, its staging)
+    moved: int       # every byte sent
+
+
+def work(plan) -> Work:
+    """``Work`` of a ``liver.planner.plan.Plan``."""
+    import numpy as np
+
+    nproc = max([*plan.placement, *plan.old_procs, 0]) + 1
+    same_of: dict[int, np.ndarray] = {}  # the planner shares a cross list among columns of one geometry
+    cols = [c for layer in plan.by_layer.values() for c in layer if len(c.row)]
+    for c in cols:
+        if id(c.cross) not in same_of:
+            same_of[id(c.cross)] = np.array([x[5] for x in c.cross], dtype=bool)
+    if cols:
+        src = np.concatenate([c.src_proc for c in cols])
+        dst = np.concatenate([c.dst_proc for c in cols])
+        nbytes = np.concatenate([c.nbytes for c in cols]).astype(np.float64)
+        same = np.concatenate([same_of[id(c.cross)][c.row] for c in cols])
+    else:
+        src = dst = np.zeros(0, dtype=np.int64)
+        nbytes, same = np.zeros(0), np.zeros(0, dtype=bool)
+    local = src == dst
+
+    def per_proc(procs: np.ndarray, weights: np.ndarray | None = None) -> np.ndarray:
+        return np.bincount(procs, weights=weights, minlength=nproc)
+
+    io = per_proc(src[~local], nbytes[~local]) + per_proc(dst[~local], nbytes[~local])
+    copy = per_proc(dst[local & ~same], nbytes[local & ~same])
+    tasks = per_proc(src) + per_proc(dst[~local])  # a task is work for its source and its destination (once where one)
+    return Work(int(io.max(initial=0)), int(copy.max(initial=0)), int(tasks.max(initial=0)), plan.bytes_moved)
+
+
 @functools.lru_cache(maxsize=4096)
-def _plan(job: JobConfig, old: ParallelConfig, new: ParallelConfig, n_old: int, n_new: int) -> tuple[int, int]:
+def plan_work(job: JobConfig, old: ParallelConfig, new: ParallelConfig) -> Work:
+    """``work`` of the planner's plan from ``old`` to ``new`` (survivors keep their ranks)."""
     from liver.engine.reference.trainer import state_specs
     from liver.planner.plan import plan_transfer
 
-    procs = list(range(max(n_old, n_new)))
-    p = plan_transfer(layout(job, old), layout(job, new), state_specs(job), procs[:n_old], procs[:n_new])
-    return max(max(p.rank_bytes_in.values(), default=0), max(p.rank_bytes_out.values(), default=0)), p.bytes_moved
+    procs = list(range(max(old.world_size, new.world_size)))
+    return work(plan_transfer(layout(job, old), layout(job, new), state_specs(job), procs[:old.world_size],
+                              procs[:new.world_size]))
 
 
-def moved(job: JobConfig, old: ParallelConfig, new: ParallelConfig) -> tuple[int, int]:
-    """(the busiest rank's bytes in or out, every byte moved) of the planner's plan."""
-    return _plan(job, old, new, old.world_size, new.world_size)
+def moved(job: JobConfig, old: ParallelConfig, new: ParallelConfig) -> int:
+    """Every byte the planner's plan sends over the network."""
+    return plan_work(job, old, new).moved
+
+
+KINDS = ("tp", "dp", "pp")  # the collectives of a step: TP all-reduces, the gradient all-reduce, stage sends
+
+
+@functools.lru_cache(maxsize=4096)
+def collective_groups(lay: Layout) -> dict[str, frozenset[frozenset[int]]]:
+    """The process sets each kind of collective runs over (ranks of ``lay``; a set of one runs none)."""
+    tp, dp, pp = lay.tp, lay.dp, lay.pp  # rank = (pp * dp + d) * tp + t (Layout.coord)
+    stage = tp * dp
+    groups = {"tp": [range(b, b + tp) for b in range(0, lay.size, tp)] if tp > 1 else [],
+              "dp": [range(p * stage + t, (p + 1) * stage, tp) for p in range(pp) for t in range(tp)] if dp > 1 else [],
+              "pp": [range(d * tp + t, lay.size, stage) for d in range(dp) for t in range(tp)] if pp > 1 else []}
+    return {k: frozenset(frozenset(g) for g in v) for k, v in groups.items()}
+
+
+def first_uses(job: JobConfig, old: ParallelConfig, new: ParallelConfig) -> frozenset[str]:
+    """The kinds of collective the new generation runs over a process set that did not run that
+    kind before it (the survivors keep their ranks, joiners come after them): NCCL connects a
+    communicator's channels for a kind of collective at its first use, in the first step."""
+    was, now = collective_groups(layout(job, old)), collective_groups(layout(job, new))
+    return frozenset(k for k in KINDS if now[k] - was[k])
+
+
+def connect_s(prof: Profile, kinds: frozenset[str]) -> float:
+    """The first step's connection of ``kinds`` (a pipeline's sends cost as the TP all-reduces:
+    small messages; two GPUs of one host show no pipeline handoff)."""
+    return (prof.connect_tp_s if kinds & {"tp", "pp"} else 0.0) + (prof.connect_dp_s if "dp" in kinds else 0.0)
+
+
+def transfer_s(w: Work, link: float, copy_bw: float, connect: float = 0.0) -> float:
+    """The busiest process's sends and receives over its link, its local copies beside them (the
+    executor overlaps the two), and ``connect``: a joiner's first send over its new communicator."""
+    return max(w.io_bytes / link, w.copy_bytes / copy_bw) + (connect if w.io_bytes else 0.0)
 
 
 @dataclass(frozen=True)
@@ -130,28 +211,77 @@ class Live:
         return self.switch_s + self.transfer_s + self.first_step_s
 
 
+SHARED_GROUPS_S = 0.1  # a generation over the same processes shares their communicators (measured: 0.09-0.11 s)
+
+
+def growth_s(prof: Profile, ranks: int) -> float:
+    """Communicator set-up beyond two ranks' (it grows with the doublings of the ranks)."""
+    return prof.group_growth_s * max(0.0, math.log2(max(ranks, 2) / 2))
+
+
 def groups_s(prof: Profile, ranks: int, joiners: bool) -> float:
-    if not joiners:
-        return 0.1  # a generation over the same processes shares their communicators
-    return prof.group_init_s + prof.group_growth_s * max(0.0, math.log2(max(ranks, 2) / 2))
+    """A live handoff's new groups, beside training (the communicators' set-up, as a restart's)."""
+    return prof.group_init_s + growth_s(prof, ranks) if joiners else SHARED_GROUPS_S
 
 
 def live(job: JobConfig, old: ParallelConfig, new: ParallelConfig, prof: Profile,
-         max_rank_bytes: int | None = None) -> Live:
+         plan: Work | None = None, kinds: frozenset[str] | None = None, first_nccl: bool = False,
+         share: float = PrepareConfig().companion_share) -> Live:
+    """A live handoff. ``plan``: the work of the plan it runs (``work``; by default the planner's
+    with survivors keeping their ranks). Its build is paced (runtime/pace.py): the companion's CPU
+    work, per transfer task of the busiest process, at ``share`` of each step (0: no limit), so it
+    takes that work over ``share`` in wall time whatever the step time. ``kinds``: the collectives whose first use the first step pays (by default
+    those ``first_uses`` finds; a run's history can say fewer: a communicator that ran a kind in
+    an earlier generation). ``first_nccl``: the processes had never run an NCCL collective (a
+    job that ran on one GPU until now)."""
     joiners = new.world_size > old.world_size
-    if max_rank_bytes is None:
-        max_rank_bytes = moved(job, old, new)[0]
+    w = plan or plan_work(job, old, new)
+    if kinds is None:
+        kinds = first_uses(job, old, new)
     link = prof.inter_bw if spans_nodes(max(old.world_size, new.world_size), prof) else prof.intra_bw
     state_gb = rank_state_bytes(job, layout(job, new)) / GB
     params_per_rank = job.model.num_params() / new.world_size / 1e9
-    build = prof.prepare_joiner_s if joiners else \
-        prof.prepare_base_s + prof.prepare_s_per_gb * state_gb + prof.prepare_s_per_moved_gb * max_rank_bytes / GB
+    paced = prof.prepare_cpu_s_per_task * w.tasks / share if share > 0 else 0.0
+    build = (prof.prepare_joiner_s if joiners else prof.prepare_base_s) + paced
     return Live(boot_s=prof.joiner_boot_s if joiners else 0.0,
                 mock_s=prof.mock_s_per_gparam * params_per_rank if joiners else 0.0,
                 groups_s=groups_s(prof, new.world_size, joiners),
                 plan_s=prof.plan_s_per_krank * max(old.world_size, new.world_size) / 1000,
-                build_s=max(0.0, build), switch_s=prof.switch_fixed_s, transfer_s=max_rank_bytes / link,
-                first_step_s=prof.first_step_s if max_rank_bytes else 0.0)
+                build_s=max(0.0, build), switch_s=prof.switch_fixed_s + prof.switch_s_per_gb * state_gb,
+                transfer_s=transfer_s(w, link, prof.copy_bw, prof.connect_p2p_s if joiners else 0.0),
+                first_step_s=prof.first_step_s + connect_s(prof, kinds) + (prof.nccl_first_s if first_nccl else 0.0))
+
+
+@functools.lru_cache(maxsize=4096)
+def dcp_bytes(job: JobConfig, old: ParallelConfig, new: ParallelConfig) -> tuple[float, float, float]:
+    """What a DCP checkpoint of ``old`` loaded into ``new`` moves through storage: (the busiest
+    old rank's bytes written, the busiest new rank's bytes read, all the new ranks' bytes read).
+    A save writes each distinct shard once, spread over the replicas that hold it (DCP's
+    deduplication); a load reads every saved chunk that overlaps a rank's shard whole and narrows
+    it in memory (DCP's file system reader), so a rank whose TP slices cut across the saved ones
+    reads more than it keeps, and every data-parallel replica reads its part."""
+    from liver.engine.reference.trainer import state_specs
+
+    lo, ln = layout(job, old), layout(job, new)
+    specs = state_specs(job)
+
+    def part(lay: Layout, stage: int, tp: int, saved_tp: int | None) -> float:
+        total = 0.0
+        for s in specs:
+            if lay.stage_of_layer(s.layer) != stage:
+                continue
+            if s.shard_dim is None or saved_tp is None:
+                total += s.nbytes / (1 if s.shard_dim is None else lay.tp)
+                continue
+            n = s.shape[s.shard_dim]
+            mine, theirs = n // lay.tp, n // saved_tp
+            first, last = tp * mine // theirs, ((tp + 1) * mine - 1) // theirs
+            total += (last - first + 1) * s.nbytes / saved_tp
+        return total
+
+    write = max(part(lo, st, t, None) / lo.dp for st in range(lo.pp) for t in range(lo.tp))
+    reads = [part(ln, st, t, lo.tp) for st in range(ln.pp) for t in range(ln.tp)]
+    return write, max(reads), sum(reads) * ln.dp
 
 
 @dataclass(frozen=True)
@@ -170,18 +300,20 @@ class Restart:
 def restart(job: JobConfig, old: ParallelConfig, new: ParallelConfig, prof: Profile, memory: bool = False,
             fresh: bool = True, save: bool = True) -> Restart:
     """Stop, save (unless ``save`` is False: a periodic checkpoint is reloaded), start the new
-    processes (fresh interpreters, or forked: ``fresh``), their groups, load with resharding.
-    ``memory``: the checkpoint is in host memory (the snapshot taken beside training, the load
-    from host memory, the reshard over the network)."""
+    processes (fresh interpreters, or forked: ``fresh``), their groups, load with resharding
+    (``dcp_bytes``), the first step. ``memory``: the checkpoint is in host memory (the snapshot
+    taken beside training, the load from host memory, the reshard over the network)."""
     total = job.model.num_params() * 12
     n_old, n_new = old.world_size, new.world_size
     if memory:
         save_s = total / n_old / prof.host_bw if save else 0.0
-        reshard = moved(job, old, new)[0] / (prof.inter_bw if spans_nodes(max(n_old, n_new), prof) else prof.intra_bw)
+        reshard = plan_work(job, old, new).io_bytes / (prof.inter_bw if spans_nodes(max(n_old, n_new), prof) else prof.intra_bw)
         load_s = total / n_new / prof.host_bw + reshard
     else:
-        save_s = prof.save_fixed_s + total / min(n_old * prof.save_bw_per_rank, prof.storage_cap_bw) if save else 0.0
-        load_s = prof.load_fixed_s + total / min(n_new * prof.load_bw_per_rank, prof.storage_cap_bw)
+        write, read, read_all = dcp_bytes(job, old, new)
+        save_s = prof.save_fixed_s + max(write / prof.save_bw_per_rank, total / prof.storage_cap_bw) if save else 0.0
+        load_s = prof.load_fixed_s + max(read / prof.load_bw_per_rank, read_all / prof.storage_cap_bw)
     start_s = (prof.process_start_s if fresh else 0.0) + prof.cuda_init_s
-    init_s = prof.rendezvous_s_per_rank * n_new + groups_s(prof, n_new, joiners=True)
-    return Restart(save_s=save_s, start_s=start_s, init_s=init_s, load_s=load_s, fixed_s=prof.restart_fixed_s)
+    init_s = 0.0 if n_new == 1 else prof.rendezvous_s_per_rank * n_new + prof.group_init_s + growth_s(prof, n_new)
+    fixed = prof.restart_fixed_s + prof.restart_s_per_gb * rank_state_bytes(job, layout(job, new)) / GB
+    return Restart(save_s=save_s, start_s=start_s, init_s=init_s, load_s=load_s, fixed_s=fixed)

@@ -28,8 +28,9 @@ class Profile:
     mfu: float                     # the share of the peak a step sustains
     node_size: int = 8             # GPUs per node
     memory_bytes: float = 141e9    # per GPU
-    intra_bw: float                # bytes/s a GPU sends to one of its node (NVLink, point to point)
-    inter_bw: float                # bytes/s a GPU sends to another node (its share of the node's NICs)
+    intra_bw: float                # bytes/s a GPU sends and receives, together, within its node (NVLink)
+    inter_bw: float                # ... to and from other nodes (its share of the node's NICs)
+    copy_bw: float                 # bytes/s a GPU copies within its own memory
     dp_overlap: float = 0.5        # share of the gradient all-reduce hidden behind the backward pass
     # what a small model's step is made of on CPU processes (0 on GPUs: kernels and bytes dominate)
     cores: int | None = None       # processes beyond this share the cores (None: a device each)
@@ -40,14 +41,18 @@ class Profile:
     step_fixed_s: float = 0.0      # the rest of a step (optimizer, the boundary)
     # a live handoff
     switch_fixed_s: float          # the swap and the cut, beside the transfer
-    first_step_s: float            # the first step on a new generation, extra, where state moved
-    prepare_base_s: float          # building the Shadow World over the same processes
-    prepare_s_per_gb: float        # ... per GB of a rank's new state
-    prepare_s_per_moved_gb: float  # ... per GB the busiest rank receives
-    prepare_joiner_s: float        # a scale-out's preparation beside its groups and mock warm-up
+    switch_s_per_gb: float         # ... more per GB of a rank's new state (its tensors re-bound)
+    first_step_s: float            # the boundary and the new generation's first step, beyond a normal one
+    connect_tp_s: float            # ... more where it runs TP all-reduces (or stage sends) over a new process set
+    connect_dp_s: float            # ... more where it runs the gradient all-reduce over a new process set
+    nccl_first_s: float            # ... more where its processes run their first NCCL collective ever
+    connect_p2p_s: float           # a joiner's first transfer over its new communicator, beside the bytes
+    prepare_base_s: float          # building the Shadow World over the same processes, unpaced
+    prepare_joiner_s: float        # ... with joiners, beside their boot, groups and mock warm-up
+    prepare_cpu_s_per_task: float  # the companion's paced CPU work per transfer task of its process
     joiner_boot_s: float           # a cold joiner forked from the zygote, before its mock world
     mock_s_per_gparam: float       # its mock-world warm-up, per billion parameters it holds
-    group_init_s: float            # a new generation's communicators with a joiner, at 2 ranks
+    group_init_s: float            # a new generation's communicators over new processes, at 2 ranks
     group_growth_s: float          # ... more per doubling of the ranks
     plan_s_per_krank: float        # the controller's planning, per 1,000 ranks
     # a restart
@@ -61,6 +66,7 @@ class Profile:
     cuda_init_s: float             # a new process's CUDA context
     rendezvous_s_per_rank: float   # the store's rendezvous, per rank
     restart_fixed_s: float         # the rest of a restart: stop, first step, what no part names
+    restart_s_per_gb: float        # ... more per GB of a new rank's state (its allocation, the first step's)
     detect_s: float = 5.0          # a fail-stop noticed (heartbeat, collective timeout)
     # data-parallel-only live resizing (torchft): what the replicas that stay lose
     dp_join_stall_s: float         # a replica joins (its state sent by a peer, on the measured machine)
