@@ -243,7 +243,13 @@ def _sim_goodput(d: dict[str, Any]) -> list[str]:
             if rs:
                 out.append(f"{prof}, {regime}: " + ", ".join(f"{p} {r['goodput']:.1%} (samples {r['efficiency']:.1%})"
                                                               for p, r in rs.items()))
-    return [f"{d['model']}, {d['gpus']} GPUs, {d['hours']:g} h, notice {d['notice_s']} s: " + "; ".join(out) + "."]
+    goals = "; ".join(
+        f"{prof} {g['goodput']:.2%} ({'met' if g['met'] else 'not met'}; the rest: downtime {g['lost_to']['downtime']:.2%}, "
+        f"slower steps {g['lost_to']['slower_steps']:.3%}, rolled back {g['lost_to']['rolled_back']:.2%}; "
+        f"{g['transfer_share_of_downtime']:.0%} of the downtime is the transfer)"
+        for prof, g in d["goal_10min"].items() if "lost_to" in g)
+    return [f"{d['model']}, {d['gpus']} GPUs, {d['hours']:g} h, notice {d['notice_s']} s: " + "; ".join(out) + "."] + (
+        [f"Goal, live goodput of 99.5% at an event every 10 minutes: {goals}."] if goals else [])
 
 
 def _sim_speed(d: dict[str, Any]) -> list[str]:

@@ -102,11 +102,19 @@ def goodput(out: Path, traces: Path, model: str = "14b", gpus: int = 32, seeds: 
                              "efficiency": statistics.mean(ef), "events": statistics.mean(len(o.events) for o in outs),
                              "downtime_s": statistics.mean(o.downtime_s for o in outs),
                              "lost_s": statistics.mean(o.lost_s for o in outs),
+                             "slow_s": statistics.mean(o.slow_s for o in outs),
+                             "transfer_s": statistics.mean(sum(e.get("transfer_s", 0.0) for e in o.events) for o in outs),
                              "fail_stops": statistics.mean(o.summary()["fail_stops"] for o in outs)})
     ten = [r for r in rows if r["regime"] == "every 10 min" and r["policy"] == "live"]
     result = {"model": model, "gpus": gpus, "hours": hours, "notice_s": 120, "rows": rows,
               "goal_10min": {r["profile"]: {"goodput": r["goodput"], "goal": GOALS["goodput_10min"],
-                                            "met": r["goodput"] >= GOALS["goodput_10min"], "fail_stops": r["fail_stops"]}
+                                            "met": r["goodput"] >= GOALS["goodput_10min"], "fail_stops": r["fail_stops"],
+                                            # where the rest of the wall time goes: what bounds it
+                                            "lost_to": {"downtime": r["downtime_s"] / (hours * 3600),
+                                                        "slower_steps": r["slow_s"] / (hours * 3600),
+                                                        "rolled_back": r["lost_s"] / (hours * 3600)},
+                                            "transfer_share_of_downtime": r["transfer_s"] / r["downtime_s"]
+                                            if r["downtime_s"] else None}
                              for r in ten}}
     _plot_goodput(out / "goodput.png", rows)
     _write(out / "goodput.json", result)
