@@ -235,3 +235,16 @@ def test_the_plans_work_counts_each_processs_bytes_copies_and_tasks():
     assert local.io_bytes == 0 and local.copy_bytes == pytest.approx(state / 2, rel=1e-3) and local.moved == 0
     same = costs.plan_work(job, par(dp=2), par())  # the survivor keeps its whole replica in place
     assert same.io_bytes == same.copy_bytes == 0 and same.tasks > 0
+
+
+def test_the_share_of_the_peak_grows_with_the_width_of_the_matrix_multiplies():
+    """A TP rank's matrix multiplies are its share of the hidden size wide: narrower ones sustain
+    less of the peak (the H200 profile's fit), never more than its asymptotic share."""
+    prof = load("h200")
+    assert prof.mfu_width > 0
+    shares = [costs.sustained(prof, w) for w in (256, 512, 1024, 2048, 4096, 8192, 1 << 20)]
+    assert shares == sorted(shares) and shares[-1] <= prof.mfu
+    job = sim_model("70b")
+    per_gpu = [costs.step_time(job, costs.layout(job, ParallelConfig(tp=tp, dp=64 // tp)), prof) * 64
+               for tp in (1, 2, 4, 8)]  # the same GPUs: more TP, narrower matrix multiplies, more GPU-time
+    assert per_gpu == sorted(per_gpu)

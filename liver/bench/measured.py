@@ -200,6 +200,13 @@ def _sim_validation(d: dict[str, Any]) -> list[str]:
         out.append("The same handoff in two runs (different sessions) differs by: " + ", ".join(
             f"{q.removesuffix('_s').replace('_', ' ')} {v:.0%}" for q, v in across.items() if v is not None)
             + " (median; save and load: the restart's largest parts).")
+    st = d.get("steps")
+    if st and st["held_out"]["steps"]:
+        two = "; ".join(f"{r['model']} {r['parallel']} ({r['run']}) {r['measured_s']:.2f} s measured, "
+                        f"{r['simulated_s']:.2f} s simulated" for r in st["rows"] if not r["in_fit"])
+        out.append(f"Steps on two GPUs, held out (the fit sees one-GPU steps only): median "
+                   f"{st['held_out']['median_abs_error']:.1%}, worst {st['held_out']['worst_abs_error']:.1%} over "
+                   f"{st['held_out']['steps']}: {two}.")
     held = d.get("held_out_live")
     if held:
         hs = held["summary"]

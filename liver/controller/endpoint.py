@@ -47,7 +47,7 @@ class ControlEndpoint:
         with ``end``, ``POST /end {"after": N}`` (the job ends N steps from now)."""
         routes = "GET /status, GET /queue, GET /metrics, POST /scale, POST /withdraw, POST /agent/register, " \
                  "POST /agent/sync, POST /end"
-        self.token = token or secrets.token_urlsafe(24)
+        self.token = token or secrets.token_hex(24)  # (hex: never a leading "-" that a CLI takes for an option)
         token_bytes = self.token.encode()
 
         class Handler(BaseHTTPRequestHandler):

@@ -96,11 +96,19 @@ class Event:
 @dataclass(frozen=True)
 class Step:
     source: str
+    model: str
     params: int
     tokens: int
     parallel: ParallelConfig
     step_s: float
     peak_flops: float
+
+    @property
+    def width(self) -> float:
+        """A TP rank's share of the hidden size: the width of its matrix multiplies."""
+        from liver.topology.presets import PRESETS
+
+        return PRESETS[self.model].model.hidden_size / self.parallel.tp
 
 
 def _par(text: str) -> ParallelConfig:
@@ -201,7 +209,8 @@ def measurements(results: Path) -> tuple[list[Event], list[Step], dict[str, floa
                 by.setdefault(s["parallel"], []).append(s["step_s"])
             for par, ts in by.items():
                 if len(ts) >= 5 and peak:
-                    steps.append(Step(f.parent.name, d["params"], tokens, _par(par), statistics.median(ts[2:]), peak))
+                    steps.append(Step(f.parent.name, model, d["params"], tokens, _par(par), statistics.median(ts[2:]),
+                                      peak))
     plan = results / DIRECT["plan_s_per_krank"][0]
     if plan.exists():
         rows = json.loads(plan.read_text())
@@ -339,8 +348,15 @@ def fit(events: list[Event], steps: list[Step], direct: dict[str, float]) -> tup
         "least squares (coefficients 0 or more): the restart downtime less its save, load, start and group "
         "parts against a new rank's state (GB)")
     single = [s for s in steps if s.parallel.world_size == 1]
-    v["mfu"] = _median([6 * s.params * s.tokens / (s.peak_flops * s.step_s) for s in single], "a one-GPU step")
-    src["mfu"] = "median of 6 N tokens / (peak x step time) over one-GPU steps"
+    if not single:
+        raise ValueError("calibration: no measured one-GPU step gives the sustained share of the peak")
+    # 1 / (6 N tokens / (peak x step time)) = 1 / mfu + (mfu_width / mfu) / width: linear in 1 / width
+    inv, per_width = _nnls([[1.0, 1.0 / s.width] for s in single],
+                           [s.peak_flops * s.step_s / (6 * s.params * s.tokens) for s in single])
+    v["mfu"], v["mfu_width"] = 1.0 / inv, per_width / inv
+    src["mfu"] = src["mfu_width"] = (
+        "least squares (coefficients 0 or more) over one-GPU steps: 1 / (6 N tokens / (peak x step time)) "
+        "against 1 / their hidden size (a share of the peak that grows with the matrix multiplies' width)")
     v["peak_flops"] = steps[0].peak_flops if steps else 989e12
     src["peak_flops"] = "the GPU's bf16 dense peak"
     return v, src
@@ -451,11 +467,33 @@ def validate_held_out(held: list[Event], v: dict[str, float], fitted: list[Event
 
 def validate(events: list[Event], steps: list[Step], direct: dict[str, float]) -> dict[str, Any]:
     """Leave-one-out: each event predicted by the fit of all the others; relative errors, per
-    event and with a handoff's repeats in its run pooled (``_score``)."""
+    event and with a handoff's repeats in its run pooled (``_score``); and every measured step
+    against the step-time model (``validate_steps``)."""
     pairs = [(e, predict(e, fit(events[:i] + events[i + 1:], steps, direct)[0])) for i, e in enumerate(events)]
     return {"method": "leave-one-out over the measured events", **_score(pairs, QUANTITIES),
             "noise_floor_same_event_twice": noise_floor(events),
-            "noise_floor_same_event_other_run": noise_floor_across_runs(events)}
+            "noise_floor_same_event_other_run": noise_floor_across_runs(events),
+            "steps": validate_steps(steps, fit(events, steps, direct)[0])}
+
+
+def validate_steps(steps: list[Step], v: dict[str, float]) -> dict[str, Any]:
+    """Each measured step against ``costs.step_time`` with the fitted values: the one-GPU steps are
+    the fit's (the sustained share of the peak and its width); the two-GPU ones (TP and DP over
+    NVLink) are held out."""
+    from liver.sim import costs
+    from liver.sim.profile import Profile
+    from liver.topology.presets import PRESETS
+
+    prof = Profile(name="fit", **v)
+    rows = []
+    for s in steps:
+        job = PRESETS[s.model]
+        sim = costs.step_time(job, costs.layout(job, s.parallel), prof)
+        rows.append({"run": s.source, "model": s.model, "parallel": s.parallel.short(), "in_fit": s.parallel.world_size == 1,
+                     "measured_s": s.step_s, "simulated_s": sim, "error": (sim - s.step_s) / s.step_s})
+    held = [abs(r["error"]) for r in rows if not r["in_fit"]]
+    return {"rows": rows, "held_out": {"steps": len(held), "median_abs_error": statistics.median(held) if held else None,
+                                       "worst_abs_error": max(held, default=None)}}
 
 
 # liver bench dcp on one H200, in two sessions: not in the fit
@@ -558,10 +596,12 @@ def fit_cpu(samples) -> tuple[dict[str, float], dict[str, str]]:
     coef = _nnls(xs, [t for *_, t in samples])
     v = dict(zip(CPU_TERMS, coef))
     per_flop = v.pop("compute_s_per_flop")
-    values = {"cores": CPU_CORES, "peak_flops": 1.0 / per_flop if per_flop > 0 else 1e30, "mfu": 1.0, **v}
+    values = {"cores": CPU_CORES, "peak_flops": 1.0 / per_flop if per_flop > 0 else 1e30, "mfu": 1.0,
+              "mfu_width": 0.0, **v}
     why = (f"relative least squares (coefficients 0 or more) over {len(samples)} configurations timed by "
            "liver bench target (bench/results/cpu-target-choice)")
-    return values, {k: why for k in values} | {"cores": "the CPU machine's cores", "mfu": "folded into peak_flops"}
+    return values, {k: why for k in values} | {"cores": "the CPU machine's cores", "mfu": "folded into peak_flops",
+                                               "mfu_width": "folded into peak_flops"}
 
 
 def check_choice(samples, values: dict[str, float]) -> list[dict[str, Any]]:

@@ -33,15 +33,21 @@ def spans_nodes(ranks: int, prof: Profile) -> bool:
     return ranks > prof.node_size
 
 
+def sustained(prof: Profile, width: float) -> float:
+    """The share of the peak a GPU sustains on matrix multiplies ``width`` wide (a TP rank's share
+    of the hidden size): narrower ones do less work per byte they read."""
+    return prof.mfu * width / (width + prof.mfu_width)
+
+
 def step_time(job: JobConfig, lay: Layout, prof: Profile) -> float:
-    """A step's time: the roofline (compute at the sustained share of the peak with the pipeline
-    bubble, TP and DP all-reduce bytes over their links) and, where the profile has them (CPU
+    """A step's time: the roofline (compute at the share of the peak sustained at its TP rank's
+    width, with the pipeline bubble, TP and DP all-reduce bytes over their links) and, where the profile has them (CPU
     processes), the framework's per-layer time and the collectives' round trips along the
     critical path, all slowed by processes sharing cores."""
     m, t = job.model, job.train
     tokens = t.global_batch * m.seq_len
     devices = lay.size if prof.cores is None else min(lay.size, prof.cores)
-    compute = 6 * m.num_params() * tokens / (prof.peak_flops * prof.mfu * devices)
+    compute = 6 * m.num_params() * tokens / (prof.peak_flops * sustained(prof, m.hidden_size / lay.tp) * devices)
     micro = lay.num_micro_batches
     bubble = (micro + lay.pp - 1) / micro
     path = (micro + lay.pp - 1) * m.num_layers / lay.pp  # layer micro-steps on the critical path

@@ -25,7 +25,8 @@ class Profile:
     name: str
     # a step: roofline at a sustained share of the peak
     peak_flops: float              # per GPU (bf16 dense)
-    mfu: float                     # the share of the peak a step sustains
+    mfu: float                     # the share of the peak a step sustains, at wide matrix multiplies
+    mfu_width: float = 0.0         # ... half of it where they are this wide (hidden size / TP; 0: any width)
     node_size: int = 8             # GPUs per node
     memory_bytes: float = 141e9    # per GPU
     intra_bw: float                # bytes/s a GPU sends and receives, together, within its node (NVLink)
