@@ -504,6 +504,8 @@ def main(argv: list[str] | None = None) -> int:
     bd.add_argument("--repeats", type=int, default=3)
     bd.add_argument("--steps", type=int, default=8)
     bd.add_argument("--backend", choices=("gloo", "nccl"), default="gloo")
+    bd.add_argument("--set", action="append", metavar="SECTION.FIELD=VALUE",
+                    help="a field of each model's job beyond its preset, e.g. job.model.hidden_size=1024 (repeatable)")
     bd.add_argument("--out", required=True)
     bd.set_defaults(fn=bench.bench_dcp)
     args = p.parse_args(argv)

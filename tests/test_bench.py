@@ -59,11 +59,15 @@ def test_bench_refuses_bad_flags(capsys):
 def test_bench_dcp_times_a_step_and_a_save_and_load_of_the_whole_state(tmp_path, capsys):
     out = tmp_path / "out"
     assert main(["bench", "dcp", "--model", "tiny", "--dir", str(tmp_path), "--repeats", "2", "--steps", "2",
-                 "--out", str(out)]) == 0
-    (row,) = json.loads((out / "dcp.json").read_text())["rows"]
+                 "--set", "job.model.hidden_size=128", "--out", str(out)]) == 0
+    result = json.loads((out / "dcp.json").read_text())
+    (row,) = result["rows"]
     assert row["state_bytes"] == 12 * row["params"] and row["step_s"] > 0  # fp32 parameters and AdamW moments
+    assert row["job"]["model"]["hidden_size"] == 128 and result["local_copy_GBps"] > 0  # a shape beyond the preset
     d = row["dirs"][str(tmp_path)]
     assert len(d["save_s"]) == len(d["load_s"]) == 2 and d["save_GBps"] > 0 and d["load_GBps"] > 0
     assert list(tmp_path.glob("liver-bench-dcp-*")) == []  # nothing left behind
     assert main(["bench", "dcp", "--dir", str(tmp_path / "none"), "--out", str(out)]) == 2
     assert "--dir=" in capsys.readouterr().err
+    assert main(["bench", "dcp", "--model", "tiny", "--set", "job.model.hidden=1", "--out", str(tmp_path / "o2")]) == 2
+    assert "job.model.hidden: no such field" in capsys.readouterr().err and not (tmp_path / "o2").exists()

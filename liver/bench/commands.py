@@ -81,7 +81,7 @@ def bench_dcp(args: argparse.Namespace) -> int:
     from liver.bench.dcp import run
 
     out = run(args.model or ["1b"], args.dir or [tempfile.gettempdir()], Path(args.out), args.repeats, args.steps,
-              args.backend)
+              args.backend, args.set or ())
     for r in out["rows"]:
         parts = ", ".join(f"{d}: skipped ({v['skipped']})" if "skipped" in v else
                           f"{d}: save {v['save_GBps']:.2f} GB/s, load {v['load_GBps']:.2f} GB/s"

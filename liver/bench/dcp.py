@@ -7,6 +7,7 @@ restarts; these are the same figures measured directly, on a GPU (``--backend nc
 simulator's calibration, or on this machine's CPU.
 
     liver bench dcp --model 1b --model 3b --dir /tmp --dir /dev/shm --out OUT [--backend nccl]
+                    [--set job.model.hidden_size=1024 ...]
 """
 
 from __future__ import annotations
@@ -22,6 +23,8 @@ from typing import Any
 import torch
 
 from liver.checkpoint import dcp as ckpt
+from liver.config.fields import to_dict
+from liver.config.jobfile import build, override
 from liver.engine.reference import ADAPTER
 from liver.topology import Layout, ParallelConfig
 from liver.topology.presets import PRESETS
@@ -29,10 +32,10 @@ from liver.world.world import World, make_store
 
 
 def _one(model: str, dirs: list[str], repeats: int, steps: int, backend: str, out: dict[str, Any],
-         flush) -> None:
+         flush, sets: list[dict[str, Any]] = ()) -> None:
     """Fills ``out`` (the model's row), calling ``flush()`` after each measurement: a run cut
     short by a time limit keeps what it measured."""
-    job = PRESETS[model]
+    job = build({"preset": model}, *sets).job
     device = torch.device("cuda", 0) if backend == "nccl" else torch.device("cpu")
     store, _ = make_store()
     world = World.build(store, 0, Layout(job.model, ParallelConfig(), job.train), 0, backend, device)
@@ -43,7 +46,7 @@ def _one(model: str, dirs: list[str], repeats: int, steps: int, backend: str, ou
         for _ in range(steps):
             times.append(engine.train_step().step_s)
         state = sum(t.numel() * t.element_size() for t in engine.state.values())
-        out.update({"model": model, "params": job.model.num_params(), "state_bytes": state,
+        out.update({"model": model, "job": to_dict(job), "params": job.model.num_params(), "state_bytes": state,
                     "device": torch.cuda.get_device_name(0) if device.type == "cuda" else "cpu",
                     "step_s": statistics.median(times[2:] or times), "steps": len(times),
                     "tokens_per_step": job.train.global_batch * job.model.seq_len, "dirs": {}})
@@ -90,10 +93,15 @@ def local_copy_bandwidth(device: torch.device, nbytes: int = 1 << 30, reps: int 
 
 
 def run(models: list[str], dirs: list[str], out: Path, repeats: int = 3, steps: int = 8,
-        backend: str = "gloo") -> dict[str, Any]:
+        backend: str = "gloo", sets: list[str] = ()) -> dict[str, Any]:
+    """``sets``: ``section.field=value`` over each preset (``--set job.model.hidden_size=1024``: a
+    shape beyond the presets), refused naming the field before anything runs."""
     bad = [m for m in models if m not in PRESETS]
     if bad:
         raise ValueError(f"--model={bad[0]!r}: allowed {', '.join(PRESETS)}")
+    layers = [override(t) for t in sets]
+    for m in models:
+        build({"preset": m}, *layers)  # (a bad field or shape: ValueError naming it)
     for d in dirs:
         if not Path(d).is_dir():
             raise ValueError(f"--dir={d!r}: not a directory")
@@ -114,7 +122,7 @@ def run(models: list[str], dirs: list[str], out: Path, repeats: int = 3, steps: 
 
     for m in models:
         result["rows"].append({})
-        _one(m, dirs, repeats, steps, backend, result["rows"][-1], flush)
+        _one(m, dirs, repeats, steps, backend, result["rows"][-1], flush, layers)
     result["complete"] = True
     flush()
     return result

@@ -223,13 +223,19 @@ def _sim_validation(d: dict[str, Any]) -> list[str]:
                          f"{r['save_s']['simulated']:.1f} s simulated; load {r['load_s']['measured']:.1f} s, "
                          f"{r['load_s']['simulated']:.1f} s" for r in h["dcp"])
         steps = "; ".join(f"{r['model']} ({r['source']}) {r['measured']:.2f} s measured, {r['simulated']:.2f} s simulated"
-                          for r in h["steps"])
-        out.append(f"Held out, DCP of one rank's whole state measured directly on one H200, in two sessions "
+                          for r in h["steps"] if r["preset_shape"])
+        beyond = "; ".join(f"hidden {r['hidden_size']}, {r['params'] / 1e9:.2f}B: {r['measured']:.3f} s measured, "
+                           f"{r['simulated']:.3f} s simulated" for r in h["steps"] if not r["preset_shape"])
+        b = h["steps_beyond_the_presets"]
+        out.append("Held out, DCP of one rank's whole state measured directly on one H200 (two sessions, and shapes "
+                   f"beyond the presets) "
                    f"({', '.join(h['sources'])}): {rows} "
                    f"(median error: save {h['median_abs_error']['save_s']:.0%}, load "
                    f"{h['median_abs_error']['load_s']:.0%}; against each run's first save and load, which a "
                    f"restart pays: {h['median_abs_error']['first_save_s']:.0%} and "
-                   f"{h['median_abs_error']['first_load_s']:.0%}). One-GPU steps (in the fit): {steps}.")
+                   f"{h['median_abs_error']['first_load_s']:.0%}). One-GPU steps of the fitted shapes: {steps}."
+                   + (f" Held out, one-GPU steps of shapes beyond the presets: {beyond} (median error "
+                      f"{b['median_abs_error']:.1%}, worst {b['worst_abs_error']:.0%})." if beyond else ""))
     return out
 
 

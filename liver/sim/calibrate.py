@@ -496,8 +496,13 @@ def validate_steps(steps: list[Step], v: dict[str, float]) -> dict[str, Any]:
                                        "worst_abs_error": max(held, default=None)}}
 
 
-# liver bench dcp on one H200, in two sessions: not in the fit
-HELD_OUT_DCP = ("gpu-1x-native-pp-compat/dcp.json", "gpu-1x-sim-copy/dcp.json")
+# liver bench dcp on one H200, in two sessions, and at shapes beyond the presets: not in the fit
+HELD_OUT_DCP = ("gpu-1x-native-pp-compat/dcp.json", "gpu-1x-sim-copy/dcp.json", "gpu-1x-sim-shapes/dcp.json")
+
+
+def held_out_dcp(results: Path) -> list[Path]:
+    """The files of ``HELD_OUT_DCP`` that ``results`` holds."""
+    return [results / f for f in HELD_OUT_DCP if (results / f).exists()]
 
 
 def validate_dcp(paths: list[Path], v: dict[str, float]) -> dict[str, Any]:
@@ -523,23 +528,32 @@ def validate_dcp(paths: list[Path], v: dict[str, float]) -> dict[str, Any]:
                                           "error": (p_save - first_save) / first_save},
                          "first_load_s": {"measured": first_load, "simulated": p_load,
                                           "error": (p_load - first_load) / first_load}})
+    from liver.config.fields import from_dict
     from liver.sim import costs
     from liver.sim.profile import Profile
+    from liver.topology import JobConfig
     from liver.topology.presets import PRESETS
 
     prof = Profile(name="h200", **v, sources={})
     step_rows = []
     for path, r in measured:
-        if r.get("model") in PRESETS and "step_s" in r:
-            job = PRESETS[r["model"]]
-            sim = costs.step_time(job, costs.layout(job, ParallelConfig()), prof)
-            step_rows.append({"source": path.parent.name, "model": r["model"], "measured": r["step_s"], "simulated": sim,
-                              "error": (sim - r["step_s"]) / r["step_s"]})
+        if "step_s" not in r or ("job" not in r and r.get("model") not in PRESETS):
+            continue
+        job = from_dict(JobConfig, r["job"], "job") if "job" in r else PRESETS[r["model"]]
+        sim = costs.step_time(job, costs.layout(job, ParallelConfig()), prof)
+        preset = PRESETS.get(r.get("model"))
+        step_rows.append({"source": path.parent.name, "model": r["model"], "hidden_size": job.model.hidden_size,
+                          "params": job.model.num_params(), "preset_shape": preset is not None and preset == job,
+                          "measured": r["step_s"], "simulated": sim, "error": (sim - r["step_s"]) / r["step_s"]})
+    beyond = [abs(x["error"]) for x in step_rows if not x["preset_shape"]]
     return {"sources": [f"bench/results/{p.parent.name}" for p in paths],
             "method": "held out: DCP save and load of one rank's whole state, measured directly, against the "
                       "restart model's fitted save and load (fitted to the restarts' saves and loads of 2-GPU runs); "
-                      "the one-GPU step times are in the fit (its MFU), shown beside the model",
+                      "one-GPU steps of the presets' shapes (the fit's are the handoff runs') and, held out, of shapes "
+                      "beyond them (other hidden sizes: the share of the peak against the width)",
             "dcp": rows, "steps": step_rows,
+            "steps_beyond_the_presets": {"steps": len(beyond), "median_abs_error": statistics.median(beyond) if beyond
+                                         else None, "worst_abs_error": max(beyond, default=None)},
             "median_abs_error": {q: statistics.median(abs(x[q]["error"]) for x in rows)
                                  for q in ("save_s", "load_s", "first_save_s", "first_load_s")}
             if rows else None}

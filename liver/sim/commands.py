@@ -57,7 +57,7 @@ def _sim_validate(args: argparse.Namespace) -> int:
     held = calibrate.validate_held_out(calibrate.held_out(Path(args.results)), v, measured[0])
     if held:
         result["held_out_live"] = held
-    dcp = [Path(args.results) / f for f in calibrate.HELD_OUT_DCP if (Path(args.results) / f).exists()]
+    dcp = calibrate.held_out_dcp(Path(args.results))
     if dcp:
         result["held_out_dcp"] = calibrate.validate_dcp(dcp, v)
     print(json.dumps(result if args.json else {"summary": result["summary"], "target_choice_cpu": {
