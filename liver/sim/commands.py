@@ -62,6 +62,7 @@ def _sim_validate(args: argparse.Namespace) -> int:
         result["held_out_dcp"] = calibrate.validate_dcp(dcp, v)
     print(json.dumps(result if args.json else {"summary": result["summary"], "target_choice_cpu": {
         k: {kk: vv for kk, vv in x.items() if kk != "rows"} for k, x in result.get("target_choice_cpu", {}).items()},
+        "steps_held_out": result["steps"]["held_out"],
         "held_out_live": held and {k: held[k] for k in ("sources", "handoffs_not_in_the_fit", "summary")},
         "noise_floor_same_event_other_run": result["noise_floor_same_event_other_run"],
         "held_out_dcp": result.get("held_out_dcp")}, indent=1))
