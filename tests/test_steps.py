@@ -210,3 +210,48 @@ def test_a_cold_joiners_warm_up_runs_the_recipes_own_loop_on_the_mock_world():
     job = adapter.rehearsal_job()
     engine = warm_up(adapter, job, adapter.layout(job, ParallelConfig(tp=2)), 1, "gloo", torch.device("cpu"), 2)
     assert seen == [1, 2] and engine.step == 2
+
+
+def test_a_switch_broken_half_streamed_stalls_for_the_controller_without_a_digest_of_its_state():
+    """A peer lost mid-transfer: the switch's error reaches the loop after the switch has let go
+    (``_switching`` is back to False), so the process stalls, staying alive for the controller's
+    recovery from the checkpoint on its slot; it reports no part of a digest of the shards it
+    streamed away (before, hashing them raised KeyError and the process died with its peer, and
+    the job with both)."""
+    import json
+    from types import SimpleNamespace
+
+    from liver.runtime.member import Member
+
+    class Store:
+        def __init__(self):
+            self.kv = {}
+
+        def set(self, k, v):
+            self.kv[k] = v
+
+        def check(self, keys):
+            return all(k in self.kv for k in keys)
+
+    def released(*_):
+        raise KeyError("embed.weight")  # what hashing a half-streamed engine's state does
+
+    m = Member.__new__(Member)
+    m._switching, m._half_streamed = False, False
+    broken = RuntimeError("Connection closed by peer")
+
+    def transfer_breaks(*_):
+        raise broken
+
+    m._switch_now = transfer_breaks
+    with pytest.raises(RuntimeError):
+        m._switch(None, {})
+    m.engine = SimpleNamespace(world=SimpleNamespace(generation=3, abort=lambda: None, all=SimpleNamespace(size=2)),
+                               step=7, scalars=released, state={})
+    assert m.can_stall()
+    m.companion, m.ckpt, m.store, m.proc, m.digest = None, SimpleNamespace(abandon=lambda: None), Store(), 0, "switch"
+    m.config = SimpleNamespace(prepare=SimpleNamespace(group_timeout_s=0.05))
+    with pytest.raises(RuntimeError, match="Connection closed"):
+        m.stall(broken)  # no heal comes (the controller recovers a broken switch from the checkpoint)
+    (report,) = [json.loads(v) for k, v in m.store.kv.items() if k.startswith("stalled/3/")]
+    assert report["step"] == 7 and report["hashes"] is None and report["scalars"] is None

@@ -104,6 +104,7 @@ class Member:
         self._side = protocol.run_store(connect_store(spec.store_addr))
         self._side_user: Companion | None = None  # the last companion that used it
         self._switching = False
+        self._half_streamed = False  # a switch failed under it: its old state is no longer whole
 
     def _preparation(self, spec: GenerationSpec, **kw: Any) -> Preparation:
         c = self.config
@@ -214,9 +215,10 @@ class Member:
         if self.companion is not None:
             self._abandon()
         self.ckpt.abandon()  # a write in flight over the broken groups never becomes the latest
+        whole = self.digest and not self._half_streamed
         write(self.store, Stalled.key(g, self.proc),
               Stalled(proc=self.proc, generation=g, step=e.step, error=f"{type(err).__name__}: {err}"[:500],
-                      hashes=local_hashes(e) if self.digest else None, scalars=e.scalars() if self.digest else None))
+                      hashes=local_hashes(e) if whole else None, scalars=e.scalars() if whole else None))
         print(f"[liver] proc {self.proc}: generation {g} broke after step {e.step} ({type(err).__name__}); "
               f"waiting to be healed", flush=True)
         end = time.time() + self.config.prepare.group_timeout_s
@@ -305,10 +307,15 @@ class Member:
 
     def _switch(self, prep: Preparation, extra: dict[str, Any], old_alive: bool = True) -> None:
         """``old_alive``: the old generation's groups work (not so in a heal: no digest over them).
-        A failure in here is no stall: the old shards may be half streamed away."""
+        A failure in here leaves the old shards half streamed away: the process still stalls (it
+        stays for the controller, which recovers a broken switch from the checkpoint on the slots
+        left), but reports no part of a digest of a state it no longer holds whole."""
         self._switching = True
         try:
             self._switch_now(prep, extra, old_alive)
+        except BaseException:
+            self._half_streamed = True  # (the error reaches the loop after this frame is gone)
+            raise
         finally:
             self._switching = False
 
