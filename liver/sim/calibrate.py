@@ -274,7 +274,10 @@ def _lsq(xs: list[list[float]], ys: list[float]) -> list[float]:
 
 
 def state_gb(e: Event) -> float:
-    return e.params * 14 / e.new.world_size / GB
+    """A rank's state on the new generation (GB), as the cost model counts it (``costs.rank_state_bytes``)."""
+    from liver.sim import costs
+
+    return costs.rank_state_bytes(e.job, costs.layout(e.job, e.new)) / GB
 
 
 def fit(events: list[Event], steps: list[Step], direct: dict[str, float]) -> tuple[dict[str, float], dict[str, str]]:
