@@ -157,11 +157,6 @@ def plan_work(job: JobConfig, old: ParallelConfig, new: ParallelConfig) -> Work:
                               procs[:new.world_size]))
 
 
-def moved(job: JobConfig, old: ParallelConfig, new: ParallelConfig) -> int:
-    """Every byte the planner's plan sends over the network."""
-    return plan_work(job, old, new).moved
-
-
 KINDS = ("tp", "dp", "pp")  # the collectives of a step: TP all-reduces, the gradient all-reduce, stage sends
 
 
