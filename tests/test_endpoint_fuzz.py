@@ -12,7 +12,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from liver.controller.admission import admit, without
-from liver.controller.endpoint import MAX_BODY_BYTES, ControlEndpoint, request
+from liver.controller.endpoint import MAX_BODY_BYTES, ControlEndpoint, new_token, request
 from liver.controller.events import parse_action
 from liver.controller.target import Hardware
 from liver.engine.reference import ADAPTER
@@ -160,3 +160,14 @@ def test_bytes_that_are_no_request_get_a_json_refusal_or_a_closed_connection(ser
             assert not body or code == 200, data[:300]  # (a GET /metrics of the bytes' making)
     assert (len(job.queue), job.ended) == before or b" 202 " in data[:20]
     assert request(ep.url, TOKEN, "GET", "/status")[0] == 200
+
+
+def test_a_generated_token_is_one_argument_to_the_cli():
+    """``liver status --token T`` with the endpoint's own token: a token beginning with "-" (one in
+    64 from secrets.token_urlsafe) is taken for an option and refused."""
+    import argparse
+
+    cli = argparse.ArgumentParser(exit_on_error=False)
+    cli.add_argument("--token")
+    tokens = {new_token() for _ in range(2000)}
+    assert len(tokens) == 2000 and all(cli.parse_args(["--token", t]).token == t for t in tokens)

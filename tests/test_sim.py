@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from liver.controller.events import EventError
-from liver.sim import calibrate, costs, engine, sources
+from liver.sim import calibrate, costs, engine, sources, validate
 from liver.sim.models import SIM_MODELS, sim_model
 from liver.sim.profile import PROFILES, load
 from liver.topology import ParallelConfig
@@ -136,9 +136,9 @@ def test_the_committed_calibration_is_what_bench_results_give():
 
 
 def test_validation_reports_every_quantity_and_the_noise_floor():
-    v = calibrate.validate(*calibrate.measurements(FIXTURES / "sim-results"))
-    assert set(v["summary"]) == set(calibrate.QUANTITIES)
-    for q in calibrate.QUANTITIES:
+    v = validate.validate(*calibrate.measurements(FIXTURES / "sim-results"))
+    assert set(v["summary"]) == set(validate.QUANTITIES)
+    for q in validate.QUANTITIES:
         s = v["summary"][q]
         assert s["median_abs_error"] <= s["worst_abs_error"] and s["events"] > 0
 
@@ -155,7 +155,7 @@ def test_bad_simulator_names_are_refused():
 def test_the_cpu_step_model_chooses_near_the_fastest_measured_configuration():
     """Fitted on one model shape's timings, it chooses for the other shape's process counts
     configurations measured within 25% of the fastest (within 10% in most of them)."""
-    v = calibrate.validate_choice(FIXTURES / "sim-results" / "cpu-target-choice" / "target.json")
+    v = validate.validate_choice(FIXTURES / "sim-results" / "cpu-target-choice" / "target.json")
     out = v["fitted_on_the_other_shape"]
     assert out["cases"] == 12 and out["within_10pct"] >= 8 and out["worst_ratio"] <= 1.3
 

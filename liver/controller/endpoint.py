@@ -33,6 +33,12 @@ def _short(text: str, n: int = 80) -> str:
     return text if len(text) <= n else text[:n] + f"... ({len(text)} characters)"
 
 
+def new_token() -> str:
+    """A bearer token for the endpoint: 192 random bits in hex, never a leading "-" that a CLI
+    (``liver status --token T``) would take for an option."""
+    return secrets.token_hex(24)
+
+
 class ControlEndpoint:
     def __init__(self, submit: Callable[[str], dict[str, Any]], status: Callable[[], dict[str, Any]],
                  run_dir: Path, host: str = "127.0.0.1", port: int = 0, token: str | None = None,
@@ -47,7 +53,7 @@ class ControlEndpoint:
         with ``end``, ``POST /end {"after": N}`` (the job ends N steps from now)."""
         routes = "GET /status, GET /queue, GET /metrics, POST /scale, POST /withdraw, POST /agent/register, " \
                  "POST /agent/sync, POST /end"
-        self.token = token or secrets.token_hex(24)  # (hex: never a leading "-" that a CLI takes for an option)
+        self.token = token or new_token()
         token_bytes = self.token.encode()
 
         class Handler(BaseHTTPRequestHandler):

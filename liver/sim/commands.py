@@ -46,20 +46,20 @@ def _sim_calibrate(args: argparse.Namespace) -> int:
 
 
 def _sim_validate(args: argparse.Namespace) -> int:
-    from liver.sim import calibrate
+    from liver.sim import calibrate, validate
 
     measured = calibrate.measurements(Path(args.results))
-    result = calibrate.validate(*measured)
+    v, _ = calibrate.fit(*measured)
+    result = validate.validate(*measured, full=v)
     cpu = Path(args.results) / "cpu-target-choice" / "target.json"
     if cpu.exists():
-        result["target_choice_cpu"] = calibrate.validate_choice(cpu)
-    v, _ = calibrate.fit(*measured)
-    held = calibrate.validate_held_out(calibrate.held_out(Path(args.results)), v, measured[0])
+        result["target_choice_cpu"] = validate.validate_choice(cpu)
+    held = validate.validate_held_out(calibrate.held_out(Path(args.results)), v, measured[0])
     if held:
         result["held_out_live"] = held
-    dcp = calibrate.held_out_dcp(Path(args.results))
+    dcp = validate.held_out_dcp(Path(args.results))
     if dcp:
-        result["held_out_dcp"] = calibrate.validate_dcp(dcp, v)
+        result["held_out_dcp"] = validate.validate_dcp(dcp, v)
     print(json.dumps(result if args.json else {"summary": result["summary"], "target_choice_cpu": {
         k: {kk: vv for kk, vv in x.items() if kk != "rows"} for k, x in result.get("target_choice_cpu", {}).items()},
         "steps_held_out": result["steps"]["held_out"],
