@@ -121,3 +121,25 @@ def test_a_rank_that_hangs_is_detected_by_its_heartbeat_then_healed(tmp_path):
     assert rec["status"] == "healed from the surviving replicas" and rec["lost_steps"] == 0, rec
     assert "-9" in rec["event"]["source"]  # killed by the controller once its heartbeat stopped
     check_continuous(rep, 40)
+
+
+@pytest.mark.timeout(600)
+def test_a_step_re_run_after_a_heal_is_the_step_a_restart_computes(tmp_path, monkeypatch):
+    """A rank lost mid-step (its backward done, its peer's too: the peer holds the gradients of an
+    attempt that can never complete): the survivor heals and runs the step again from no gradient,
+    so the steps after the heal equal, bit for bit (loss, gradient norm, digest), those of a
+    restart that changed to the same layout at the same step through a checkpoint."""
+    from liver.host import faults
+    from test_run import liver, replays_as_restart
+    empty = tmp_path / "none.txt"
+    empty.write_text("# no events\n")
+    monkeypatch.setenv(faults.ENV, "mid-step:1:9")
+    rep = liver(tmp_path / "run", "--events", str(empty), "--parallel", "1,1,2", "--gpus", "2", "--steps", "14",
+                "--end-after-events", "-1", "--ckpt-every", "0")
+    monkeypatch.delenv(faults.ENV)
+    assert rep["rc"] == 0
+    (rec,) = [e for e in rep["events"] if e["event"]["kind"] == "fail-stop"]
+    assert rec["status"] == "healed from the surviving replicas" and rec["restored_step"] == 8, rec
+    assert rec["digest_equal"] is True
+    check_continuous(rep, 14)
+    replays_as_restart(tmp_path, rep, rec, "1,1,2", 2, k=4)

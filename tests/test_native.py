@@ -256,7 +256,7 @@ def test_live_reshapes_of_a_users_model_equal_restart_through_dcp(tmp_path):
 def test_kill9_of_a_users_model_rank_recovers_from_the_dcp_checkpoint(tmp_path):
     import json
 
-    from test_run import background, kill_and_recover, wait_for
+    from test_run import background, kill_and_recover, replays_as_restart, wait_for
     run_dir = tmp_path / "run"
     empty = tmp_path / "none.txt"
     empty.write_text("# no events\n")
@@ -270,6 +270,7 @@ def test_kill9_of_a_users_model_rank_recovers_from_the_dcp_checkpoint(tmp_path):
     at_ckpt = [s for s in rep["steps"] if s["step"] == rec["restored_step"] and s["generation"] == 0]
     assert at_ckpt[-1]["digest"] == rec["digest_after"]  # the FSDP2 state, exactly, on one process
     assert rep["steps"][-1]["step"] == 30
+    replays_as_restart(tmp_path, rep, rec, "1,1,2", 2, extra=("--config", CONFIG))
 
 
 def test_the_example_does_not_import_the_reference_engine():

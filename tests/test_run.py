@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from liver.topology import ParallelConfig
+
 from liver.cli import main
 from liver.controller.endpoint import request
 from liver.controller.report import DROPPED
@@ -74,6 +76,31 @@ def check_continuous(report: dict, total: int) -> None:
     steps = [s["step"] for s in report["steps"]]
     assert steps[-1] == total
     assert sorted(set(steps)) == list(range(1, total + 1))
+
+
+def replays_as_restart(tmp_path: Path, rep: dict, rec: dict, first: str, gpus: int, k: int = 3,
+                       extra: tuple[str, ...] = ()) -> None:
+    """The ``k`` steps after a recovery (``rec``: restored to step S on ``rec["new"]``) equal, bit
+    for bit (loss, gradient norm, state digest), those of a ``--mode restart`` run of the same job
+    that changes to that layout at step S through a checkpoint: the step re-run after a heal or a
+    drop is the step a restart computes."""
+    s, new = rec["restored_step"], rec["new"]
+    head, _, split = new.removeprefix("tp").replace("pp", ",").replace("dp", ",").partition("[")
+    spelt = head + (":" + split.rstrip("]").replace(",", "/") if split else "")  # the events' grammar
+    n = ParallelConfig.parse(spelt)
+    events = tmp_path / "replay-events.txt"
+    events.write_text(f"at step {s}: scale-in {n.world_size} as {spelt}\n" if n.world_size < gpus else
+                      f"at step {s}: reshape {spelt}\n")
+    replay = liver(tmp_path / "replay", "--events", str(events), "--parallel", first, "--gpus", str(gpus),
+                   "--steps", str(s + k), "--ckpt-every", "0", "--mode", "restart", *extra)
+    assert replay["rc"] == 0
+
+    def after(r, gen):
+        return [(x["step"], x["parallel"], x["loss"], x["grad_norm"], x["digest"]) for x in r["steps"]
+                if s < x["step"] <= s + k and x["generation"] >= gen]
+
+    got, want = after(rep, rec["generation"]), after(replay, 1)
+    assert len(want) == k and got == want, (got, want)
 
 
 @pytest.mark.timeout(600)
@@ -185,6 +212,7 @@ def test_kill9_of_a_rank_recovers_from_the_latest_checkpoint(tmp_path):
     at_ckpt = [s for s in rep["steps"] if s["step"] == rec["restored_step"] and s["generation"] == 0]
     assert at_ckpt[-1]["digest"] == rec["digest_after"]
     assert rep["steps"][-1]["step"] == 24 and rep["steps"][-1]["generation"] == 1
+    replays_as_restart(tmp_path, rep, rec, "1,2,1", 2)
 
 
 @pytest.mark.timeout(600)
@@ -271,6 +299,7 @@ def test_a_deadline_no_handoff_meets_drops_leaving_replicas_at_once(tmp_path):
     assert rep["steps"][-1]["step"] == 30 and rep["steps"][-1]["parallel"] == "tp1pp1dp2"
     assert all(not p["alive"] for p in procs(tmp_path / "run"))
     check_continuous(rep, 30)
+    replays_as_restart(tmp_path, rep, rec, "1,1,4", 4)
 
 
 @pytest.mark.timeout(600)
@@ -297,3 +326,4 @@ def test_a_missed_deadline_stops_every_leaving_process_once(tmp_path):
     assert rec["digest_equal"] is True and rec["new"] == missed[0]["new"]
     assert len(rep["events"]) == 2 and rep["steps"][-1]["step"] == 24
     check_continuous(rep, 24)
+    replays_as_restart(tmp_path, rep, rec, "1,4,1", 4)

@@ -31,10 +31,17 @@ BROKEN = "Connection closed by peer [127.0.0.1]:1234"
 class CountingEngine:
     def __init__(self, step: int = 0, name: str = "a") -> None:
         self.step, self.name = step, name
+        self.grads = False  # a gradient held (an attempt's backward ran)
+        self.log: list[str] = []
 
     def train_step(self) -> StepStats:
+        assert not self.grads, "an iteration began with gradients held"
         self.step += 1
         return StepStats(self.step, 1.0 / self.step, 0.0, 0.0, 0.0, 0.0)
+
+    def drop_grads(self) -> None:
+        self.grads = False
+        self.log.append("drop")
 
 
 class Driver:
@@ -57,7 +64,9 @@ class Driver:
 
     def stall(self, err: BaseException) -> None:
         self.stalls.append(str(err))
+        grads = self.engine.grads  # (a heal adopts the survivor's tensors, gradients and all)
         self.engine = CountingEngine(self.engine.step, "healed")
+        self.engine.grads = grads
 
 
 def test_every_iteration_is_followed_by_its_boundary_across_a_switch_until_the_last_step():
@@ -81,6 +90,7 @@ def test_a_peer_lost_mid_iteration_is_a_stall_then_the_same_iteration_again_on_t
             seen.append((step.engine.name, step.number))
             if step.number == 3 and not failed:
                 failed.append(True)
+                step.engine.grads = True  # its backward ran, its reduction broke
                 raise RuntimeError(BROKEN)  # (the state did not move: the optimizer had not stepped)
             step.run()
     assert d.stalls == [BROKEN]

@@ -1,6 +1,8 @@
 """The engine's full logical state: a layout-independent digest, and a gather to one rank (tests).
 
-The digest covers every element of every logical tensor and the scalars. Each rank hashes the
+The digest covers every element of every logical tensor and the scalars, and refuses an engine
+that holds a tensor influencing the next step outside its state (``unaccounted``: optimizer
+state of an unknown kind, persistent buffers) or, at a boundary, a gradient. Each rank hashes the
 boxes it holds (``engine.boxes``, any Resource View: a Layout's, or DTensor's uneven shards) where
 they live (on the GPU, on a GPU run): two sums, modulo 2**64, of the elements' bit patterns times
 weights drawn from each element's position in the whole tensor (odd 64-bit values, a fixed mix of
@@ -81,6 +83,10 @@ def box_hash(t: torch.Tensor, box: Box, shape: tuple[int, ...]) -> tuple[int, in
 
 
 def _local(engine: Engine) -> list[tuple[int, Box, tuple[int, int]]]:
+    outside = engine.unaccounted()
+    if outside:
+        raise RuntimeError(f"digest: {len(outside)} tensor(s) influence the next step but are not part of the "
+                           f"engine's state (neither moved nor digested): {', '.join(outside[:4])}")
     return [(i, engine.boxes[s.name], box_hash(engine.state[s.name], engine.boxes[s.name], s.shape))
             for i, s in enumerate(engine.specs) if s.name in engine.boxes]
 
@@ -101,7 +107,12 @@ def _distinct(parts: list[list[tuple]], same=lambda a, b: a == b) -> dict[int, d
 
 
 def state_digest(engine: Engine) -> str:
-    """Collective over the engine's World: the same hex digest on every rank."""
+    """Collective over the engine's World: the same hex digest on every rank. At an iteration
+    boundary only: no gradient may be held there (a step's outcome would depend on it)."""
+    held = engine.held_grads()
+    if held:
+        raise RuntimeError(f"digest: {len(held)} parameter(s) hold a gradient at an iteration boundary "
+                           f"({', '.join(held[:4])}); the next step would add to it")
     return combine(engine.specs, engine.world.all.all_gather_object(_local(engine)), engine.scalars())
 
 

@@ -75,6 +75,20 @@ class TrainingEngine(Protocol):
         weights, caches), so that a handoff needs no memory beyond its staging budget."""
         ...
 
+    def drop_grads(self) -> None:
+        """Let go of every gradient (set to None): an iteration starts from none, whatever an
+        aborted attempt before it (a peer lost mid-step, then healed) left behind."""
+        ...
+
+    def held_grads(self) -> list[str]:
+        """The parameters that hold a gradient now (none may be held across a boundary)."""
+        ...
+
+    def unaccounted(self) -> list[str]:
+        """Tensors that influence the next step but are not part of ``state`` (so neither moved
+        nor digested): optimizer state of a kind the engine does not know, persistent buffers."""
+        ...
+
 
 class EngineAdapter(ABC):
     """One kind of engine, as the runtime sees it (see the module's docstring)."""

@@ -7,6 +7,9 @@ that lasts long enough for an event to arrive during it, a disk that fills under
 - ``transfer:PROC[:LAYER]``   the process kills itself (SIGKILL) in a switch's transfer, after its
   LAYER-th layer (default 0): a peer mid-stream, as a lost machine is;
 - ``slow-transfer:PROC:S``    its transfer stalls S seconds after its first layer;
+- ``mid-step:PROC[:STEP]``     the process kills itself in step STEP (default: its first), once its
+  backward is done and before the gradients' reductions: its peers are left holding the partial
+  gradients of an attempt that cannot complete (a heal re-runs it);
 - ``disk-full:PROC[:STEP]``   every periodic checkpoint write of the steps from STEP on fails as a
   full disk fails (``OSError(ENOSPC)`` from the storage layer once this process's files are
   written, before DCP's metadata is): the disk stays full.
@@ -22,7 +25,8 @@ import signal
 import time
 
 ENV = "LIVER_FAULT"
-POINTS = ("transfer", "slow-transfer", "disk-full")
+POINTS = ("transfer", "slow-transfer", "disk-full", "mid-step")
+_me: list[int] = [-1]  # this process's id, for points reached where it is not known (an engine's step)
 
 
 def parse(text: str) -> dict[tuple[str, int], str]:
@@ -51,6 +55,17 @@ def armed(point: str, proc: int) -> bool:
     return (point, proc) in _armed
 
 
+def identify(proc: int) -> None:
+    """This process is ``proc`` (a worker says so once it starts)."""
+    _me[0] = proc
+
+
+def here(point: str, index: int = 0) -> None:
+    """``at`` for this process (``identify``)."""
+    if _armed:
+        at(point, _me[0], index)
+
+
 def at(point: str, proc: int, index: int = 0) -> None:
     """The fault armed at ``point`` for ``proc``, if any, once ``index`` (a layer, a step) reaches
     its ARG; a kill or a stall fires once, a full disk at every write."""
@@ -59,7 +74,7 @@ def at(point: str, proc: int, index: int = 0) -> None:
     arg = _armed.get((point, proc))
     if arg is None or index < (float(arg or 0) if point != "slow-transfer" else 0):
         return
-    if point == "transfer":
+    if point in ("transfer", "mid-step"):
         del _armed[(point, proc)]
         os.kill(os.getpid(), signal.SIGKILL)
     elif point == "slow-transfer":

@@ -29,7 +29,7 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 import torch  # noqa: E402
 
 from liver.protocol.agent import IGNORE_SIGTERM  # noqa: E402
-from liver.host import cores, priority  # noqa: E402
+from liver.host import cores, faults, priority  # noqa: E402
 from liver.checkpoint import dcp as ckpt  # noqa: E402
 from liver.checkpoint.periodic import PeriodicCheckpointer  # noqa: E402
 from liver.engine.digest import local_hashes, state_digest  # noqa: E402
@@ -75,6 +75,7 @@ class Member:
         self.spec = spec
         self.boot = boot
         self.proc: int = spec.proc
+        faults.identify(self.proc)
         cfg = self.config = spec.config
         self.job = cfg.job
         self.backend: str = cfg.backend

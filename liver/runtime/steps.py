@@ -93,6 +93,9 @@ class Steps:
     def __iter__(self) -> Iterator[Step]:
         d = self.driver
         while d.engine is not None and d.engine.step < d.total_steps:
+            # from no gradient, as the restart's step would: an attempt that a lost peer aborted
+            # leaves its partial gradients on tensors the healed generation may adopt
+            d.engine.drop_grads()
             step = self.make_step(d.engine)
             yield step
             try:
@@ -102,6 +105,7 @@ class Steps:
                     raise LoopError(f"step {step.number}: the loop's iteration ended without step.run() or "
                                     f"step.done(loss, grad_norm), so no step was taken; call one of them once an "
                                     f"iteration, inside 'with step:'")
+                d.engine.drop_grads()  # none is held across a boundary (a loop that zeroes them first)
                 d.after_step(step.stats)
             except LoopError:
                 raise

@@ -24,6 +24,7 @@ from torch.distributed.fsdp import FSDPModule
 from torch.distributed.tensor import DTensor
 
 from liver.engine.interface import StepStats
+from liver.host import faults
 from liver.engine.native.recipe import Recipe, clip_grad_norm
 from liver.engine.native.resource import local_box, placed_state
 from liver.resource_view.view import Box
@@ -192,7 +193,27 @@ class NativeEngine:
 
     def release_compute(self) -> None:
         """Gradients and FSDP's unsharded parameters are gone at a boundary: nothing to let go."""
+        self.drop_grads()
+
+    def drop_grads(self) -> None:
+        self.model.zero_grad(set_to_none=True)
         self.optimizer.zero_grad(set_to_none=True)
+
+    def held_grads(self) -> list[str]:
+        return [n for n, p in self.model.named_parameters() if p.grad is not None]
+
+    def unaccounted(self) -> list[str]:
+        """Optimizer state tensors beyond the recipe's ``state_keys`` (made at the optimizer's
+        steps: SGD's momentum, say), and the model's persistent buffers: neither is moved."""
+        out, known = [], {s.name for s in self.specs}
+        names = {id(p): n for n, p in self.model.named_parameters()}
+        for p, st in self.optimizer.state.items():
+            out += [f"{names.get(id(p), '?')}.{k} (optimizer state)" for k, v in st.items()
+                    if k != "step" and isinstance(v, torch.Tensor) and f"{names.get(id(p))}.{k}" not in known]
+        for mod_name, mod in self.model.named_modules():
+            out += [f"{mod_name + '.' if mod_name else ''}{b} (persistent buffer)" for b, t in mod._buffers.items()
+                    if t is not None and b not in mod._non_persistent_buffers_set]
+        return out
 
     # ---- training ----------------------------------------------------------------------------
     def train_step(self) -> StepStats:
@@ -219,6 +240,7 @@ class NativeEngine:
 
     def clip_grad_norm(self, max_norm: float) -> float:
         """The gradients' global norm over every stage, clipped to ``max_norm`` (0: not clipped)."""
+        faults.here("mid-step", self.step + 1)  # (the fault matrix's peer lost mid-step; unset: a no-op)
         return clip_grad_norm(self.model.parameters(), max_norm, stages=self.world.pp if self.layout.pp > 1 else None)
 
     def finish(self, loss: torch.Tensor, norm: float, t0: float) -> StepStats:

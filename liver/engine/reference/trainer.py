@@ -16,6 +16,7 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Shard
 
 from liver.engine.interface import StepStats
+from liver.host import faults
 from liver.engine.reference import data, model
 from liver.engine.reference.optim import adamw_step, learning_rate, with_adam_state
 from liver.engine.reference.pipeline import OneFOneB
@@ -93,7 +94,19 @@ class Engine:
         for s in self.local_params:
             master = self.state[s.name]
             p = master if self.compute_dtype == torch.float32 else master.to(self.compute_dtype)
+            p.grad = None  # (an adopted master may carry one from an attempt that a lost peer aborted)
             self.params[s.name] = p.requires_grad_(True)
+
+    def drop_grads(self) -> None:
+        for p in self.params.values():
+            p.grad = None
+
+    def held_grads(self) -> list[str]:
+        return [n for n, p in self.params.items() if p.grad is not None]
+
+    def unaccounted(self) -> list[str]:
+        """The state is every parameter and both AdamW moments; nothing else carries over a step."""
+        return []
 
     def release_compute(self) -> None:
         """The compute-dtype copies go before the state is streamed away (its shards go layer by
@@ -147,6 +160,7 @@ class Engine:
     # ---- training ----------------------------------------------------------------------------
     def train_step(self) -> StepStats:
         t0 = time.perf_counter()
+        self.drop_grads()  # (a re-run after a heal starts where the restart's step does: from none)
         job, lay, w = self.job, self.layout, self.world
         m, tr = job.model, job.train
         c = lay.coord(w.rank)
@@ -170,6 +184,7 @@ class Engine:
 
         sched = OneFOneB(w.pp, (mb, m.seq_len, m.hidden_size), self.compute_dtype, self.device)
         losses = sched.run(forward, n_micro)
+        faults.here("mid-step", self.step + 1)  # (the fault matrix's peer lost mid-step; unset: a no-op)
 
         # every collective of the step comes before its update: a peer that vanishes mid-step leaves
         # this rank's state at the last completed step (a heal starts from there)
