@@ -132,10 +132,11 @@ def _run(args: argparse.Namespace) -> int:
         (run_dir / "events.txt").write_text(DEFAULT_EVENTS)
     (run_dir / "config.json").write_text(json.dumps(to_dict(cfg), indent=1))
     logs.setup()
-    print(f"liver run --mode {cfg.controller.mode}: model {cfg.preset} ({cfg.job.model.num_params():,} parameters), "
+    model = describe_model(cfg)
+    print(f"liver run --mode {cfg.controller.mode}: model {model}, "
           f"{cfg.gpus} of {cfg.slots} slots, {cfg.steps} steps, {len(events)} events, backend {cfg.backend}, "
           f"run dir {run_dir}", flush=True)
-    meta = {"model": cfg.preset, "events_source": str(src.trace or src.schedule or "embedded"), "nodes": nodes}
+    meta = {"model": cfg.preset, "model_description": model, "events_source": str(src.trace or src.schedule or "embedded"), "nodes": nodes}
     if nodes > 1:
         from liver.agent.local import local_agents
         with local_agents(run_dir, nodes, cfg.slots // nodes, args.token):
@@ -299,6 +300,15 @@ def _job_flags(r: argparse.ArgumentParser) -> None:
     r.add_argument("--token", default=None, help="control token (default: random, in control.json)")
     r.add_argument("--no-endpoint", action="store_true")
     r.add_argument("--run-dir", default=None)
+
+
+def describe_model(cfg) -> str:
+    """The model that runs, as the job gives it (its engine, shape and parameters counted from its
+    state), not the preset it started from."""
+    m = cfg.job.model
+    params = sum(s.numel for s in cfg.adapter.state_specs(cfg.job) if s.kind == "param")
+    return (f"{cfg.adapter.name} ({m.num_layers} layers, hidden {m.hidden_size}, {m.num_heads} heads, ffn "
+            f"{m.ffn_size}, vocab {m.vocab_size}, seq {m.seq_len}: {params:,} parameters)")
 
 
 def main(argv: list[str] | None = None) -> int:

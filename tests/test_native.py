@@ -266,6 +266,8 @@ def test_kill9_of_a_users_model_rank_recovers_from_the_dcp_checkpoint(tmp_path):
     wait_for(lambda: latest.exists() and json.loads(latest.read_text())["step"] >= 8, what="checkpoint 8")
     rep, rec = kill_and_recover(run_dir, t, box, proc=1)
     assert rec["status"] == "recovered" and rec["new"] == "tp1pp1dp1"
+    # the header and report name the model that ran (the job file's shape), not the preset
+    assert rep["model_description"].startswith("llama (2 layers, hidden 64, 4 heads, ffn 128, vocab 256, seq 32")
     assert rec["restored_step"] % 4 == 0 and rec["restored_step"] >= 8
     at_ckpt = [s for s in rep["steps"] if s["step"] == rec["restored_step"] and s["generation"] == 0]
     assert at_ckpt[-1]["digest"] == rec["digest_after"]  # the FSDP2 state, exactly, on one process

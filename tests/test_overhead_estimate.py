@@ -57,3 +57,17 @@ def test_interval_resamples_windows():
 def test_bench_refuses_bad_arguments_naming_them(kw, field):
     with pytest.raises(ValueError, match=field):
         reconfig.run(**kw)
+
+
+def test_the_run_summary_states_the_overhead_with_its_interval_and_placebo_or_says_it_was_not_measured():
+    """`make demo` once headlined "+69.52%": one median of a few steps. The summary now gives the
+    interval and the placebo beside it, or says why there is no figure."""
+    from liver.controller.report import overhead_line
+    one = {"steady_overhead": 0.6952, "steady_overhead_ci95": None, "steps_preparing": 3}
+    assert "not measured" in overhead_line(one) and "69" not in overhead_line(one)
+    both = {"steady_overhead": 0.01, "steady_overhead_ci95": [-0.02, 0.03], "steps_preparing": 40,
+            "steady_overhead_placebo": 0.0, "steady_overhead_placebo_ci95": [-0.03, 0.02]}
+    line = overhead_line(both)
+    assert "+1.00% (95% interval -2.00% to +3.00%, 40 steps)" in line and "within the drift" in line
+    apart = {**both, "steady_overhead_ci95": [0.05, 0.09]}
+    assert "beyond the drift" in overhead_line(apart)

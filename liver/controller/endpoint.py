@@ -122,6 +122,10 @@ class ControlEndpoint:
                                        or (self.path == "/end" and end is None)):
                     self.close_connection = True  # (its body is not read)
                     return self._reply(404, {"error": f"path {_short(self.path)!r}: allowed {routes}"})
+                if "Transfer-Encoding" in self.headers:  # (chunked: its chunks would read as requests)
+                    self.close_connection = True
+                    return self._reply(411, {"error": f"Transfer-Encoding {_short(self.headers['Transfer-Encoding'])!r}: "
+                                                      f"not taken; send the body whole, with a Content-Length"})
                 length = self.headers.get("Content-Length", "0")
                 if not length.isdigit() or int(length) > MAX_BODY_BYTES:
                     self.close_connection = True  # the body is not read

@@ -212,8 +212,29 @@ def build(run_dir: Path, result: dict[str, Any], meta: dict[str, Any]) -> dict[s
             rec["steady_overhead_generation"] = so["steady_overhead_generation"]
             rec["prepare_stall_s"] = prepare_stall(steps, rec)
         events.append(rec)
+    pooled = pooled_overhead(steps, [e for e in events if "switch_start" in e])
     return {**meta, "mode": result["mode"], "wall_s": result["wall_s"], "steps": steps,
-            "events": events, **steady_overhead(steps, events)}
+            "events": events, **steady_overhead(steps, events),
+            **{k: pooled[k] for k in ("steady_overhead_ci95", "steady_overhead_placebo",
+                                      "steady_overhead_placebo_ci95", "steps_placebo")}}
+
+
+def overhead_line(report: dict[str, Any]) -> str:
+    """The steady-state overhead as a run can state it: with its 95% interval and the placebo's
+    beside it (what step times drift by with nothing prepared), or why it was not measured. One
+    median of a few steps on a shared machine is no figure (``make demo`` once printed +69.52%)."""
+    so, ci = report.get("steady_overhead"), report.get("steady_overhead_ci95")
+    n = report.get("steps_preparing", 0)
+    if so is None or ci is None:
+        return (f"steady-state overhead: not measured ({n} steps beside a preparation, in fewer than two "
+                f"windows with calm steps before them; `liver bench reconfig` measures it with a placebo)")
+    pl, pci = report.get("steady_overhead_placebo"), report.get("steady_overhead_placebo_ci95")
+    line = f"steady-state overhead {so:+.2%} (95% interval {ci[0]:+.2%} to {ci[1]:+.2%}, {n} steps)"
+    if pl is not None and pci is not None:
+        line += f"; placebo {pl:+.2%} ({pci[0]:+.2%} to {pci[1]:+.2%}): "
+        line += ("within the drift of step times" if ci[0] <= pci[1] and pci[0] <= ci[1] else
+                 "beyond the drift of step times")
+    return line
 
 
 def summary(report: dict[str, Any]) -> str:
@@ -239,14 +260,7 @@ def summary(report: dict[str, Any]) -> str:
         at = str(e["step_at_event"]) if e.get("step_at_event") is not None else str(e.get("failed_at_step", "-"))
         sw = str(e["last_old_step"]) if e.get("last_old_step") is not None else "-"
         rows.append(f"{i:>2}  {what:<28} {move:<26} {at:>7} {sw:>8} {dt:>9} {pr:>8} {mv:>10}  {status}")
-    so = report.get("steady_overhead")
-    rows.append(f"steps: {len(report['steps'])}, wall {report['wall_s']:.1f} s, steady-state overhead "
-                + (f"{so:+.2%} over {report.get('steps_preparing', 0)} steps while preparing"
-                   if so is not None else "n/a"))
-    if so is not None and so < 0:
-        rows.append("  (negative: the steps beside a preparation ran faster than the steps before it. The "
-                    "preparation costs less than step times vary by themselves on a shared machine; "
-                    "`liver bench reconfig` measures that variation with a placebo and gives intervals)")
+    rows.append(f"steps: {len(report['steps'])}, wall {report['wall_s']:.1f} s; " + overhead_line(report))
     cpu = max((e.get("prepare_cpu_s") or 0.0 for e in report["events"]), default=0.0)
     if cpu:  # what a preparation itself took from a training process, apart from the machine's noise
         rows.append(f"preparation's own CPU time, busiest training process: up to {cpu * 1e3:.1f} ms per event")
