@@ -29,7 +29,7 @@ at step 18: scale-in 2 deadline 20s    # preemption notice for two GPUs
 FLAG_FIELDS = {"model": "preset", "gpus": "gpus", "parallel": "parallel", "steps": "steps",
                "backend": "backend", "digest": "digest", "log_rank": "log_rank", "mode": "controller.mode",
                "end_after_events": "controller.end_after_events", "memory_gib": "controller.memory_gib",
-               "ckpt_every": "checkpoint.every", "budget_mib": "transfer.budget_mib",
+               "ckpt_every": "checkpoint.every", "from_checkpoint": "checkpoint.start_from", "budget_mib": "transfer.budget_mib",
                "mock_steps": "prepare.mock_steps", "warm": "prepare.warm",
                "companion_share": "prepare.companion_share", "slots": "agent.slots",
                "events": "events.schedule", "trace": "events.trace", "compress": "events.compress",
@@ -126,6 +126,10 @@ def _run(args: argparse.Namespace) -> int:
     else:
         events = parse_schedule_text(DEFAULT_EVENTS, "embedded schedule")
     check_schedule(cfg, events)  # refused here, before anything of the job exists
+    if cfg.checkpoint.start_from is not None:  # the one checkpoint it names, matching the job's model
+        from liver.checkpoint.periodic import check_matches, resolve
+        cfg = replace(cfg, checkpoint=replace(cfg.checkpoint, start_from=resolve(cfg.checkpoint.start_from)))
+        check_matches(cfg.checkpoint.start_from, cfg.adapter.state_specs(cfg.job))
     run_dir = Path(args.run_dir or tempfile.mkdtemp(prefix=f"liver-run-{cfg.controller.mode}-"))
     run_dir.mkdir(parents=True, exist_ok=True)
     if not (src.trace or src.schedule) and nodes:
@@ -191,6 +195,10 @@ def _status(args: argparse.Namespace) -> int:
     print(f"{body['mode']}: phase {body['phase']}, generation {body['generation']}"
           + (f" (tp {par['tp']}, pp {par['pp']}, dp {par['dp']})" if par else "")
           + f", step {body['step']}, {body['queued']} queued")
+    ck = body.get("checkpoint")
+    if ck is not None:
+        print("  checkpoint: " + (f"newest good of step {ck['step']}" if ck["step"] is not None else "none stands")
+              + (f"; {ck['failures_in_a_row']} failed in a row since ({ck['error']})" if ck["failures_in_a_row"] else ""))
     for n in body.get("nodes", []):
         ranks = ", ".join(f"rank {r}: proc {p}" for r, p in n["ranks"]) or "no rank"
         print(f"  node {n['node']:<16} {'up' if n['up'] else 'LOST'}{' (notice)' if n['notice'] else ''}  "
@@ -280,6 +288,8 @@ def _job_flags(r: argparse.ArgumentParser) -> None:
                    help="end N steps after the last event was handled (-1: run all --steps; default 20)")
     r.add_argument("--backend", help="gloo (default) or nccl")
     r.add_argument("--ckpt-every", type=int, help="periodic async checkpoint every K steps (0: off; default 10)")
+    r.add_argument("--from-checkpoint", help="start from a checkpoint (an earlier run's RUN_DIR/ckpt: its newest "
+                                             "whole one; or one checkpoint's directory), on any layout")
     r.add_argument("--digest", nargs="?", const="step",
                    help="state digests: after every step (default when given), or only right before "
                         "and after each handoff (switch: large models)")
@@ -495,6 +505,7 @@ def main(argv: list[str] | None = None) -> int:
     bso.add_argument("--seed", type=int, default=1)
     bso.add_argument("--slots", type=int, default=4, help="processes the job may use")
     bso.add_argument("--ckpt-every", type=int, default=5)
+    bso.add_argument("--replays", type=int, default=3, help="recoveries replayed by restart and compared step by step")
     bso.add_argument("--run-dir", default=None)
     bso.add_argument("--out", default=None, metavar="FILE", help="the whole result, with the driver's log, as JSON")
     bso.set_defaults(fn=bench.bench_soak)

@@ -60,3 +60,43 @@ def test_the_end_during_a_preparation_is_the_active_worlds_alone():
     assert not job_finished(EndState(step=60, steps=60, end_at=0, active_exit_codes=(0, 0, 0, None)))
     assert not job_finished(EndState(step=59, steps=60, end_at=0, active_exit_codes=(0, 0)))
     assert job_finished(EndState(step=25, steps=60, end_at=25, active_exit_codes=(0,)))
+
+
+@given(at_step=st.one_of(st.none(), st.integers(0, 50)), at_time=st.one_of(st.none(), st.floats(0, 100)),
+       step=st.integers(0, 60), step_s=st.floats(0.001, 5), late=st.floats(0, 200))
+def test_a_trigger_counts_from_when_it_happened_not_from_when_the_controller_looked(at_step, at_time, step, step_s,
+                                                                                      late):
+    from liver.controller.decisions import trigger_time
+    t_start, step_end = 1000.0, 1000.0 + step * step_s
+    now = step_end + late  # the controller looks late (starved)
+    t = trigger_time(at_step, at_time, step, step_end, step_s, t_start, now)
+    if at_step is not None:
+        if step < at_step:
+            assert t is None
+        else:  # the end of step at_step, whenever the controller saw it
+            assert t == pytest.approx(t_start + at_step * step_s)
+    elif at_time is not None:
+        assert t is None if now - t_start < at_time else t == t_start + at_time
+    else:
+        assert t == now  # no trigger: it is due from when it came
+
+
+class Ev:
+    def __init__(self, kind, deadline_s=None, due=False):
+        self.kind, self.deadline_s, self.due = kind, deadline_s, due
+
+
+@given(st.lists(st.tuples(st.sampled_from(["scale-out", "scale-in", "reshape"]), st.booleans(), st.booleans()),
+                max_size=8))
+def test_the_next_event_is_the_due_head_else_a_due_notice_wherever_it_waits(items):
+    """In order, except that a notice (a scale-in with a deadline) whose trigger happened never
+    waits behind an event whose trigger has not: the provider takes the GPUs at its deadline."""
+    from liver.controller.decisions import next_event, next_notice
+    queue = [Ev(k, 30.0 if d else None, due) for k, d, due in items]
+    i = next_event(queue, lambda e: e.due)
+    notices = [j for j, e in enumerate(queue) if e.kind == "scale-in" and e.deadline_s is not None and e.due]
+    assert next_notice(queue, lambda e: e.due) == (notices[0] if notices else None)
+    if queue and queue[0].due:
+        assert i == 0
+    else:
+        assert i == (notices[0] if notices else None)

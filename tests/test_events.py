@@ -71,7 +71,8 @@ def test_trace_edge_cases_found_by_hand(tmp_path):
     trace with no node ever up, UTF-16 and binary files."""
     evs = parse_trace(write(tmp_path, "0,add,a\n0,add,b\n2023,remove,a\n2023,add,c\n5000,remove,b\n5000,remove,c\n"),
                       slots=2, compress=1, notice_s=1)
-    assert [(e.kind, e.gpus) for e in evs] == [("start", 2), ("scale-in", 1)]  # all gone: at least one
+    # all gone: a scale-in to 0 with its notice (the job waits with its state on disk)
+    assert [(e.kind, e.gpus, e.deadline_s) for e in evs] == [("start", 2, None), ("scale-in", 0, 1.0)]
     with pytest.raises(EventError, match="ev.txt: no node is ever up"):
         parse_trace(write(tmp_path, "7,add,a\n7,remove,a\n"), slots=2, compress=1)
     p = tmp_path / "utf16.txt"
@@ -236,3 +237,13 @@ def test_the_endpoint_lists_and_withdraws_queued_events(tmp_path):
         assert request(ep.url, "t", "GET", "/queue") == (200, {"queued": ["scale-out 4"]})
     finally:
         ep.close()
+
+
+def test_a_relative_step_trigger_counts_from_the_end_of_the_event_before_it():
+    from liver.controller.events import parse_schedule_text
+    evs = parse_schedule_text("at step 4: scale-out 4\nat step +6: scale-in 2 deadline 30s\n", "s")
+    assert (evs[0].at_step, evs[0].after_previous) == (4, None)
+    assert (evs[1].at_step, evs[1].after_previous, evs[1].deadline_s) == (None, 6, 30.0)
+    assert evs[1].to_dict()["after_previous"] == 6
+    with pytest.raises(EventError, match="at step \\+N: ACTION"):
+        parse_schedule_text("at step +x: scale-out 4\n", "s")

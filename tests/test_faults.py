@@ -97,12 +97,28 @@ def test_a_full_disk_fails_checkpoints_not_training_and_the_last_whole_one_is_us
     run_dir = tmp_path / "run"
     (tmp_path / "none.txt").write_text("# no events\n")
     t, box = background(run_dir, "--parallel", "1,2,1", "--gpus", "2", "--events", str(tmp_path / "none.txt"),
-                        "--steps", "30", "--end-after-events", "-1", "--ckpt-every", "4")
+                        "--steps", "30", "--end-after-events", "-1", "--ckpt-every", "4",
+                        "--set", "checkpoint.escalate_after=2")
     log = run_dir / "logs" / "proc1.log"
     wait_for(lambda: log.exists() and "checkpoint of step 12 not written" in log.read_text(), what="a full disk",
              timeout=300)
     assert "No space left on device" in log.read_text()
+    assert "the checkpoint of step 4 stands" in log.read_text()  # (it said "the one before" of none too)
     assert json.loads((run_dir / "ckpt" / "latest.json").read_text())["step"] == 4
+    # the operator sees it without reading a worker's log: `liver status` (and /metrics) name the
+    # newest good checkpoint and the failures since
+    url, token = _control(run_dir)
+    st = wait_for(lambda: (b := request(url, token, "GET", "/status")[1]).get("checkpoint") and
+                  b["checkpoint"]["failures_in_a_row"] >= 2 and b, what="two failures in the status")
+    assert st["checkpoint"]["step"] == 4, st
+    assert "No space left on device" in st["checkpoint"]["error"]
+    code, metrics = 0, ""
+    import urllib.request
+    req = urllib.request.Request(url + "/metrics", headers={"Authorization": f"Bearer {token}"})
+    with urllib.request.urlopen(req, timeout=10) as r:
+        metrics = r.read().decode()
+    if "prometheus-client" not in metrics:
+        assert "liver_checkpoint_step 4.0" in metrics and "liver_checkpoint_failures_total" in metrics, metrics
     assert not (run_dir / "ckpt" / "step00000008" / ".metadata").exists()
     victim = next(p for p in procs(run_dir) if p["proc"] == 1)
     os.kill(victim["pid"], signal.SIGKILL)
@@ -113,6 +129,25 @@ def test_a_full_disk_fails_checkpoints_not_training_and_the_last_whole_one_is_us
     assert rec["status"] == "recovered" and rec["restored_step"] == 4 and rec["digest_equal"] is True, rec
     assert rec["lost_steps"] == rec["failed_at_step"] - 4 >= 8
     check_continuous(rep, 30)
+    # each failure reached the report, saying which checkpoint stands; the second in a row escalated
+    failed = [e for e in rep["events"] if e["event"]["kind"] == "checkpoint-failed"]
+    assert [e["failures_in_a_row"] for e in failed] == list(range(1, len(failed) + 1)) and len(failed) >= 2, failed
+    assert all("the checkpoint of step 4 stands" in e["status"] for e in failed)
+    assert not failed[0]["status"].startswith("escalated") and failed[1]["status"].startswith("escalated")
+
+
+@pytest.mark.timeout(600)
+def test_a_full_disk_before_any_checkpoint_says_none_stands(tmp_path, monkeypatch):
+    """The very first checkpoint fails: nothing stands, and every message says so (a fail-stop
+    now would restart from step 0), not "the one before stands"."""
+    monkeypatch.setenv(faults.ENV, "disk-full:0:0")
+    (tmp_path / "none.txt").write_text("# no events\n")
+    rep = liver(tmp_path / "run", "--parallel", "1,1,1", "--gpus", "1", "--events", str(tmp_path / "none.txt"),
+                "--steps", "8", "--end-after-events", "-1", "--ckpt-every", "3", "--digest", "switch")
+    assert rep["rc"] == 0
+    failed = [e for e in rep["events"] if e["event"]["kind"] == "checkpoint-failed"]
+    assert failed and all(e["checkpoint_step"] is None and "no checkpoint stands" in e["status"] for e in failed)
+    assert "no checkpoint stands" in (tmp_path / "run" / "logs" / "proc0.log").read_text()
 
 
 @pytest.mark.timeout(600)

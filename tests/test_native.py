@@ -227,7 +227,7 @@ EVENTS = [("reshape 1,1,2", "tp1pp1dp2"),                      # TP2 -> FSDP2
 def test_live_reshapes_of_a_users_model_equal_restart_through_dcp(tmp_path):
     from test_run import check_continuous
     events = tmp_path / "events.txt"
-    events.write_text("".join(f"at step {3 * (i + 1)}: {a}\n" for i, (a, _) in enumerate(EVENTS)))
+    events.write_text("".join(f"at step {3 if i == 0 else '+3'}: {a}\n" for i, (a, _) in enumerate(EVENTS)))
     live = liver_native(tmp_path / "live", "--events", str(events), "--digest", "--end-after-events", "3")
     assert live["rc"] == 0
     assert [e["status"] for e in live["events"]] == ["done"] * len(EVENTS), [e["status"] for e in live["events"]]

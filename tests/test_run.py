@@ -84,10 +84,9 @@ def replays_as_restart(tmp_path: Path, rep: dict, rec: dict, first: str, gpus: i
     for bit (loss, gradient norm, state digest), those of a ``--mode restart`` run of the same job
     that changes to that layout at step S through a checkpoint: the step re-run after a heal or a
     drop is the step a restart computes."""
-    s, new = rec["restored_step"], rec["new"]
-    head, _, split = new.removeprefix("tp").replace("pp", ",").replace("dp", ",").partition("[")
-    spelt = head + (":" + split.rstrip("]").replace(",", "/") if split else "")  # the events' grammar
-    n = ParallelConfig.parse(spelt)
+    s = rec["restored_step"]
+    n = ParallelConfig.from_short(rec["new"])
+    spelt = n.spelt()  # (the events' grammar)
     events = tmp_path / "replay-events.txt"
     events.write_text(f"at step {s}: scale-in {n.world_size} as {spelt}\n" if n.world_size < gpus else
                       f"at step {s}: reshape {spelt}\n")
@@ -107,8 +106,8 @@ def replays_as_restart(tmp_path: Path, rep: dict, rec: dict, first: str, gpus: i
 def test_live_equals_restart_and_digests_hold(tmp_path):
     events = tmp_path / "events.txt"
     events.write_text("at step 3: scale-out 4 as 2,1,2          # TP, PP and DP all change, cold joiners\n"
-                      "at step 8: reshape 1,2,2:3/1              # in place, uneven pipeline\n"
-                      "at step 13: scale-in 2 deadline 60s as 2,1,1\n")
+                      "at step +5: reshape 1,2,2:3/1             # in place, uneven pipeline, once that is done\n"
+                      "at step +5: scale-in 2 deadline 60s as 2,1,1\n")
     # --warm boundary: the new groups' first collectives wait for an iteration boundary that every
     # member reaches together, the joiners too (gloo's default, background, runs in every other test)
     live = liver(tmp_path / "live", "--events", str(events), "--parallel", "1,2,1", "--steps", "5000",
@@ -299,6 +298,8 @@ def test_a_deadline_no_handoff_meets_drops_leaving_replicas_at_once(tmp_path):
     assert rep["steps"][-1]["step"] == 30 and rep["steps"][-1]["parallel"] == "tp1pp1dp2"
     assert all(not p["alive"] for p in procs(tmp_path / "run"))
     check_continuous(rep, 30)
+    # 15 checkpoints written, the newest 3 kept (checkpoint.keep), besides one still being written
+    assert len(list((tmp_path / "run" / "ckpt").glob("step*"))) <= 4
     replays_as_restart(tmp_path, rep, rec, "1,1,4", 4)
 
 
@@ -321,9 +322,36 @@ def test_a_missed_deadline_stops_every_leaving_process_once(tmp_path):
         pytest.skip("the handoff met a 50 ms deadline on this machine")
     assert missed[0]["status"].startswith("deadline missed") and missed[0]["deadline_met"] is False, missed
     (rec,) = [e for e in rep["events"] if e["event"]["kind"] == "fail-stop"]
-    assert sorted(rec["lost_slots"]) == [2, 3]  # both leaving slots, neither counted as a survivor
+    # both leaving slots, neither counted as a survivor (the two stages whose handoff moves fewest
+    # bytes: the first ones, the last stage holding the final norm too; processes are slots here)
+    assert sorted(rec["lost_slots"]) == sorted(missed[0]["leaving"]) and len(rec["lost_slots"]) == 2
     assert rec["status"] == "recovered" and rec["restored_step"] % 2 == 0 and 0 <= rec["lost_steps"] <= 4, rec
     assert rec["digest_equal"] is True and rec["new"] == missed[0]["new"]
     assert len(rep["events"]) == 2 and rep["steps"][-1]["step"] == 24
     check_continuous(rep, 24)
     replays_as_restart(tmp_path, rep, rec, "1,4,1", 4)
+
+
+@pytest.mark.timeout(600)
+def test_a_notice_behind_a_queued_event_merges_into_the_pending_scale_out_timed_from_its_step(tmp_path):
+    """A scheduled notice waits in the file behind a reshape; both trigger while the scale-out's
+    cold joiners boot. The notice does not wait its turn (the provider takes the GPUs at its
+    deadline): it merges into the pending scale-out, which goes to 3 GPUs; its deadline counts
+    from the end of its step, not from when the controller took it. The reshape, to 4 GPUs the job
+    no longer has, is refused then."""
+    events = tmp_path / "events.txt"
+    events.write_text("at step 3: scale-out 4\n"
+                      "at step 4: reshape 2,1,2\n"
+                      "at step 5: scale-in 3 deadline 60s\n")
+    rep = liver(tmp_path / "run", "--events", str(events), "--parallel", "1,1,2", "--gpus", "2", "--steps", "5000",
+                "--end-after-events", "3", "--ckpt-every", "0", "--digest", "switch")
+    assert rep["rc"] == 0
+    kinds = [(e["event"]["kind"], e["status"]) for e in rep["events"]]
+    notice = next(e for e in rep["events"] if e["event"]["kind"] == "scale-in")
+    assert notice["status"] == "merged into the pending scale-out (now to 3)", kinds
+    out = next(e for e in rep["events"] if e["event"]["kind"] == "scale-out")
+    assert out["status"] == "done" and out["gpus"] == 3 and out["digest_equal"] is True, out
+    reshape = next(e for e in rep["events"] if e["event"]["kind"] == "reshape")
+    assert reshape["status"].startswith("refused"), reshape
+    step5 = next(s for s in rep["steps"] if s["step"] == 5)
+    assert abs(notice["arrived"] - step5["time"]) < 0.05, (notice["arrived"], step5["time"])

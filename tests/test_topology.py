@@ -102,3 +102,21 @@ def test_coord_outside_world_is_refused():
     lay = Layout(M, ParallelConfig(tp=2), T)
     with pytest.raises(ValueError, match="rank=2"):
         lay.coord(2)
+
+
+def test_a_configuration_reads_back_from_its_short_form_and_spells_as_an_event_names_it():
+    from hypothesis import given, strategies as st
+
+    from liver.topology import ParallelConfig
+
+    @given(st.integers(1, 64), st.integers(1, 8), st.integers(1, 64), st.booleans(), st.data())
+    def check(tp, pp, dp, split, data):
+        lps = tuple(data.draw(st.lists(st.integers(1, 9), min_size=pp, max_size=pp))) if split else None
+        c = ParallelConfig(tp=tp, pp=pp, dp=dp, layers_per_stage=lps)
+        assert ParallelConfig.from_short(c.short()) == c
+        assert ParallelConfig.parse(c.spelt()) == c
+
+    check()
+    import pytest
+    with pytest.raises(ValueError, match="expected tpXppYdpZ"):
+        ParallelConfig.from_short("2,1,2")

@@ -134,7 +134,7 @@ def bench_soak(args: argparse.Namespace) -> int:
 
     logs.setup()  # the job's phases and the driver's actions, one line each
     result = run(events=args.events, seed=args.seed, slots=args.slots, ckpt_every=args.ckpt_every,
-                 run_dir=Path(args.run_dir) if args.run_dir else None)
+                 run_dir=Path(args.run_dir) if args.run_dir else None, replay_sample=args.replays)
     text = json.dumps(result, indent=1)
     if args.out:
         Path(args.out).write_text(text + "\n")

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from liver.controller.events import Event, parse_action
+from liver.controller.events import Event, parse_schedule_text
 from liver.topology import ParallelConfig
 
 
@@ -21,13 +21,10 @@ class Scenario:
         return ParallelConfig.parse(self.first).world_size
 
     def parsed(self, at: list[int] | None = None) -> list[Event]:
-        """The events, at their own steps or at ``at`` (a restart run cut where a live run switched)."""
-        out = []
-        for i, (action, step) in enumerate(self.events):
-            ev = parse_action(action, f"scenario {self.name!r}")
-            ev.at_step = step if at is None else at[i]
-            out.append(ev)
-        return out
+        """The events one after another: the first at its step, each next one as many steps after
+        the one before it ended as their steps differ (a notice never overtakes a handoff still in
+        flight); or each at ``at`` (a restart run cut where a live run switched)."""
+        return parse_schedule_text(self.schedule(at), f"scenario {self.name!r}")
 
     @property
     def slots(self) -> int:
@@ -35,7 +32,11 @@ class Scenario:
         return max([self.gpus] + [e.gpus for e in self.parsed()])
 
     def schedule(self, at: list[int] | None = None) -> str:
-        return "".join(f"at step {s}: {a}\n" for (a, _), s in zip(self.events, at or [s for _, s in self.events]))
+        if at is not None:
+            return "".join(f"at step {s}: {a}\n" for (a, _), s in zip(self.events, at))
+        steps = [s for _, s in self.events]
+        return "".join(f"at step {s}: {a}\n" if i == 0 else f"at step +{s - steps[i - 1]}: {a}\n"
+                       for i, (a, s) in enumerate(self.events))
 
 
 def back_and_forth(name: str, first: str, action: str, back: str, calm: int, gap: int, cycles: int) -> Scenario:

@@ -14,6 +14,12 @@ rollback that covered it, no healed fail-stop rolled back, no recovery lost more
 allows (the steps since the last whole checkpoint: two intervals, as the newest may still be being
 written), and the job ended cleanly. The JSON summary has the events by kind and outcome, the lost
 steps and the downtime distribution by kind.
+
+Then, for a sample of its recoveries (a heal, a drop, a rollback to the checkpoint), a restart
+replay: a ``--mode restart`` job from the soak's own checkpoint before the recovery, on the layout
+the soak had then, changing to the recovery's layout at the step it restored through DCP; the steps
+after it must equal the soak's own, bit for bit (loss, gradient norm, digest): a step re-run after
+a recovery is the step a restart computes.
 """
 
 from __future__ import annotations
@@ -137,7 +143,7 @@ class Driver:
         if kind == "withdraw":
             code, body = request(self.url, self.token, "POST", "/withdraw", {"position": rng.randint(1, s["queued"])})
             return {**out, "http": code, "answer": body}
-        bad = rng.choice([f"scale-out {self.slots + 5}", "reshape 3,1,1", "scale-in 0", "launch 2",
+        bad = rng.choice([f"scale-out {self.slots + 5}", "reshape 3,1,1", "scale-out 0", "launch 2",
                           f"scale-in 1 deadline -{rng.randint(1, 9)}s"])  # refused with a reason, nothing changes
         res = self._scale(bad)
         after = self.status()
@@ -189,8 +195,71 @@ def check(report: dict[str, Any], ckpt_every: int) -> dict[str, Any]:
     }
 
 
+RECOVERED = ("recovered", HEALED, DROPPED)
+
+
+def _replay_plan(rec: dict[str, Any], steps: list[dict[str, Any]], ckpt_dir: Path, k: int) -> dict[str, Any] | None:
+    """How to replay recovery ``rec`` by restart: the soak's newest checkpoint at a step c at or
+    before the one it restored (S) whose steps c+1..S all ran on the layout before the recovery
+    (so loading c on it and training to S gives the state the recovery started from), and the
+    soak's own steps after S on the recovery's generation (at most ``k``); None where there is no
+    such checkpoint or nothing to compare."""
+    s, old_gen = rec["restored_step"], rec.get("old_generation")
+    after = [x for x in steps if x["generation"] == rec["generation"] and s < x["step"] <= s + k]
+    if not after or old_gen is None:
+        return None
+    ran_old = {x["step"] for x in steps if x["generation"] == old_gen}
+    for c in sorted((int(p.name[4:]) for p in ckpt_dir.glob("step*") if p.name[4:].isdigit()
+                     and (p / ".metadata").exists() and int(p.name[4:]) <= s), reverse=True):
+        if all(i in ran_old for i in range(c + 1, s + 1)):
+            return {"checkpoint": str(ckpt_dir / f"step{c:08d}"), "from_step": c, "after": after}
+    return None
+
+
+def replay(rec: dict[str, Any], plan: dict[str, Any], slots: int, run_dir: Path) -> dict[str, Any]:
+    """The restart replay of one recovery (``_replay_plan``): equal or not, and what was compared."""
+    from liver.controller.events import parse_schedule_text
+    from liver.topology import ParallelConfig
+
+    old, new = ParallelConfig.from_short(rec["old"]), ParallelConfig.from_short(rec["new"])
+    s, c = rec["restored_step"], plan["from_step"]
+    last = plan["after"][-1]["step"]
+    if c == s:  # the state it restored is that checkpoint's: the new layout from it directly
+        first, events = new, []
+    else:
+        kind = "reshape" if new.world_size == old.world_size else \
+            "scale-in" if new.world_size < old.world_size else "scale-out"
+        action = f"reshape {new.spelt()}" if kind == "reshape" else f"{kind} {new.world_size} as {new.spelt()}"
+        first, events = old, parse_schedule_text(f"at step {s}: {action}\n", "replay")
+    cfg = build({"preset": "tiny", "gpus": first.world_size, "parallel": first.spelt(), "steps": last,
+                 "digest": "step", "checkpoint": {"every": 0, "start_from": plan["checkpoint"]},
+                 "agent": {"slots": slots, "quiet": True},
+                 "controller": {"mode": "restart", "end_after_events": None}})
+    rep = run_job(cfg, events, run_dir, {"bench": "soak-replay"})
+
+    def row(x):
+        return x["step"], x["loss"], x["grad_norm"], x["digest"]
+
+    want = [row(x) for x in plan["after"]]
+    got = [row(x) for x in rep["steps"] if x["step"] in {w[0] for w in want}][-len(want):]
+    return {"status": rec["status"], "old": rec["old"], "new": rec["new"], "restored_step": s,
+            "replayed_from_checkpoint": c, "steps_compared": len(want), "equal": got == want}
+
+
+def replays(report: dict[str, Any], run_dir: Path, slots: int, sample: int, rng: random.Random,
+            k: int = 3) -> list[dict[str, Any]]:
+    """Restart replays of up to ``sample`` of the soak's recoveries (drawn by ``rng``)."""
+    plans = [(r, p) for r in report["events"] if r.get("status") in RECOVERED and r.get("generation") is not None
+             and r.get("restored_step") is not None
+             and (p := _replay_plan(r, report["steps"], run_dir / "ckpt", k)) is not None]
+    out = []
+    for i, (rec, plan) in enumerate(rng.sample(plans, min(sample, len(plans)))):
+        out.append(replay(rec, plan, slots, run_dir / f"replay{i}"))
+    return out
+
+
 def run(events: int = 100, seed: int = 1, slots: int = 4, ckpt_every: int = 5, run_dir: Path | None = None,
-        settle_s: float = 240.0) -> dict[str, Any]:
+        settle_s: float = 240.0, replay_sample: int = 3) -> dict[str, Any]:
     if events < 1:
         raise ValueError(f"--events={events}: allowed a positive count")
     if not 2 <= slots <= 8:
@@ -199,7 +268,8 @@ def run(events: int = 100, seed: int = 1, slots: int = 4, ckpt_every: int = 5, r
         raise ValueError(f"--ckpt-every={ckpt_every}: allowed a positive step count (recoveries need one)")
     run_dir = run_dir or Path(tempfile.mkdtemp(prefix=f"liver-soak-{seed}-"))
     cfg = build({"preset": "tiny", "gpus": 2, "parallel": "1,1,2", "steps": 10**7, "digest": "step",
-                 "checkpoint": {"every": ckpt_every}, "agent": {"slots": slots, "quiet": True},
+                 # every checkpoint kept: the restart replays start from the one before each recovery
+                 "checkpoint": {"every": ckpt_every, "keep": 10**6}, "agent": {"slots": slots, "quiet": True},
                  "controller": {"mode": "live", "endpoint": True, "end_after_events": None, "hang_timeout_s": 5.0}})
     box: dict[str, Any] = {}
     t0 = time.time()
@@ -246,10 +316,12 @@ def run(events: int = 100, seed: int = 1, slots: int = 4, ckpt_every: int = 5, r
     applied = Counter(x["kind"] for x in d.log if "skipped" not in x)
     checks = check(rep, ckpt_every)
     refused = all(x.get("unchanged") for x in d.log if x["kind"] == "bad" and "http" in x)
+    replayed = replays(rep, run_dir, slots, replay_sample, random.Random(seed))
     ok = (rep["rc"] if "rc" in rep else 0) == 0 and not checks["digest_different"] and checks["steps_continuous"] \
-        and checks["reruns_within_rollbacks"] and not checks["losses_beyond_design"] and refused
+        and checks["reruns_within_rollbacks"] and not checks["losses_beyond_design"] and refused \
+        and all(r["equal"] for r in replayed)
     return {"ok": ok, "seed": seed, "events_asked": events, "actions": dict(applied),
             "actions_skipped": sum("skipped" in x for x in d.log), "not_settled": stuck,
             "bad_requests_refused_unchanged": refused,
             "wall_s": time.time() - t0, "events_by_outcome": dict(sorted(by_outcome.items())),
-            "downtime_s": downtime, **checks, "run_dir": str(run_dir), "driver": d.log}
+            "downtime_s": downtime, **checks, "restart_replays": replayed, "run_dir": str(run_dir), "driver": d.log}

@@ -24,6 +24,7 @@ import torch.distributed.checkpoint as dcp
 
 from liver.checkpoint.dcp import _state_dict
 from liver.host import faults
+from liver.world.broken import broken_group
 from liver.engine.interface import TrainingEngine as Engine
 
 LATEST = "latest.json"
@@ -66,6 +67,57 @@ def latest(directory: str | Path, verify: bool = False) -> dict[str, Any] | None
     return None
 
 
+def resolve(path: str | Path) -> str:
+    """The one checkpoint ``path`` names, as an absolute path: a run's checkpoint directory (its
+    newest whole one, checksum verified) or one checkpoint written whole (DCP's metadata there);
+    ValueError naming ``checkpoint.start_from`` otherwise."""
+    p = Path(path).expanduser().resolve()
+    if (p / ".metadata").is_file():
+        return str(p)
+    if (p / LATEST).is_file():
+        rec = latest(p, verify=True)
+        if rec is None:
+            raise ValueError(f"checkpoint.start_from={str(path)!r}: no checkpoint there matches its checksum")
+        return str(Path(rec["path"]).resolve())
+    raise ValueError(f"checkpoint.start_from={str(path)!r}: allowed a run's checkpoint directory (with {LATEST}) or "
+                     f"one checkpoint written whole (with DCP's .metadata)")
+
+
+def saved_step(path: str | Path) -> int | None:
+    """The training step a checkpoint holds (its scalars' ``step``), read without its tensors;
+    None where it cannot be read."""
+    import warnings
+
+    try:
+        from torch.distributed.checkpoint.state_dict_loader import _load_state_dict_from_keys
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # (torch.distributed is not initialised here: one process reads)
+            return int(_load_state_dict_from_keys(keys={"scalars"}, checkpoint_id=str(path))["scalars"]["step"])
+    except Exception:  # (a private function of torch's: absent in another version; an unreadable file)
+        return None
+
+
+def check_matches(path: str | Path, specs) -> None:
+    """The checkpoint at ``path`` holds every logical tensor of ``specs`` with its global shape
+    (DCP reshards to any layout, never to another model); ValueError naming what differs."""
+    from torch.distributed.checkpoint import FileSystemReader
+    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+
+    try:
+        saved = FileSystemReader(str(path)).read_metadata().state_dict_metadata
+    except Exception as e:  # an unreadable metadata file: the checkpoint is not one
+        raise ValueError(f"checkpoint.start_from={str(path)!r}: its metadata is unreadable ({type(e).__name__})") \
+            from None
+    for s in specs:
+        m = saved.get(s.name)
+        if not isinstance(m, TensorStorageMetadata):
+            raise ValueError(f"checkpoint.start_from={str(path)!r}: it holds no tensor {s.name!r} of the job's model "
+                             f"(another model's checkpoint?)")
+        if tuple(m.size) != tuple(s.shape):
+            raise ValueError(f"checkpoint.start_from={str(path)!r}: tensor {s.name!r} has shape {tuple(m.size)} "
+                             f"there, {tuple(s.shape)} in the job's model")
+
+
 def _why(e: BaseException) -> str:
     """A failed write's cause in one line: DCP gathers every rank's (rank: its exception)."""
     failures = getattr(e, "failures", None)
@@ -89,17 +141,48 @@ class _Writer(dcp.FileSystemWriter):
         return written
 
 
+def prune(directory: str | Path, keep: int) -> list[Path]:
+    """Remove the checkpoints older than the newest ``keep`` published ones (``latest.json`` and
+    the ones it points at are never among them; a write still in flight, newer than the latest, is
+    not touched); returns what was removed."""
+    import shutil
+
+    directory = Path(directory)
+    rec = _record(directory)
+    if rec is None:
+        return []
+    published = sorted((int(p.name[4:]), p) for p in directory.glob("step*")
+                       if p.name[4:].isdigit() and (p / ".metadata").exists() and int(p.name[4:]) <= rec["step"])
+    kept = {p for _, p in published[-keep:]} | {Path(rec["path"])} | \
+        ({Path(rec["previous"]["path"])} if rec.get("previous") else set())
+    oldest_kept = min(int(p.name[4:]) for p in kept if p.name[4:].isdigit())
+    gone = [p for p in directory.glob("step*") if p.name[4:].isdigit() and int(p.name[4:]) < oldest_kept
+            and p not in kept]
+    for p in gone:
+        shutil.rmtree(p, ignore_errors=True)
+    return gone
+
+
 class PeriodicCheckpointer:
-    def __init__(self, directory: str | Path, every: int, proc: int = 0) -> None:
+    def __init__(self, directory: str | Path, every: int, proc: int = 0, keep: int = 3) -> None:
         if every < 0:
             raise ValueError(f"checkpoint interval every={every}: allowed 0 (off) or a positive step count")
         self.directory = Path(directory)
         self.every = every
+        self.keep = keep
         self.proc = proc
         self._thread: threading.Thread | None = None
         self.error: BaseException | None = None
+        self.failures = 0  # written checkpoints failed in a row (0 after a good one)
         self.written: list[dict[str, Any]] = []
         self.snapshot_s: list[float] = []
+
+    def standing(self) -> dict[str, Any]:
+        """What a step's record says of checkpoints: the newest published whole (None: none
+        stands), and the failures since it, with the latest's cause."""
+        rec = _record(self.directory)
+        return {"checkpoint_step": rec["step"] if rec else None, "checkpoint_failures": self.failures,
+                "checkpoint_error": _why(self.error) if self.failures and self.error is not None else None}
 
     def due(self, engine: Engine) -> bool:
         return self.every > 0 and engine.step % self.every == 0
@@ -136,11 +219,22 @@ class PeriodicCheckpointer:
                     tmp.write_text(json.dumps({**record, "sha256": checksum(path), "written_at": time.time(),
                                                "previous": before}))
                     os.replace(tmp, self.directory / LATEST)
+                    prune(self.directory, self.keep)
                 self.written.append(record)
+                self.failures = 0
             except BaseException as e:  # a peer died mid-write, a full disk: the previous checkpoint stands
+                if threading.current_thread() is not self._thread or broken_group(e):
+                    # abandoned with its broken generation (a peer lost mid-write): no failure of the
+                    # storage; the next generation checkpoints afresh
+                    log.info(f"checkpoint of step {step} abandoned with its generation ({_why(e)})")
+                    return
                 self.error = e
-                log.warning(f"checkpoint of step {step} not written ({_why(e)}); the one before stands, "
-                            f"training goes on")
+                self.failures += 1
+                stands = _record(self.directory)
+                log.warning(f"checkpoint of step {step} not written ({_why(e)}); "
+                            + (f"the checkpoint of step {stands['step']} stands" if stands else
+                               "no checkpoint stands: a fail-stop now restarts from step 0")
+                            + f" ({self.failures} failed in a row); training goes on")
 
         self.directory.mkdir(parents=True, exist_ok=True)
         self._thread = threading.Thread(target=write, name=f"ckpt-step{step}", daemon=True)

@@ -24,9 +24,12 @@ def hardware_of(cfg: RunConfig) -> target.Hardware:
 
 
 def admit(ev: Event, n_before: int, usable_slots: int, adapter: EngineAdapter, job: JobConfig,
-          hardware: target.Hardware) -> ParallelConfig:
-    """The target of ``ev`` for a job that will have ``n_before`` GPUs when it comes; EventError
-    (a ValueError) naming the source, the field and what is allowed."""
+          hardware: target.Hardware) -> ParallelConfig | None:
+    """The target of ``ev`` for a job that will have ``n_before`` GPUs when it comes (None for a
+    scale-in to 0: no configuration, the job waits on disk); EventError (a ValueError) naming the
+    source, the field and what is allowed."""
+    if n_before == 0 and ev.kind != "scale-out":
+        raise EventError(f"{ev.source}: {ev.describe()}: the job will have no GPU then; allowed a scale-out")
     if ev.kind == "scale-out" and ev.gpus <= n_before:
         raise EventError(f"{ev.source}: scale-out {ev.gpus}: the job will have {n_before} GPUs; "
                          "allowed a larger total")
@@ -38,6 +41,10 @@ def admit(ev: Event, n_before: int, usable_slots: int, adapter: EngineAdapter, j
                          f"will have {n_before} GPUs; a reshape keeps the GPU count")
     if ev.gpus > usable_slots:
         raise EventError(f"{ev.source}: gpus={ev.gpus} exceeds the {usable_slots} usable slots")
+    if ev.gpus == 0:
+        if ev.parallel is not None:
+            raise EventError(f"{ev.source}: scale-in 0 leaves no GPU to lay out; allowed without 'as'")
+        return None
     try:
         if ev.parallel is not None:
             adapter.layout(job, ev.parallel)

@@ -25,19 +25,21 @@ from liver.controller.metrics import Metrics
 from liver.controller.membership import NodeMembership
 from liver.controller.nodes import Nodes, RemoteNode
 from liver.agent import starters
-from liver.checkpoint.periodic import latest
+from liver.checkpoint.periodic import latest, saved_step
 from liver.config import RunConfig
 from liver.config.fields import to_dict
 from liver.controller import storehost, target
 from liver.controller.admission import admit, hardware_of, without
-from liver.controller.decisions import EndState, job_finished
+from liver.controller.decisions import EndState, job_finished, next_event, next_notice, trigger_time
 from liver.controller.endpoint import ControlEndpoint
+from liver.controller.leaving import choose_leaving
 from liver.controller.events import Event, parse_action
 from liver.controller.phases import Phase, Trigger, advance
 from liver.controller.records import Handling, first, least, new_record
 from liver.protocol import store as protocol
 from liver.protocol.agent import NODE_LOST
-from liver.protocol.messages import M, GenerationSpec, Progress, StartReport, Wish, beat_key, read, read_if, write
+from liver.protocol.messages import (M, GenerationSpec, Progress, Saved, StartReport, Wish, beat_key, read, read_if,
+                                    write)
 from liver.protocol.worker import WorkerConfig
 from liver.runtime import preload
 from liver.planner.nodes import tp_within_nodes
@@ -76,7 +78,8 @@ class Controller(NodeMembership):
         raise NotImplementedError
 
     JOURNALED = ("gen", "active", "slot_of", "lost_slots", "phase", "current", "progress", "t_start", "end_at",
-                 "records", "started_at", "_joined", "_noticed", "_end_requested", "_ending")
+                 "records", "started_at", "_joined", "_noticed", "_end_requested", "_ending", "suspended",
+                 "_suspending")
 
     def __init__(self, cfg: RunConfig, events: list[Event], run_dir: Path, token: str | None = None,
                  local_node: bool = True, resume: dict[str, Any] | None = None) -> None:
@@ -143,6 +146,10 @@ class Controller(NodeMembership):
         self._url: str | None = None  # the endpoint's, where it was before (a resumed controller)
         self._journaled: tuple | None = None
         self._alive_said = 0.0
+        self.suspended: dict[str, Any] | None = None  # no GPU: where the state is, since when (``_suspend``)
+        self._suspending = False  # a scale-in to 0 saves the state before it suspends
+        self._ckpt_failures_seen = 0  # the failures in a row last reported (``_checkpoints``)
+        self.checkpoint_failures_total = 0
         if resume is not None:
             self._restore(resume)
 
@@ -185,19 +192,32 @@ class Controller(NodeMembership):
             else:
                 self._await_nodes()
                 parallel = self.cfg.parallel or target.choose(self.adapter, self.job, self.cfg.gpus, self.hardware)
-                self._start_generation(parallel, slots=self.nodes.free_slots()[: self.cfg.gpus], load_from=None,
-                                       kind="start")
+                start = self.cfg.checkpoint.start_from
+                self._start_generation(parallel, slots=self.nodes.free_slots()[: self.cfg.gpus],
+                                       load_from=start, kind="start")
+                if start is not None:
+                    self.records.append({"event": {"kind": "start", "source": "checkpoint.start_from"},
+                                         "status": "resumed from an earlier run's checkpoint", "checkpoint": start,
+                                         "restored_step": saved_step(start), "generation": self.gen,
+                                         "new": parallel.short(), "t_event": time.time()})
             while not self.finished and not self.interrupted:
                 # one round trip a tick once the key exists (it is never deleted)
                 self.progress = read(self.store, Progress.KEY, Progress) if self.progress \
                     else read_if(self.store, Progress.KEY, Progress)
                 if self.progress and self.t_start is None:
                     self.t_start = self.progress.time
+                self._stamp_triggers()
+                self._checkpoints()
                 self._hung()
                 self._watch_nodes()
                 self._exits(self.nodes.poll())
                 if not self.finished:
-                    self.tick()
+                    if self.phase is Phase.SUSPENDED:
+                        self._while_suspended()
+                    elif self._suspending:
+                        self._watch_suspend()
+                    else:
+                        self.tick()
                     if self.phase is Phase.STABLE:
                         self._maybe_end()
                 self._journal()
@@ -225,7 +245,7 @@ class Controller(NodeMembership):
     def _recovery_digests(self) -> None:
         """The state digest each recovery started from, as its new generation's ranks reported it."""
         for rec in self.records:
-            if rec.get("status") == "recovered":
+            if rec.get("status") == "recovered" or str(rec.get("status")).startswith("resumed"):
                 procs = list(GenerationSpec.fetch(self.store, rec["generation"]).procs)
                 starts = self._collect(rec["generation"], procs, StartReport) or {}
                 rec["digest_after"] = first(starts.values(), "digest_after")
@@ -272,9 +292,12 @@ class Controller(NodeMembership):
         return {"withdrawn": gone.describe(), "queued": len(rest)}
 
     def status(self) -> dict[str, Any]:
+        p = self.progress
         return {"mode": self.mode, "phase": self.phase.value, "generation": self.gen,
                 "parallel": to_dict(self.active.parallel) if self.active else None,
-                "step": self.step, "queued": len(self.queue), "nodes": self.node_table()}
+                "step": self.step, "queued": len(self.queue), "nodes": self.node_table(),
+                "checkpoint": {"step": p.checkpoint_step, "failures_in_a_row": p.checkpoint_failures,
+                               "error": p.checkpoint_error} if p is not None else None}
 
     def node_table(self) -> list[dict[str, Any]]:
         """Each node: its slots, whether it is up, and the active ranks it holds (rank, process)."""
@@ -291,7 +314,7 @@ class Controller(NodeMembership):
         return len([s for s in self.nodes.slots() if s not in self.lost_slots])
 
     def _projected_gpus(self) -> int:
-        n = len(self.active.procs) if self.active else self.cfg.gpus
+        n = 0 if self.suspended is not None else len(self.active.procs) if self.active else self.cfg.gpus
         if self.current is not None:
             n = self.current.record["gpus"]
         for ev in self.queue:
@@ -305,19 +328,62 @@ class Controller(NodeMembership):
         capacity = len(self.nodes.slots()) if ev.kind == "scale-out" else self.capacity()
         return admit(ev, n_before, capacity, self.adapter, self.job, self.hardware)
 
-    def _head_triggered(self) -> Event | None:
+    def _due(self, notices_only: bool = False) -> tuple[int, Event] | None:
+        """The queued event to handle next and its position (``decisions.next_event``: the head
+        once triggered, else a triggered notice wherever it waits); ``notices_only``: the first
+        triggered notice. Called with the lock held."""
         if not self.queue or self._ending:  # (an operator's end: no new event begins)
             return None
         if any(isinstance(n, RemoteNode) and n.resumed for n in self.nodes.up()):
             return None  # a controller that came back: not before its nodes said what they run
-        ev = self.queue[0]
         if self.progress is None or self.active is None or self.progress.generation != self.active.generation:
             return None  # the Active World has not trained a step yet (it starts, or recovers)
-        if ev.at_step is not None and self.step < ev.at_step:
-            return None
-        if ev.at_time is not None and (self.t_start is None or time.time() - self.t_start < ev.at_time):
-            return None
+        queue = list(self.queue)
+        i = (next_notice if notices_only else next_event)(queue, lambda ev: ev.arrived is not None)
+        return (i, queue[i]) if i is not None else None
+
+    def _take(self, i: int) -> Event:
+        ev = self.queue[i]
+        del self.queue[i]
         return ev
+
+    def _checkpoints(self) -> None:
+        """A periodic checkpoint that failed (rank 0's step record says so) reaches the terminal,
+        the report and ``/metrics`` at once, saying which checkpoint stands; this many in a row
+        (``checkpoint.escalate_after``) is an error: a fail-stop now would roll back that far."""
+        p = self.progress
+        if p is None or p.checkpoint_failures <= self._ckpt_failures_seen:
+            if p is not None and p.checkpoint_failures == 0:
+                self._ckpt_failures_seen = 0
+            return
+        self._ckpt_failures_seen = p.checkpoint_failures
+        self.checkpoint_failures_total += 1
+        stands = (f"the checkpoint of step {p.checkpoint_step} stands ({p.step - p.checkpoint_step} steps back)"
+                  if p.checkpoint_step is not None else "no checkpoint stands: a fail-stop now restarts from step 0")
+        escalated = p.checkpoint_failures >= self.cfg.checkpoint.escalate_after
+        msg = (f"checkpoint failed ({p.checkpoint_failures} in a row) at step {p.step}: {p.checkpoint_error}; "
+               f"{stands}")
+        (logs.PHASES.error if escalated else logs.PHASES.warning)(("ESCALATED: " if escalated else "") + msg)
+        self.records.append({"event": {"kind": "checkpoint-failed", "source": f"step {p.step}"},
+                             "status": "escalated: " + msg if escalated else msg, "step": p.step,
+                             "failures_in_a_row": p.checkpoint_failures, "error": p.checkpoint_error,
+                             "checkpoint_step": p.checkpoint_step, "t_event": time.time()})
+
+    def _stamp_triggers(self) -> None:
+        """Each queued event whose trigger happened gets its time (``decisions.trigger_time``),
+        once: its deadline and its record's ``t_triggered`` count from there."""
+        p = self.progress
+        if p is None or self.active is None or p.generation != self.active.generation:
+            return
+        now = time.time()
+        with self.lock:
+            for i, ev in enumerate(self.queue):
+                if ev.after_previous is not None and ev.at_step is None:
+                    if i > 0 or self.current is not None or self.phase is not Phase.STABLE:
+                        continue  # (``step +N``: counted from the end of the event before it)
+                    ev.at_step = p.step + ev.after_previous
+                if ev.arrived is None:
+                    ev.arrived = trigger_time(ev.at_step, ev.at_time, p.step, p.time, p.step_s, self.t_start, now)
 
     def _refuse(self, ev: Event, e: ValueError) -> None:
         self.records.append({"event": ev.to_dict(), "status": f"refused: {e}"})
@@ -349,9 +415,13 @@ class Controller(NodeMembership):
             h.join_slots = free[: ev.gpus - n_old]
         elif ev.kind == "scale-in" and ev.node is not None:
             h.leaving = on_node
-        elif ev.kind == "scale-in":
-            by_slot = sorted(old.procs, key=lambda p: self.slot_of[p], reverse=True)
-            h.leaving = by_slot[: n_old - ev.gpus]  # the most recently added slots go
+        elif ev.kind == "scale-in":  # replicas where they can go, else the fewest bytes (``leaving.py``)
+            a, job = self.adapter, self.job
+            chosen = choose_leaving(a.view(job, old_layout), old.procs, n_old - ev.gpus, a.state_specs(job),
+                                    self.slot_of.__getitem__,
+                                    lambda stay: self.plan(old.parallel, tgt, list(old.procs), stay).bytes_moved)
+            h.leaving = chosen.procs
+            h.record["leaving_chosen"] = chosen.why
         return h
 
     def _start_generation(self, parallel: ParallelConfig, slots: list[int], load_from: str | None,
@@ -447,6 +517,8 @@ class Controller(NodeMembership):
 
     def _exits(self, ws: list[Worker]) -> None:
         """Exits seen together (a whole node's, say): the Active World's failures are one fail-stop."""
+        if self.phase is Phase.SUSPENDED:
+            return  # (processes stopped as the job let its last GPUs go)
         # (a process marked to leave holds its rank until the switch: its failure before is one too)
         failed = [w for w in ws if w.returncode != 0 and self.active is not None and w.proc in self.active.procs]
         for w in ws:
@@ -505,10 +577,12 @@ class Controller(NodeMembership):
         logs.PHASES.warning(f"process {w.proc} (slot {w.slot} on node {self.nodes.where(w.proc)}, {w.role}) died: "
                             f"{self.nodes.log_tail(w.proc, 300)!r}")
 
-    def _fail_stop(self, dead: list[Worker], preempted: bool = False) -> None:
+    def _fail_stop(self, dead: list[Worker], preempted: bool = False, named: ParallelConfig | None = None) -> None:
         """A rank vanished: stop everyone, restart from the latest checkpoint on the slots left.
         ``preempted``: the event in flight was a scale-in whose deadline passed; its GPUs are gone,
-        so the recovery is its outcome (it is not queued again with a fresh deadline)."""
+        so the recovery is its outcome (it is not queued again with a fresh deadline). ``named``:
+        the configuration that event asked for, honoured where the survivors' count fits it (the
+        record says why not otherwise)."""
         t0 = time.time()
         old_generation = self.active.generation
         failed_step = self._failed_step()
@@ -516,18 +590,27 @@ class Controller(NodeMembership):
         self.lost_slots |= dead_slots
         survivors = [self.slot_of[p] for p in self.active.procs if self.slot_of[p] not in dead_slots]
         self.nodes.stop_all()
-        if not survivors:
+        if not survivors and all(w.returncode is not None and w.returncode < 0 or w.returncode == NODE_LOST
+                                 for w in dead):
+            return self._lost_every_gpu(dead, failed_step, t0)
+        if not survivors:  # every process ended on an error of its own: a bug to show, not GPUs lost
             tails = "\n".join(f"--- process {w.proc} (slot {w.slot}), exit {w.returncode}:\n"
                               f"{self.nodes.log_tail(w.proc, 1500)}" for w in dead)
             raise ControllerError("every process of the job died; nothing to recover on. Last words:\n" + tails)
-        ck = latest(self.run_dir / "ckpt", verify=True)  # the newest whose files are whole
+        ck = self._newest_checkpoint()
         n = len(survivors)
         old = self.active.parallel
-        if preempted and self.current is not None and self.current.target.world_size == n:
-            parallel = self.current.target  # the scale-in's own target: what the notice asked for
+        if named is None and preempted and self.current is not None:
+            named = self.current.target  # the scale-in's own target: what the notice asked for
+        not_honoured = None
+        if named is not None and named.world_size == n:
+            parallel = named
         else:
             parallel = old if old.world_size == n else target.choose(self.adapter, self.job, n, self.hardware,
                                                                      current=old)
+            if named is not None:
+                not_honoured = (f"the event asked for {named.short()} ({named.world_size} GPUs); {n} survived, so "
+                                f"{parallel.short()}")
         if self.current is not None:  # the event in flight: re-queued if it still applies
             ev = self.current.event
             try:
@@ -551,10 +634,122 @@ class Controller(NodeMembership):
                "lost_steps": failed_step - (ck["step"] if ck else 0), "checkpoint": ck["path"] if ck else None,
                "lost_slots": sorted(dead_slots), "t_event": t0,
                # what the dead processes said last (a traceback's final line, where there was one)
-               "last_words": {w.proc: _last_line(self.nodes.log_tail(w.proc, 2000)) for w in dead}}
+               "last_words": {w.proc: _last_line(self.nodes.log_tail(w.proc, 2000)) for w in dead},
+               **({"named_not_honoured": not_honoured} if not_honoured else {})}
         self.records.append(rec)
         self.phase_log("fail-stop", **{k: rec[k] for k in ("failed_at_step", "restored_step", "lost_steps", "new",
                                                           "last_words")})
+
+    # ---- no GPU left: the state on disk until GPUs come back ----------------------------------
+    def _newest_checkpoint(self) -> dict[str, Any] | None:
+        """The newest whole checkpoint of this run ({step, path}), else the one the job started from
+        (``checkpoint.start_from``), else None (from step 0)."""
+        ck = latest(self.run_dir / "ckpt", verify=True)  # the newest whose files are whole
+        start = self.cfg.checkpoint.start_from
+        if ck is None and start is not None:
+            step = saved_step(start)
+            ck = {"path": start, "step": step if step is not None else 0}
+        return ck
+
+    def _suspend_begin(self, ev: Event) -> None:
+        """A scale-in to 0 (every GPU's notice): the state saved at the next boundary (the
+        restart's stop), every process let go, then ``SUSPENDED`` until a scale-out; a deadline
+        that comes first stops them and the periodic checkpoint is what stands."""
+        old = self.active
+        rec = new_record(ev, self._arrival(ev), old.parallel, old.parallel, old.generation, self.step)
+        rec["new"] = "none (0 GPUs)"
+        self.current = Handling(event=ev, record=rec, leaving=list(old.procs))
+        for p in old.procs:
+            self.nodes.workers[p].leaving = True
+        self._wish(stop_at=self.step + 1)
+        self._suspending = True
+        self.go(Trigger.STOP)
+        self.phase_log("suspend", event=ev.describe(), old=old.parallel.short())
+
+    def _watch_suspend(self) -> None:
+        h, g = self.current, self.active.generation
+        saved = read_if(self.store, Saved.key(g), Saved)
+        if saved is not None and all(self.nodes.workers[p].returncode is not None for p in self.active.procs):
+            return self._suspend(saved.path, saved.step, "its state saved at the notice")
+        if h.deadline_at is not None and time.time() > h.deadline_at:  # the provider takes the GPUs now
+            self.nodes.stop_all()
+            ck = self._newest_checkpoint()
+            self._suspend(ck["path"] if ck else None, ck["step"] if ck else 0,
+                          "the deadline came before the save: the periodic checkpoint stands" if ck else
+                          "the deadline came before the save and no checkpoint stands: from step 0")
+
+    def _suspend(self, path: str | None, step: int, how: str) -> None:
+        """No GPU from here: the job waits with the state of step ``step`` at ``path`` (None: from
+        step 0), the event in flight closed with it."""
+        now = time.time()
+        self.suspended = {"path": path, "step": step, "at_step": self.step, "since": now,
+                          "parallel": self.active.parallel.short()}
+        self._suspending = False
+        if self.current is not None:
+            rec = self.current.record
+            rec.update(status=f"suspended: every GPU gone, {how}", checkpoint=path, saved_step=step, t_done=now,
+                       restored_step=step, lost_steps=self.step - step)
+            if self.current.deadline_at is not None:
+                rec["deadline_met"] = path is not None and step == self.step and now <= self.current.deadline_at
+            self.records.append(rec)
+            self.current = None
+        self.go(Trigger.SUSPEND)
+        self.phase_log("suspended", checkpoint=path, from_step=step, how=how)
+
+    def _lost_every_gpu(self, dead: list[Worker], failed_step: int, t0: float) -> None:
+        """Every process of the job killed or its node lost: the newest checkpoint stands; the job
+        waits for GPUs to come back (a scale-out, a node registering) and resumes from it."""
+        if self.current is not None:
+            self.current.record["status"] = "superseded: every GPU of the job is gone"
+            self.records.append(self.current.record)
+            self.current = None
+        self.go(Trigger.FAIL_STOP)
+        ck = self._newest_checkpoint()
+        self.records.append({"event": {"kind": "fail-stop", "source": self._dead(dead)},
+                             "status": "suspended: every process of the job is gone; waiting for GPUs",
+                             "old_generation": self.active.generation, "old": self.active.parallel.short(),
+                             "failed_at_step": failed_step, "restored_step": ck["step"] if ck else 0,
+                             "lost_steps": failed_step - (ck["step"] if ck else 0),
+                             "checkpoint": ck["path"] if ck else None, "t_event": t0})
+        self._suspend(ck["path"] if ck else None, ck["step"] if ck else 0,
+                      "the periodic checkpoint stands" if ck else "no checkpoint stands: from step 0")
+
+    def _while_suspended(self) -> None:
+        """In order, each queued event once due (a step trigger is due at once: no step runs): a
+        scale-out resumes the job from its state on disk on the GPUs it gives; anything else is
+        refused. With nothing queued and an end set (``end_after_events``), the job ends."""
+        with self.lock:
+            ev = self.queue[0] if self.queue else None
+            if ev is not None and ev.arrived is None:
+                ev.arrived = time.time() if ev.at_step is not None else \
+                    trigger_time(None, ev.at_time, 0, 0.0, 0.0, self.t_start, time.time())
+            if ev is not None and ev.arrived is not None:
+                self.queue.popleft()
+            else:
+                ev = None  # (nothing queued, or the head's time has not come)
+        if ev is None:
+            if not self.queue and self.cfg.controller.end_after_events is not None and not self.remote:
+                self.records.append({"event": {"kind": "end", "source": "controller"},
+                                     "status": "ended with no GPU: nothing queued would bring one back"})
+                self.go(Trigger.END)
+            return
+        if ev.kind == "scale-out":
+            self.lost_slots.clear()  # the event reports capacity
+        try:
+            tgt = self.validate(ev, 0)
+            free = [s for s in self.nodes.free_slots() if s not in self.lost_slots]
+            if len(free) < ev.gpus:
+                raise ValueError(f"{ev.source}: scale-out {ev.gpus}: only {len(free)} free slots")
+        except ValueError as e:
+            return self._refuse(ev, e)
+        s, now = self.suspended, time.time()
+        self.suspended = None
+        self.go(Trigger.RESUME)
+        self._start_generation(tgt, free[: ev.gpus], s["path"], "resume")
+        self.records.append({"event": ev.to_dict(), "status": "resumed from the state on disk", "gpus": ev.gpus,
+                             "arrived": ev.arrived, "t_event": now, "generation": self.gen, "old": s["parallel"],
+                             "new": tgt.short(), "checkpoint": s["path"], "restored_step": s["step"],
+                             "suspended_s": now - s["since"], "lost_steps": s["at_step"] - s["step"]})
 
     # ---- event records -------------------------------------------------------------------
     def _arrival(self, ev: Event) -> float:

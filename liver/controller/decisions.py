@@ -94,3 +94,38 @@ def join_total(policy: str, n_now: int, capacity: int, step_time: Callable[[int]
         if now is not None and not step_time(n) < now:
             return None
     return n
+
+
+def trigger_time(at_step: int | None, at_time: float | None, step: int, step_end: float, step_s: float,
+                 t_start: float | None, now: float) -> float | None:
+    """When an event's trigger happened, or None while it has not: ``at_step`` N is the end of
+    step N (the latest step, ``step``, ended at ``step_end``; an earlier one is counted back at
+    the latest step's time, ``step_s`` each), ``at_time`` T is T seconds after the first step
+    (``t_start``; ``now`` the time), neither: ``now`` (it came without a trigger). A notice's
+    deadline counts from here, not from when the controller took it."""
+    if at_step is not None:
+        return step_end - (step - at_step) * step_s if step >= at_step else None
+    if at_time is not None:
+        return t_start + at_time if t_start is not None and now - t_start >= at_time else None
+    return now
+
+
+def is_notice(kind: str, deadline_s: float | None) -> bool:
+    """A scale-in with a deadline: the provider takes the GPUs then, whatever else is queued."""
+    return kind == "scale-in" and deadline_s is not None
+
+
+def next_event(queue: list, triggered: Callable[[object], bool]) -> int | None:
+    """The position in ``queue`` of the event to handle next: the head once its trigger happened;
+    else the first notice (``is_notice``) whose trigger happened, wherever it waits (it must not
+    wait behind an event whose trigger is still to come). None: nothing is due."""
+    if not queue:
+        return None
+    if triggered(queue[0]):
+        return 0
+    return next_notice(queue, triggered)
+
+
+def next_notice(queue: list, triggered: Callable[[object], bool]) -> int | None:
+    """The position of the first notice whose trigger happened, wherever it waits in ``queue``."""
+    return next((i for i, ev in enumerate(queue) if is_notice(ev.kind, ev.deadline_s) and triggered(ev)), None)

@@ -7,7 +7,9 @@ Schedule file (``--events FILE``), one event per line, ``#`` starts a comment::
     at 20s: scale-in 2 deadline 30s        # preemption notice: 2 GPUs left, 30 s to leave
     at step 30: scale-out 4 as 2,1,2:2/2   # naming the configuration (uneven PP as l0/l1/...)
 
-A trigger is ``step N`` (after step N finished) or ``Ts`` (seconds since the first step).
+A trigger is ``step N`` (after step N finished), ``step +N`` (N steps after the event before it in
+the file ended: events one after another, whatever their handoffs take) or ``Ts`` (seconds since
+the first step).
 Everything is checked before training starts; an error names the file, the line and the problem.
 """
 
@@ -57,6 +59,8 @@ class Event:
     arrived: float | None = None           # wall time it reached the job (control endpoint)
     announced: bool = False                # restart mode: its stop step was published ahead
     node: str | None = None                # scale-in: the node whose ranks leave (its notice)
+    after_previous: int | None = None      # ``step +N``: N steps after the event before it ended
+                                           # (``at_step`` is set then)
 
     def describe(self) -> str:
         what = self.kind + (f" {self.gpus}" if self.gpus is not None and self.kind != "reshape" else "")
@@ -70,18 +74,21 @@ class Event:
         return {"kind": self.kind, "gpus": self.gpus,
                 "parallel": self.parallel.short() if self.parallel else None,
                 "at_step": self.at_step, "at_time": self.at_time, "deadline_s": self.deadline_s,
-                "source": self.source, **({"node": self.node} if self.node else {})}
+                "source": self.source, **({"node": self.node} if self.node else {}),
+                **({"after_previous": self.after_previous} if self.after_previous is not None else {})}
 
 
 class EventError(ValueError):
     pass
 
 
-_LINE = re.compile(r"^at\s+(?:step\s+(?P<step>\d{1,15})|(?P<time>\d{1,12}(?:\.\d{1,9})?)s)\s*:\s*(?P<action>.+)$")
+_LINE = re.compile(r"^at\s+(?:step\s+(?P<rel>\+)?(?P<step>\d{1,15})|(?P<time>\d{1,12}(?:\.\d{1,9})?)s)\s*:\s*"
+                   r"(?P<action>.+)$")
 
 
 def parse_action(text: str, where: str) -> Event:
-    """``scale-out N [as P]``, ``scale-in N [deadline Ds] [as P]``, ``reshape P``."""
+    """``scale-out N [as P]``, ``scale-in N [deadline Ds] [as P]`` (N = 0: every GPU goes; the job
+    waits with its state on disk for a later scale-out), ``reshape P``."""
     words = text.split()
     if not words or words[0] not in KINDS:
         shown = (words[0] if words else text)[:40]
@@ -95,10 +102,11 @@ def parse_action(text: str, where: str) -> Event:
             ev.parallel = ParallelConfig.parse(rest[0])
             ev.gpus = ev.parallel.world_size
             return ev
-        if not rest or not rest[0].isdigit() or len(rest[0]) > 6 or int(rest[0]) < 1:
+        least = 0 if kind == "scale-in" else 1  # (scale-in 0: every GPU goes; the job waits on disk)
+        if not rest or not rest[0].isdigit() or len(rest[0]) > 6 or int(rest[0]) < least:
             got = rest[0] if rest else "nothing"
-            raise EventError(f"{where}: {kind} needs the total GPU count after the event (an integer from 1 to "
-                             f"999999), got {got if len(got) <= 20 else got[:20] + '...'!r}")
+            raise EventError(f"{where}: {kind} needs the total GPU count after the event (an integer from {least} "
+                             f"to 999999), got {got if len(got) <= 20 else got[:20] + '...'!r}")
         ev.gpus = int(rest[0])
         i = 1
         while i < len(rest):
@@ -160,9 +168,12 @@ def parse_schedule_text(text: str, path: str) -> list[Event]:
         m = _LINE.match(line)
         where = f"{path}:{n}"
         if not m:
-            raise EventError(f"{where}: {line!r}: expected 'at step N: ACTION' or 'at Ts: ACTION'")
+            raise EventError(f"{where}: {line!r}: expected 'at step N: ACTION', 'at step +N: ACTION' or "
+                             f"'at Ts: ACTION'")
         ev = parse_action(m.group("action"), where)
-        if m.group("step") is not None:
+        if m.group("rel"):
+            ev.after_previous = int(m.group("step"))
+        elif m.group("step") is not None:
             ev.at_step = int(m.group("step"))
         else:
             ev.at_time = float(m.group("time"))
@@ -219,7 +230,9 @@ def parse_trace(path: str | Path, *, slots: int, compress: float, notice_s: floa
         raise EventError(f"--notice={notice_s}: allowed a non-negative number of seconds")
     counts = trace_counts(path)
     peak = max(c for _, c in counts)
-    local = [(t / 1000 / compress, max(1, min(slots, math.ceil(c * slots / peak)))) for t, c in counts]
+    # zero nodes is zero GPUs (the job waits with its state on disk), except at the start
+    local = [(t / 1000 / compress, max(1 if i == 0 else 0, min(slots, math.ceil(c * slots / peak))))
+             for i, (t, c) in enumerate(counts)]
     events, current = [], local[0][1]
     for t, c in local[1:]:
         if c == current:

@@ -12,7 +12,7 @@ import time
 from typing import Any
 
 from liver.agent.node import Worker
-from liver.host.priority import background
+from liver.host.priority import this_thread
 from liver.controller.base import Controller, forked_workers
 from liver.controller.decisions import NoticeAction, ScaleInPath, on_notice, scale_in_path
 from liver.controller.events import Event
@@ -42,6 +42,7 @@ class LiveController(Controller):
         self.pending: GenerationSpec | None = None
         self.members: list[int] = []  # every process of the old and the pending generation
         self._missed = None  # the scale-in whose missed deadline the next heal completes
+        self._idle: bool | None = None  # the loop thread's priority: idle, normal, or never set (None)
         super().__init__(*args, **kw)
         from liver.sim import costs, profile  # (imported now: a notice's path is decided in milliseconds)
 
@@ -72,14 +73,15 @@ class LiveController(Controller):
         self.phase_log("cancelled", generation=g, why="the controller restarted; its event is queued again")
 
     def run(self) -> dict[str, Any]:
-        """The loop in a thread of its own at idle CPU priority: on a node whose cores the ranks
-        keep busy, its polling and planning take only the time they leave (the store it serves
-        runs in a thread made before, at normal priority). The caller's thread keeps its own."""
+        """The loop in a thread of its own at low CPU priority while nothing is due (``_loop_priority``):
+        on a node whose cores the ranks keep busy, its polling takes little of their time (the store
+        it serves runs in a thread made before, at normal priority). The caller's thread keeps its own."""
         box: dict[str, Any] = {}
         done = threading.Event()  # (not Thread.is_alive: a Ctrl-C inside join() can make it lie)
 
         def loop() -> None:
-            background()
+            this_thread(low=True)
+            self._idle = True
             try:
                 box["report"] = Controller.run(self)
             except BaseException as e:  # raised again in the caller's thread
@@ -98,12 +100,21 @@ class LiveController(Controller):
             raise box["error"]
         return box["report"]
 
+    def _loop_priority(self, due: bool) -> None:
+        """Idle priority while nothing is due (its polling takes only the time the ranks leave),
+        normal priority from an event's trigger to its end: a due event is acted on at once."""
+        idle = not due and self.phase is Phase.STABLE
+        if self._idle is not None and idle != self._idle:
+            this_thread(low=idle)
+            self._idle = idle
+
     def tick(self) -> None:
+        with self.lock:
+            self._loop_priority(self._due() is not None)
         if self.phase is Phase.STABLE:
             with self.lock:
-                ev = self._head_triggered()
-                if ev is not None:
-                    self.queue.popleft()
+                due = self._due()
+                ev = self._take(due[0]) if due is not None else None
             if ev is not None:
                 self._begin(ev)
         elif self.phase in PENDING:
@@ -129,6 +140,7 @@ class LiveController(Controller):
             if missed is not None:  # (its record is written: it says how the job went on after all)
                 missed.record["status"] = ("deadline missed: the leaving processes were stopped at the deadline and "
                                            "the job recovered on the others from the checkpoint")
+                return super()._fail_stop(dead, preempted, named=missed.target)
         super()._fail_stop(dead, preempted)
 
     def _try_heal(self, dead: list[Worker], parallel=None) -> dict[str, Any] | None:
@@ -180,8 +192,12 @@ class LiveController(Controller):
         if self.progress is None or self.progress.generation != old.generation:
             self.phase_log("no-heal", why="the generation had not trained a step yet (it was starting)")
             return None
+        not_honoured = None
         if parallel is None or parallel.world_size != len(survivors):
-            parallel = target.choose(a, job, len(survivors), self.hardware, current=old.parallel)
+            named, parallel = parallel, target.choose(a, job, len(survivors), self.hardware, current=old.parallel)
+            if named is not None:
+                not_honoured = (f"the event asked for {named.short()} ({named.world_size} GPUs); {len(survivors)} "
+                                f"survived, so {parallel.short()}")
         stalled = self._wait_for(old.generation, survivors, Stalled, self.cfg.controller.heal_timeout_s, beats=True)
         step = heal.common_step(r.step for r in stalled.values()) if stalled else None
         if step is None:
@@ -215,7 +231,8 @@ class LiveController(Controller):
                "checkpoint": None, "lost_slots": sorted(w.slot for w in dead), "t_event": t0,
                "heal_s": time.time() - t0, "bytes_moved": plan.bytes_moved,
                "digest_before": before, "digest_after": first(switched.values(), "digest_after"),
-               "last_words": {w.proc: self.nodes.log_tail(w.proc, 2000).strip().splitlines()[-1:] for w in dead}}
+               "last_words": {w.proc: self.nodes.log_tail(w.proc, 2000).strip().splitlines()[-1:] for w in dead},
+               **({"named_not_honoured": not_honoured} if not_honoured else {})}
         self.phase_log("healed", restored_step=step, lost_steps=rec["lost_steps"], heal_s=round(rec["heal_s"], 3))
         return rec
 
@@ -250,6 +267,8 @@ class LiveController(Controller):
 
     # ---- starting a handoff ----------------------------------------------------------------
     def _begin(self, ev: Event) -> None:
+        if ev.kind == "scale-in" and ev.gpus == 0:
+            return self._suspend_begin(ev)  # every GPU goes: the state to disk, the job waits
         if ev.kind == "scale-out":
             self.lost_slots.clear()  # the event reports capacity: slots lost earlier may be back
         try:
@@ -314,7 +333,7 @@ class LiveController(Controller):
             rec["status"] = ("recovered: the leaving processes were stopped before the deadline; the survivors "
                              "could not go on from their own state, so from the checkpoint (next record)")
             self.records.append(rec)
-            return Controller._fail_stop(self, gone)
+            return Controller._fail_stop(self, gone, named=h.target)
         rec.update({k: healed[k] for k in ("generation", "new", "failed_at_step", "restored_step", "lost_steps",
                                            "steps_unlogged", "heal_s", "bytes_moved", "digest_before", "digest_after")},
                    status=report.DROPPED)
@@ -425,14 +444,15 @@ class LiveController(Controller):
         pending scale-out is re-planned to the smaller total (or dropped, and the scale-in goes
         first). Nothing was committed, so nothing is lost."""
         with self.lock:
-            head = self._head_triggered()
+            due = self._due(notices_only=True)  # wherever it waits in the queue
+            head = due[1] if due is not None else None
             n_active = len(self.active.procs)
             action = on_notice(self.current.event.kind if self.current else None, head.kind if head else None,
                                head.gpus if head else 0, n_active, deadline=head is not None and
                                head.deadline_s is not None)
             if action is NoticeAction.WAIT:
                 return
-            self.queue.popleft()
+            self._take(due[0])
         h = self.current
         notice = {"event": head.to_dict(), "arrived": self._arrival(head), "t_event": time.time()}
         if decide(self.store, self.pending.generation, WITHDRAW) != WITHDRAW:

@@ -139,11 +139,12 @@ class NodeMembership:
             elif n.notice is not None and n.name not in self._noticed:
                 self._noticed.add(n.name)
                 self._node_notice(n)
-        while self._joined and self.phase is Phase.STABLE and self.active is not None:
+        while self._joined and self.phase in (Phase.STABLE, Phase.SUSPENDED) and self.active is not None:
             self._node_joined(self._joined.pop(0))
 
     def _node_notice(self, n: RemoteNode) -> None:
-        held = [p for p in self.active.procs if self.nodes.node_of(self.slot_of[p]) is n] if self.active else []
+        held = [p for p in self.active.procs if self.nodes.node_of(self.slot_of[p]) is n] \
+            if self.active and self.suspended is None else []
         ev = Event(kind="scale-in", gpus=len(self.active.procs) - len(held) if self.active else 0,
                    deadline_s=n.notice.deadline_s, source=f"node {n.name} ({n.notice.source})", node=n.name)
         ev.arrived = time.time()

@@ -78,6 +78,15 @@ class Metrics:
         q = GaugeMetricFamily("liver_events_queued", "events waiting to be handled")
         q.add_metric([], len(c.queue))
         yield q
+        ck = GaugeMetricFamily("liver_checkpoint_step", "the newest checkpoint published whole (-1: none stands)")
+        ck.add_metric([], p.checkpoint_step if p and p.checkpoint_step is not None else -1)
+        yield ck
+        ck = GaugeMetricFamily("liver_checkpoint_failures_in_a_row", "periodic checkpoints failed since the last good one")
+        ck.add_metric([], p.checkpoint_failures if p else 0)
+        yield ck
+        ck = CounterMetricFamily("liver_checkpoint_failures", "periodic checkpoints that failed")
+        ck.add_metric([], c.checkpoint_failures_total)
+        yield ck
 
         records = list(c.records)
         ev = CounterMetricFamily("liver_events", "events handled, by kind and outcome", labels=["kind", "outcome"])

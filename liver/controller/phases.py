@@ -11,6 +11,11 @@ Restart baseline::
 
     STABLE --stop--> STOP --saved--> START --started--> STABLE
 
+No GPU left (a scale-in to 0, the last node's notice, every process lost)::
+
+    STABLE --stop--> STOP --suspend--> SUSPENDED --resume--> STABLE   (its state saved at the notice)
+    STABLE --suspend--> SUSPENDED                                   (after a fail-stop: the checkpoint)
+
 From any phase, a fail-stop goes to STABLE (a recovery generation starts), and the job's end to
 ENDED. A ``commit`` may be seen before ``ready`` (rank 0 decided between two polls of the
 controller): PREPARE --commit--> SWITCH.
@@ -29,6 +34,7 @@ class Phase(enum.Enum):
     CLEANUP = "cleanup"
     STOP = "stop"
     START = "start"
+    SUSPENDED = "suspended"  # no GPU: the state is on disk, the job waits for GPUs to come back
     ENDED = "ended"
 
 
@@ -44,6 +50,8 @@ class Trigger(enum.Enum):
     SAVED = "saved"
     STARTED = "started"
     FAIL_STOP = "fail-stop"
+    SUSPEND = "suspend"
+    RESUME = "resume"
     END = "end"
 
 
@@ -62,6 +70,9 @@ TRANSITIONS: dict[tuple[Phase, Trigger], Phase] = {
     (P.STABLE, T.STOP): P.STOP,
     (P.STOP, T.SAVED): P.START,
     (P.START, T.STARTED): P.STABLE,
+    (P.STOP, T.SUSPEND): P.SUSPENDED,
+    (P.STABLE, T.SUSPEND): P.SUSPENDED,
+    (P.SUSPENDED, T.RESUME): P.STABLE,
     **{(p, T.FAIL_STOP): P.STABLE for p in Phase if p is not P.ENDED},
     **{(p, T.END): P.ENDED for p in Phase if p is not P.ENDED},
 }

@@ -48,10 +48,14 @@ class Handling:
 
 def new_record(ev: Event, arrived: float, old: ParallelConfig, new: ParallelConfig, old_generation: int,
                step: int) -> dict[str, Any]:
+    """``arrived``: when its trigger happened (a step's end, a trace time, a request's arrival):
+    its deadline counts from there; ``t_event``: when the controller took it."""
+    now = time.time()
     return {"event": ev.to_dict(), "status": "started", "gpus": ev.gpus, "arrived": arrived,
+            "t_triggered": arrived, "taken_after_trigger_s": now - arrived,
             "deadline_at": arrived + ev.deadline_s if ev.deadline_s is not None else None,
             "old": old.short(), "new": new.short(), "old_generation": old_generation,
-            "t_event": time.time(), "step_at_event": step}
+            "t_event": now, "step_at_event": step}
 
 
 def switch_metrics(done: dict[int, SwitchReport], leavers: dict[int, SwitchReport]) -> dict[str, Any]:

@@ -250,7 +250,7 @@ def summary(report: dict[str, Any]) -> str:
         status = e["status"]
         if e.get("lost_steps") is not None and e["status"] in (HEALED, DROPPED):
             status += f" (no rollback: on from step {e['restored_step']}, {e['lost_steps']} steps lost)"
-        elif e.get("lost_steps") is not None:
+        elif e.get("lost_steps") and e.get("restored_step") is not None:
             status += f" (rolled back {e['lost_steps']} steps to step {e['restored_step']})"
         if e.get("digest_equal") is not None:
             status += ", digest " + ("equal" if e["digest_equal"] else "DIFFERENT")

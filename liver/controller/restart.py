@@ -34,9 +34,8 @@ class RestartController(Controller):
                     # a step trigger is known ahead: stop exactly after that step
                     self._wish(stop_at=head.at_step)
                     head.announced = True
-                ev = self._head_triggered()
-                if ev is not None:
-                    self.queue.popleft()
+                due = self._due()
+                ev = self._take(due[0]) if due is not None else None
             if ev is not None:
                 self._begin(ev)
         elif self.phase is Phase.STOP:
@@ -45,6 +44,8 @@ class RestartController(Controller):
             self._watch_start()
 
     def _begin(self, ev: Event) -> None:
+        if ev.kind == "scale-in" and ev.gpus == 0:
+            return self._suspend_begin(ev)  # every GPU goes: the state to disk, the job waits
         if ev.kind == "scale-out":
             self.lost_slots.clear()  # the event reports capacity: slots lost earlier may be back
         try:

@@ -12,7 +12,7 @@ import torch.distributed as dist
 from liver.config.fields import from_dict, to_dict
 from liver.topology import ParallelConfig
 
-GENERATION_KINDS = ("start", "restart", "recover", "heal", "scale-out", "scale-in", "reshape")
+GENERATION_KINDS = ("start", "restart", "recover", "resume", "heal", "scale-out", "scale-in", "reshape")
 
 M = TypeVar("M")  # a message class
 
@@ -97,6 +97,9 @@ class Progress:
     memory_gib: float | None = None        # the device's peak reserved memory (GPU)
     digest: str | None = None
     digest_s: float = 0.0
+    checkpoint_step: int | None = None     # the newest checkpoint published whole (None: none stands)
+    checkpoint_failures: int = 0           # periodic checkpoints failed in a row since the last good one
+    checkpoint_error: str | None = None    # the latest failure's cause, while failures > 0
 
     KEY = "progress"
 

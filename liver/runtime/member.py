@@ -94,7 +94,8 @@ class Member:
             self.device = torch.device("cpu")
         self.store = protocol.run_store(connect_store(spec.store_addr))
         Heartbeat(spec.store_addr, spec.proc).start()
-        self.ckpt = PeriodicCheckpointer(self.run_dir / "ckpt", cfg.checkpoint.every, proc=self.proc)
+        self.ckpt = PeriodicCheckpointer(self.run_dir / "ckpt", cfg.checkpoint.every, proc=self.proc,
+                                         keep=cfg.checkpoint.keep)
         self.adapter = cfg.adapter
         self.engine: TrainingEngine | None = None
         self.companion: Companion | None = None
@@ -191,7 +192,8 @@ class Member:
                            time=end, parallel=e.layout.parallel.short(), preparing=self.companion is not None,
                            tokens_per_s=st.tokens_per_s, grad_norm=st.grad_norm, mfu=st.mfu,
                            memory_gib=torch.cuda.max_memory_reserved(self.device) / 2**30
-                           if self.device.type == "cuda" else None, digest=digest, digest_s=digest_s)
+                           if self.device.type == "cuda" else None, digest=digest, digest_s=digest_s,
+                           **(self.ckpt.standing() if e.world.rank == 0 and self.ckpt.every else {}))
             if e.world.rank == 0:  # one serialisation: the store and steps.jsonl get the same line
                 line = json.dumps(to_dict(rec))
                 self.store.set(Progress.KEY, line)

@@ -19,19 +19,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Iterator, Protocol
 
-import torch
+from liver.world.broken import broken_group
 
 if TYPE_CHECKING:
     from liver.engine.interface import StepStats, TrainingEngine
-
-
-def broken_group(e: BaseException) -> bool:
-    """A collective that failed because a peer vanished (not a bug of the step itself)."""
-    if isinstance(e, getattr(torch.distributed, "DistError", ())):
-        return True
-    text = str(e)
-    return any(s in text for s in ("Connection closed by peer", "Connection reset by peer", "Broken pipe",
-                                   "gloo/transport", "NCCL communicator was aborted", "ncclRemoteError"))
 
 
 class Driver(Protocol):

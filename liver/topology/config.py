@@ -94,6 +94,21 @@ class ParallelConfig:
             s += "[" + ",".join(map(str, self.layers_per_stage)) + "]"
         return s
 
+    def spelt(self) -> str:
+        """As an event names it: ``tp,pp,dp`` or ``tp,pp,dp:l0/l1/...`` (``parse``'s form)."""
+        s = f"{self.tp},{self.pp},{self.dp}"
+        return s + (":" + "/".join(map(str, self.layers_per_stage)) if self.layers_per_stage is not None else "")
+
+    @staticmethod
+    def from_short(text: str) -> "ParallelConfig":
+        """``short``'s form back (``tp2pp1dp2``, ``tp1pp2dp1[3,1]``); ValueError naming it otherwise."""
+        import re
+        m = re.fullmatch(r"tp(\d+)pp(\d+)dp(\d+)(?:\[(\d+(?:,\d+)*)\])?", text)
+        if not m:
+            raise ValueError(f"parallel={text!r}: expected tpXppYdpZ or tpXppYdpZ[l0,l1,...]")
+        lps = tuple(int(x) for x in m.group(4).split(",")) if m.group(4) else None
+        return ParallelConfig(tp=int(m.group(1)), pp=int(m.group(2)), dp=int(m.group(3)), layers_per_stage=lps)
+
     def to_dict(self) -> dict[str, Any]:
         return {"tp": self.tp, "pp": self.pp, "dp": self.dp,
                 "layers_per_stage": list(self.layers_per_stage) if self.layers_per_stage else None}

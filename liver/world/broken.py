@@ -1,0 +1,21 @@
+"""Whether an error is a collective that failed because a peer vanished (a killed process, a lost
+node), not a bug of the code that ran it: a step stalls to be healed on it, and a checkpoint write
+that fails on it was abandoned with its generation, not refused by its storage."""
+
+from __future__ import annotations
+
+import torch
+
+_SIGNS = ("Connection closed by peer", "Connection reset by peer", "Broken pipe", "gloo/transport",
+          "NCCL communicator was aborted", "ncclRemoteError")
+
+
+def broken_group(e: BaseException) -> bool:
+    """A collective that failed because a peer vanished (DCP's gathered failures included)."""
+    if isinstance(e, getattr(torch.distributed, "DistError", ())):
+        return True
+    failures = getattr(e, "failures", None)  # (DCP: each rank's exception, as (exception, traceback))
+    if isinstance(failures, dict) and failures:
+        return all(broken_group(x[0] if isinstance(x, tuple) else x) for x in failures.values())
+    text = str(e)
+    return any(s in text for s in _SIGNS)
