@@ -143,3 +143,30 @@ def test_a_step_re_run_after_a_heal_is_the_step_a_restart_computes(tmp_path, mon
     assert rec["digest_equal"] is True
     check_continuous(rep, 14)
     replays_as_restart(tmp_path, rep, rec, "1,1,2", 2, k=4)
+
+
+@pytest.mark.timeout(600)
+def test_a_users_replicated_model_heals_mid_step_and_re_runs_the_step_a_restart_computes(tmp_path, monkeypatch):
+    """A user's own loop (examples/llama.py's replicated recipe: the model whole on each data-
+    parallel rank, gradients averaged in the loop, DDP's way): a rank lost mid-step leaves its peer
+    with the gradients of an iteration that cannot complete; the peer heals from its own replica,
+    ``with step:`` runs the iteration again from no gradient, and the steps after equal a restart's."""
+    from pathlib import Path
+
+    from liver.host import faults
+    from test_run import liver, replays_as_restart
+    root = Path(__file__).resolve().parent.parent
+    config = ("--config", str(root / "configs" / "llama-native.toml"),
+              "--set", f"engine={root / 'examples' / 'llama.py'}:REPLICATED")
+    empty = tmp_path / "none.txt"
+    empty.write_text("# no events\n")
+    monkeypatch.setenv(faults.ENV, "mid-step:1:9")
+    rep = liver(tmp_path / "run", *config, "--events", str(empty), "--set", "parallel=1,1,2", "--steps", "14",
+                "--end-after-events", "-1", "--ckpt-every", "0", "--digest")
+    monkeypatch.delenv(faults.ENV)
+    assert rep["rc"] == 0
+    (rec,) = [e for e in rep["events"] if e["event"]["kind"] == "fail-stop"]
+    assert rec["status"] == "healed from the surviving replicas" and rec["lost_steps"] == 0, rec
+    assert rec["digest_equal"] is True and rec["restored_step"] == 8  # (step 9 was the one in flight)
+    check_continuous(rep, 14)
+    replays_as_restart(tmp_path, rep, rec, "1,1,2", 2, k=3, extra=config)

@@ -281,3 +281,36 @@ def test_the_example_does_not_import_the_reference_engine():
     assert len(text.splitlines()) <= 175  # ("about 150 lines": the model, its parallelize, recipe and loop)
 
 
+
+
+@pytest.mark.timeout(600)
+def test_a_users_persistent_buffers_move_with_the_state_live_and_through_dcp(tmp_path):
+    """A model whose blocks hold persistent buffers that its forward changes (a running scale, a
+    call counter: tests/recipes/buffered.py): they are part of the state (moved, checkpointed,
+    digested), so live reshapes (TP2 -> FSDP2 -> two stages -> TP2) equal restarts through DCP."""
+    from test_run import check_continuous
+    engine = ("--set", f"engine={ROOT / 'tests' / 'recipes' / 'buffered.py'}:RECIPE")
+    acts = ["reshape 1,1,2", "reshape 1,2,1", "reshape 2,1,1"]
+    events = tmp_path / "events.txt"
+    events.write_text("".join(f"at step {3 if i == 0 else '+3'}: {a}\n" for i, a in enumerate(acts)))
+    live = liver_native(tmp_path / "live", *engine, "--events", str(events), "--digest", "--end-after-events", "3")
+    assert live["rc"] == 0 and [e["status"] for e in live["events"]] == ["done"] * 3, live["events"]
+    assert all(e["digest_equal"] is True for e in live["events"])
+    total = live["steps"][-1]["step"]
+    check_continuous(live, total)
+    cuts = [e["last_old_step"] for e in live["events"]]
+    events2 = tmp_path / "events2.txt"
+    events2.write_text("".join(f"at step {c}: {a}\n" for c, a in zip(cuts, acts)))
+    restart = liver_native(tmp_path / "restart", *engine, "--events", str(events2), "--digest", "--steps", str(total),
+                           "--mode", "restart-forked")
+    assert restart["rc"] == 0
+    assert [(s["step"], s["parallel"], s["loss"], s["digest"]) for s in live["steps"]] == \
+        [(s["step"], s["parallel"], s["loss"], s["digest"]) for s in restart["steps"]]
+
+
+def test_persistent_buffers_are_logical_tensors_of_the_state():
+    adapter = load_adapter(f"{ROOT}/tests/recipes/buffered.py:RECIPE")
+    job = job_of(64, 4, 128, 256)
+    specs = {s.name: s for s in adapter.state_specs(job)}
+    assert specs["layers.0.decay.scale"].kind == "buffer" and specs["layers.0.decay.scale"].shape == (64,)
+    assert specs["layers.1.decay.calls"].dtype == "int64" and specs["layers.1.decay.calls"].shape == ()

@@ -10,8 +10,9 @@ the flat index). Changing any element's bits changes both sums (an odd weight ti
 change is nonzero modulo 2**64); integer sums do not depend on how the tensor is cut nor on the
 order of the additions, so the sums of the distinct boxes add up to the same pair whatever the
 layout or the kernel. Replicas of a box count once; boxes that overlap without being equal, or
-that leave elements out, are an error. The digest is sha256 over, per tensor in spec order, its
-name, shape and pair, then the scalars as canonical JSON. No rank ever holds more than its own
+that leave elements out, are an error. The digest is sha256 over, per tensor in name order (a
+layout may list them in another order: a pipeline's stages, each with its buffers), its name,
+shape and pair, then the scalars as canonical JSON. No rank ever holds more than its own
 shards.
 """
 
@@ -128,7 +129,7 @@ def combine(specs, parts: list[list], scalars: dict[str, Any]) -> str:
     parts = [[(i, tuple(tuple(b) for b in box), tuple(v)) for i, box, v in part] for part in parts]
     by_tensor = _distinct(parts)
     h = hashlib.sha256()
-    for i, spec in enumerate(specs):
+    for i, spec in sorted(enumerate(specs), key=lambda x: x[1].name):  # (by name: the specs' order is a layout's)
         boxes = by_tensor.get(i, {})
         covered = sum(box_numel(b) for b in boxes)
         if covered != max(1, spec.numel) or not boxes:

@@ -7,9 +7,10 @@ that lasts long enough for an event to arrive during it, a disk that fills under
 - ``transfer:PROC[:LAYER]``   the process kills itself (SIGKILL) in a switch's transfer, after its
   LAYER-th layer (default 0): a peer mid-stream, as a lost machine is;
 - ``slow-transfer:PROC:S``    its transfer stalls S seconds after its first layer;
-- ``mid-step:PROC[:STEP]``     the process kills itself in step STEP (default: its first), once its
-  backward is done and before the gradients' reductions: its peers are left holding the partial
-  gradients of an attempt that cannot complete (a heal re-runs it);
+- ``mid-step:PROC[:STEP]``     the process kills itself in step STEP (default: its first): the
+  reference engine once its backward is done and before the gradients' reductions, a user's model
+  as it takes the step's batch; its peers go on into the step and are left holding the gradients of
+  an attempt that cannot complete (a heal re-runs it);
 - ``disk-full:PROC[:STEP]``   every periodic checkpoint write of the steps from STEP on fails as a
   full disk fails (``OSError(ENOSPC)`` from the storage layer once this process's files are
   written, before DCP's metadata is): the disk stays full.

@@ -30,7 +30,8 @@ from liver.resource_view.view import local_shape
 from liver.transfer.staging import StagingRing
 from liver.world.group import Group
 
-_TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+_TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16,
+                 "int64": torch.int64, "uint8": torch.uint8}
 
 
 @dataclass

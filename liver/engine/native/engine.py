@@ -26,7 +26,7 @@ from torch.distributed.tensor import DTensor
 from liver.engine.interface import StepStats
 from liver.host import faults
 from liver.engine.native.recipe import Recipe, clip_grad_norm
-from liver.engine.native.resource import local_box, placed_state
+from liver.engine.native.resource import local_box, persistent_buffers, placed_state
 from liver.resource_view.view import Box
 from liver.topology import JobConfig
 from liver.world.fake import FakeWorld
@@ -51,7 +51,7 @@ def build_model(recipe: Recipe, job: JobConfig, world: World, device: torch.devi
     adopt = adopt if device.type != "meta" and adopt and not any(isinstance(m, FSDPModule) for m in model.modules()) \
         else {}  # (FSDP2 keeps a rank's shards as views into its own padded buffer: never adopted)
     if device.type != "meta":
-        names = {id(p): n for n, p in model.named_parameters()}
+        names = {id(p): n for n, p in [*model.named_parameters(), *persistent_buffers(model)]}
         model._apply(lambda t: adopted(adopt.get(names.get(id(t), "")), t, device))  # (to_empty, adopting)
         recipe.init_buffers(model, job)
     optimizer = recipe.optimizer(model, job)
@@ -142,6 +142,7 @@ class NativeEngine:
             for key, v in self.optimizer.state[p].items():
                 if key != "step":
                     out[f"{name}.{key}"] = v
+        out.update(persistent_buffers(self.model))
         return out
 
     def _initialise(self) -> None:
@@ -149,8 +150,20 @@ class NativeEngine:
         box: the same first state whatever the layout. Optimizer state starts at zero."""
         seed = self.job.train.seed
         with torch.no_grad():
+            # persistent buffers: as their modules make them (a running statistic's reset), zero
+            # where a module has no reset, then the recipe's own init_buffers over them
+            for mod in self.model.modules():
+                if any(b is not None and n not in mod._non_persistent_buffers_set for n, b in mod._buffers.items()):
+                    reset = getattr(mod, "reset_running_stats", None)
+                    if callable(reset):
+                        reset()
+                    else:
+                        for n, b in mod._buffers.items():
+                            if b is not None and n not in mod._non_persistent_buffers_set:
+                                b.zero_()
+            self.recipe.init_buffers(self.model, self.job)
             for s in self.specs:
-                if s.name not in self.state:
+                if s.name not in self.state or s.kind == "buffer":
                     continue
                 if s.kind != "param":
                     self.state[s.name].zero_()
@@ -210,9 +223,7 @@ class NativeEngine:
         for p, st in self.optimizer.state.items():
             out += [f"{names.get(id(p), '?')}.{k} (optimizer state)" for k, v in st.items()
                     if k != "step" and isinstance(v, torch.Tensor) and f"{names.get(id(p))}.{k}" not in known]
-        for mod_name, mod in self.model.named_modules():
-            out += [f"{mod_name + '.' if mod_name else ''}{b} (persistent buffer)" for b, t in mod._buffers.items()
-                    if t is not None and b not in mod._non_persistent_buffers_set]
+        out += [f"{n} (persistent buffer)" for n, _ in persistent_buffers(self.model) if n not in known]
         return out
 
     # ---- training ----------------------------------------------------------------------------
@@ -231,6 +242,7 @@ class NativeEngine:
 
     def batch(self) -> tuple[torch.Tensor, torch.Tensor]:
         """This rank's inputs and targets for the next step, on the device; the model in train mode."""
+        faults.here("mid-step", self.step + 1)  # (the fault matrix's peer lost in a step; unset: a no-op)
         c = self.world.coord
         inputs, targets = self.recipe.batch(self.job, c.dp, self.layout.dp, self.consumed_samples)
         self.model.train()
@@ -240,7 +252,6 @@ class NativeEngine:
 
     def clip_grad_norm(self, max_norm: float) -> float:
         """The gradients' global norm over every stage, clipped to ``max_norm`` (0: not clipped)."""
-        faults.here("mid-step", self.step + 1)  # (the fault matrix's peer lost mid-step; unset: a no-op)
         return clip_grad_norm(self.model.parameters(), max_norm, stages=self.world.pp if self.layout.pp > 1 else None)
 
     def finish(self, loss: torch.Tensor, norm: float, t0: float) -> StepStats:

@@ -109,14 +109,28 @@ def layer_of(names: list[str]) -> dict[str, int]:
     return out
 
 
+def persistent_buffers(model: nn.Module) -> list[tuple[str, torch.Tensor]]:
+    """The model's persistent buffers by qualified name (in ``state_dict``: a running statistic, a
+    counter), which a step may read and change; non-persistent ones are recomputed (``init_buffers``)."""
+    out, seen = [], set()
+    for prefix, mod in model.named_modules():
+        for name, b in mod._buffers.items():
+            if b is not None and name not in mod._non_persistent_buffers_set and id(b) not in seen:
+                seen.add(id(b))
+                out.append((f"{prefix}.{name}" if prefix else name, b))
+    return out
+
+
 def placed_state(model: nn.Module, optimizer: torch.optim.Optimizer | None,
                  state_keys: Iterable[str] = ("exp_avg", "exp_avg_sq")) -> list[Placed]:
     """Every parameter (by its qualified name), each followed by its optimizer state of
-    ``state_keys`` (same geometry as the parameter); refuses what it cannot describe."""
+    ``state_keys`` (same geometry as the parameter), then the persistent buffers; refuses what it
+    cannot describe."""
     params = list(model.named_parameters())
+    buffers = persistent_buffers(model)
     if optimizer is not None:
         _check_optimizer(model, optimizer, state_keys)
-    layers = layer_of([n for n, _ in params])
+    layers = layer_of([n for n, _ in params] + [n for n, _ in buffers])
     out = []
     for name, p in params:
         pl = _placed(name, p, layers[name], "param", "")
@@ -125,6 +139,7 @@ def placed_state(model: nn.Module, optimizer: torch.optim.Optimizer | None,
         for key in state_keys if optimizer is not None else ():
             s = TensorSpec(f"{name}.{key}", spec.shape, spec.dtype, spec.layer, spec.shard_dim, key, name)
             out.append(Placed(s, pl.mesh_dims, pl.mesh_shape, pl.placements))
+    out += [_placed(name, b, layers[name], "buffer", "") for name, b in buffers]
     return out
 
 

@@ -31,6 +31,9 @@ class NativeStep(Step):
         self._t0 = time.perf_counter()
         self.job = engine.job
         self.model, self.optimizer = engine.model, engine.optimizer
+        self.mesh = engine.world.mesh()
+        """This generation's DeviceMesh (dimensions "pp", "dp", "tp"), for the loop's own collectives
+        (a replicated model's gradient average over ``mesh["dp"]``)."""
         self.pipelined = engine.layout.pp > 1
         """Whether this generation has pipeline stages: then ``schedule_step`` runs forward and
         backward (each stage holds only its part of the model)."""
