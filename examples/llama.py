@@ -89,17 +89,7 @@ class Llama(nn.Module):
 
 def parallelize(model: Llama, mesh) -> Llama:
     """Megatron-style TP over mesh["tp"], then FSDP2 over mesh["dp"] (per block, then the root)."""
-    tensor_parallel(model, mesh["tp"])
-    dp = mesh["dp"]
-    if dp.size() > 1:  # over TP's DTensors this makes 2-D shards (FSDP2's _StridedShard)
-        for block in model.layers.values():
-            fully_shard(block, mesh=dp)
-        fully_shard(model, mesh=dp)
-    return model
-
-
-def tensor_parallel(model: Llama, tp) -> Llama:
-    """Megatron-style TP over the 1-D mesh ``tp`` (nothing where it has one rank)."""
+    tp, dp = mesh["tp"], mesh["dp"]
     if tp.size() > 1:
         parallelize_module(model, tp, {k: v for k, v in {
             "tok_embeddings": RowwiseParallel(input_layouts=Replicate(), output_layouts=Replicate()),
@@ -111,6 +101,10 @@ def tensor_parallel(model: Llama, tp) -> Llama:
                 "attention.wo": RowwiseParallel(output_layouts=Replicate()),
                 "feed_forward.w1": ColwiseParallel(), "feed_forward.w3": ColwiseParallel(),
                 "feed_forward.w2": RowwiseParallel(output_layouts=Replicate())})
+    if dp.size() > 1:  # over TP's DTensors this makes 2-D shards (FSDP2's _StridedShard)
+        for block in model.layers.values():
+            fully_shard(block, mesh=dp)
+        fully_shard(model, mesh=dp)
     return model
 
 
@@ -175,43 +169,4 @@ class LlamaRecipe(Recipe):
         return F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten())
 
 
-class ReplicatedLlamaRecipe(LlamaRecipe):
-    """Data parallelism by replicas, DDP's way: every data-parallel rank holds the whole (TP) model
-    and the loop averages the gradients over mesh["dp"]. More memory than FSDP2, but a rank lost
-    without notice is healed from its replicas, with no rollback to the checkpoint."""
-
-    name = "llama-replicated"
-
-    def parallelize(self, model, mesh, job):
-        return tensor_parallel(model, mesh["tp"])
-
-    def loop(self, steps):
-        for step in steps:
-            with step:
-                if step.pipelined:
-                    loss = step.schedule_step()
-                else:
-                    loss = self.criterion(step.model(step.inputs), step.targets)
-                    loss.backward()
-                average_gradients(step.model, step.mesh["dp"])
-                norm = step.clip_grad_norm(step.job.train.grad_clip)
-                step.optimizer.step()
-                step.optimizer.zero_grad(set_to_none=True)
-                step.done(loss, norm)
-
-
-def average_gradients(model: nn.Module, dp) -> None:
-    """The mean of each gradient over the data-parallel replicas (their local shards: a TP
-    DTensor's replicas hold the same shard)."""
-    if dp.size() == 1:
-        return
-    group = dp.get_group()
-    for p in model.parameters():
-        if p.grad is not None:
-            g = p.grad._local_tensor if hasattr(p.grad, "_local_tensor") else p.grad
-            torch.distributed.all_reduce(g, group=group)
-            g.div_(dp.size())
-
-
 RECIPE = LlamaRecipe()
-REPLICATED = ReplicatedLlamaRecipe()

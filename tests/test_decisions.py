@@ -100,3 +100,10 @@ def test_the_next_event_is_the_due_head_else_a_due_notice_wherever_it_waits(item
         assert i == 0
     else:
         assert i == (notices[0] if notices else None)
+
+
+def test_a_step_triggers_exact_time_is_taken_from_the_recent_step_ends_where_the_record_has_it():
+    from liver.controller.decisions import trigger_time
+    ends = {5: 100.25, 6: 100.5, 7: 101.75}
+    assert trigger_time(5, None, 7, 101.75, 0.01, 90.0, 130.0, ends) == 100.25  # not 101.73 estimated back
+    assert trigger_time(4, None, 7, 101.75, 0.5, 90.0, 130.0, ends) == 101.75 - 3 * 0.5

@@ -147,7 +147,7 @@ def test_a_step_re_run_after_a_heal_is_the_step_a_restart_computes(tmp_path, mon
 
 @pytest.mark.timeout(600)
 def test_a_users_replicated_model_heals_mid_step_and_re_runs_the_step_a_restart_computes(tmp_path, monkeypatch):
-    """A user's own loop (examples/llama.py's replicated recipe: the model whole on each data-
+    """A user's own loop (tests/recipes/replicated.py: examples/llama.py's model whole on each data-
     parallel rank, gradients averaged in the loop, DDP's way): a rank lost mid-step leaves its peer
     with the gradients of an iteration that cannot complete; the peer heals from its own replica,
     ``with step:`` runs the iteration again from no gradient, and the steps after equal a restart's."""
@@ -157,7 +157,7 @@ def test_a_users_replicated_model_heals_mid_step_and_re_runs_the_step_a_restart_
     from test_run import liver, replays_as_restart
     root = Path(__file__).resolve().parent.parent
     config = ("--config", str(root / "configs" / "llama-native.toml"),
-              "--set", f"engine={root / 'examples' / 'llama.py'}:REPLICATED")
+              "--set", f"engine={root / 'tests' / 'recipes' / 'replicated.py'}:RECIPE")
     empty = tmp_path / "none.txt"
     empty.write_text("# no events\n")
     monkeypatch.setenv(faults.ENV, "mid-step:1:9")

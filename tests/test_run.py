@@ -351,6 +351,10 @@ def test_a_notice_behind_a_queued_event_merges_into_the_pending_scale_out_timed_
     assert notice["status"] == "merged into the pending scale-out (now to 3)", kinds
     out = next(e for e in rep["events"] if e["event"]["kind"] == "scale-out")
     assert out["status"] == "done" and out["gpus"] == 3 and out["digest_equal"] is True, out
+    # taken within a bounded time of its step on a machine the ranks keep busy (once 30 s late: the
+    # controller's loop was at idle-only priority), and the record says when it was triggered,
+    # taken and switched
+    assert 0 <= out["taken_after_trigger_s"] < 5.0 and out["t_triggered"] <= out["t_taken"] <= out["switch_end"]
     reshape = next(e for e in rep["events"] if e["event"]["kind"] == "reshape")
     assert reshape["status"].startswith("refused"), reshape
     step5 = next(s for s in rep["steps"] if s["step"] == 5)

@@ -376,6 +376,7 @@ class Controller(NodeMembership):
         if p is None or self.active is None or p.generation != self.active.generation:
             return
         now = time.time()
+        ends = {int(k): t for k, t in p.ends.items()} if p.ends else None
         with self.lock:
             for i, ev in enumerate(self.queue):
                 if ev.after_previous is not None and ev.at_step is None:
@@ -383,7 +384,8 @@ class Controller(NodeMembership):
                         continue  # (``step +N``: counted from the end of the event before it)
                     ev.at_step = p.step + ev.after_previous
                 if ev.arrived is None:
-                    ev.arrived = trigger_time(ev.at_step, ev.at_time, p.step, p.time, p.step_s, self.t_start, now)
+                    ev.arrived = trigger_time(ev.at_step, ev.at_time, p.step, p.time, p.step_s, self.t_start, now,
+                                              ends)
 
     def _refuse(self, ev: Event, e: ValueError) -> None:
         self.records.append({"event": ev.to_dict(), "status": f"refused: {e}"})

@@ -97,14 +97,17 @@ def join_total(policy: str, n_now: int, capacity: int, step_time: Callable[[int]
 
 
 def trigger_time(at_step: int | None, at_time: float | None, step: int, step_end: float, step_s: float,
-                 t_start: float | None, now: float) -> float | None:
+                 t_start: float | None, now: float, ends: dict[int, float] | None = None) -> float | None:
     """When an event's trigger happened, or None while it has not: ``at_step`` N is the end of
     step N (the latest step, ``step``, ended at ``step_end``; an earlier one is counted back at
-    the latest step's time, ``step_s`` each), ``at_time`` T is T seconds after the first step
+    the latest step's time, ``step_s`` each, unless ``ends`` has its own: {step: end time}),
+    ``at_time`` T is T seconds after the first step
     (``t_start``; ``now`` the time), neither: ``now`` (it came without a trigger). A notice's
     deadline counts from here, not from when the controller took it."""
     if at_step is not None:
-        return step_end - (step - at_step) * step_s if step >= at_step else None
+        if step < at_step:
+            return None
+        return ends[at_step] if ends and at_step in ends else step_end - (step - at_step) * step_s
     if at_time is not None:
         return t_start + at_time if t_start is not None and now - t_start >= at_time else None
     return now

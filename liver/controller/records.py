@@ -52,7 +52,7 @@ def new_record(ev: Event, arrived: float, old: ParallelConfig, new: ParallelConf
     its deadline counts from there; ``t_event``: when the controller took it."""
     now = time.time()
     return {"event": ev.to_dict(), "status": "started", "gpus": ev.gpus, "arrived": arrived,
-            "t_triggered": arrived, "taken_after_trigger_s": now - arrived,
+            "t_triggered": arrived, "t_taken": now, "taken_after_trigger_s": now - arrived,
             "deadline_at": arrived + ev.deadline_s if ev.deadline_s is not None else None,
             "old": old.short(), "new": new.short(), "old_generation": old_generation,
             "t_event": now, "step_at_event": step}

@@ -100,6 +100,8 @@ class Progress:
     checkpoint_step: int | None = None     # the newest checkpoint published whole (None: none stands)
     checkpoint_failures: int = 0           # periodic checkpoints failed in a row since the last good one
     checkpoint_error: str | None = None    # the latest failure's cause, while failures > 0
+    ends: dict[str, float] | None = None   # {step: end time} of this generation's last steps (a
+                                           # step trigger's exact time, seen late by the controller)
 
     KEY = "progress"
 

@@ -14,6 +14,7 @@ import time
 
 STARTED = time.time()
 
+import collections  # noqa: E402
 import faulthandler  # noqa: E402
 import gc  # noqa: E402
 import json  # noqa: E402
@@ -51,6 +52,7 @@ from liver.runtime.switch import switch  # noqa: E402
 from liver.world.world import World, connect_store  # noqa: E402
 
 IMPORTED = time.time()
+ENDS_KEPT = 32  # the step ends a step record carries: a controller that looks late finds its trigger's
 
 
 class Heartbeat(threading.Thread):
@@ -107,6 +109,7 @@ class Member:
         self._side_user: Companion | None = None  # the last companion that used it
         self._switching = False
         self._half_streamed = False  # a switch failed under it: its old state is no longer whole
+        self._ends: collections.deque[tuple[int, float]] = collections.deque(maxlen=ENDS_KEPT)  # rank 0's (step, end)
 
     def _preparation(self, spec: GenerationSpec, **kw: Any) -> Preparation:
         c = self.config
@@ -187,13 +190,16 @@ class Member:
             except RuntimeError as err:  # the step is done (its state moved on): it is logged first
                 broke = err
             digest_s = time.perf_counter() - t0
+        if e.world.rank == 0:
+            self._ends.append((st.step, end))
         if e.world.rank == 0 or self.config.log_rank in (-1, e.world.rank):
             rec = Progress(step=st.step, generation=e.world.generation, loss=st.loss, step_s=st.step_s,
                            time=end, parallel=e.layout.parallel.short(), preparing=self.companion is not None,
                            tokens_per_s=st.tokens_per_s, grad_norm=st.grad_norm, mfu=st.mfu,
                            memory_gib=torch.cuda.max_memory_reserved(self.device) / 2**30
                            if self.device.type == "cuda" else None, digest=digest, digest_s=digest_s,
-                           **(self.ckpt.standing() if e.world.rank == 0 and self.ckpt.every else {}))
+                           **(self.ckpt.standing() if e.world.rank == 0 and self.ckpt.every else {}),
+                           ends={str(k): t for k, t in self._ends} if e.world.rank == 0 else None)
             if e.world.rank == 0:  # one serialisation: the store and steps.jsonl get the same line
                 line = json.dumps(to_dict(rec))
                 self.store.set(Progress.KEY, line)
