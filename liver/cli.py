@@ -18,10 +18,10 @@ from liver.sim.commands import _bench_sim_speed, _sim_calibrate, _sim_project, _
 
 DEFAULT_EVENTS = """\
 # the embedded schedule of `liver run` (and `make demo`): one event per line, see
-# liver/controller/events.py for the grammar; events are handled one at a time, in this order
+# liver/controller/events.py for the grammar; "step +N": N steps after the event before it ended
 at step 6: scale-out 4                 # two cold processes join; the controller picks tp,pp,dp
-at step 12: reshape 2,2,1              # same four processes, new layout
-at step 18: scale-in 2 deadline 20s    # preemption notice for two GPUs
+at step +6: reshape 2,2,1              # same four processes, new layout
+at step +6: scale-in 2 deadline 20s    # preemption notice for two GPUs
 """
 
 

@@ -71,3 +71,5 @@ def test_the_run_summary_states_the_overhead_with_its_interval_and_placebo_or_sa
     assert "+1.00% (95% interval -2.00% to +3.00%, 40 steps)" in line and "within the drift" in line
     apart = {**both, "steady_overhead_ci95": [0.05, 0.09]}
     assert "beyond the drift" in overhead_line(apart)
+    wide = {"steady_overhead": -0.0099, "steady_overhead_ci95": [-0.186, 0.2495], "steps_preparing": 303}
+    assert "no placebo" in overhead_line(wide) and "too wide to tell" in overhead_line(wide)

@@ -219,6 +219,9 @@ def build(run_dir: Path, result: dict[str, Any], meta: dict[str, Any]) -> dict[s
                                       "steady_overhead_placebo_ci95", "steps_placebo")}}
 
 
+WIDE = 0.10  # an interval wider than this many points says nothing of an overhead of a few tenths
+
+
 def overhead_line(report: dict[str, Any]) -> str:
     """The steady-state overhead as a run can state it: with its 95% interval and the placebo's
     beside it (what step times drift by with nothing prepared), or why it was not measured. One
@@ -234,6 +237,10 @@ def overhead_line(report: dict[str, Any]) -> str:
         line += f"; placebo {pl:+.2%} ({pci[0]:+.2%} to {pci[1]:+.2%}): "
         line += ("within the drift of step times" if ci[0] <= pci[1] and pci[0] <= ci[1] else
                  "beyond the drift of step times")
+    else:
+        line += "; no placebo (too few calm steps before the preparations)"
+    if ci[1] - ci[0] > WIDE:
+        line += "; too wide to tell an overhead from step-time noise here: `liver bench reconfig` measures it"
     return line
 
 
