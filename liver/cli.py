@@ -126,6 +126,7 @@ def _run(args: argparse.Namespace) -> int:
     else:
         events = parse_schedule_text(DEFAULT_EVENTS, "embedded schedule")
     check_schedule(cfg, events)  # refused here, before anything of the job exists
+    check_threads()
     if cfg.checkpoint.start_from is not None:  # the one checkpoint it names, matching the job's model
         from liver.checkpoint.periodic import check_matches, resolve
         cfg = replace(cfg, checkpoint=replace(cfg.checkpoint, start_from=resolve(cfg.checkpoint.start_from)))
@@ -213,6 +214,7 @@ def _agent(args: argparse.Namespace) -> int:
     from liver.agent.notices import watchers
     from liver.agent.service import AgentService
 
+    check_threads()  # (its workers' thread count: refused before any of them starts)
     url, token = args.controller, args.token or os.environ.get("LIVER_TOKEN")
     if args.run_dir and not url:
         url, token = _await_control(Path(args.run_dir), args.connect_timeout, token)
@@ -310,6 +312,11 @@ def _job_flags(r: argparse.ArgumentParser) -> None:
     r.add_argument("--token", default=None, help="control token (default: random, in control.json)")
     r.add_argument("--no-endpoint", action="store_true")
     r.add_argument("--run-dir", default=None)
+
+
+def check_threads() -> None:
+    from liver.runtime.preload import check_threads as check
+    check()
 
 
 def describe_model(cfg) -> str:

@@ -101,3 +101,22 @@ def test_a_start_waiting_for_a_template_gives_up_when_the_job_is_interrupted(tmp
         z.start(str(tmp_path / "s.json"), {}, str(tmp_path / "w.log"), quiet=True, idle=False, entry=ENTRY)
     assert time.time() - t0 < 1.5
     z.close()
+
+
+def test_any_omp_num_threads_starts_the_job_and_workers_take_it_as_torchrun_does(tmp_path, monkeypatch, capsys):
+    """OMP_NUM_THREADS=4 once stopped `liver run` (the template's math libraries started a thread
+    pool at import, and a fork copies one thread); now the template runs single-threaded and each
+    worker sets the user's count after its fork; a value that is no count is refused up front."""
+    from liver.cli import main
+    from liver.runtime.preload import check_threads, worker_threads
+    assert worker_threads("gloo", {"OMP_NUM_THREADS": "4"}) == 4 and worker_threads("nccl", {}) == 1
+    for bad in ("abc", "0", "-2", "1.5"):
+        with pytest.raises(ValueError, match="OMP_NUM_THREADS=.*allowed unset or a thread count"):
+            check_threads({"OMP_NUM_THREADS": bad})
+    none = tmp_path / "none.txt"
+    none.write_text("# no events\n")
+    monkeypatch.setenv("OMP_NUM_THREADS", "4")
+    assert main(["run", "--events", str(none), "--steps", "4", "--run-dir", str(tmp_path / "run")]) == 0
+    monkeypatch.setenv("OMP_NUM_THREADS", "abc")
+    assert main(["run", "--events", str(none), "--steps", "4", "--run-dir", str(tmp_path / "run2")]) == 2
+    assert "OMP_NUM_THREADS='abc'" in capsys.readouterr().err and not (tmp_path / "run2" / "logs").exists()

@@ -44,6 +44,7 @@ from liver.runtime.boundary import Local, after_force, decide  # noqa: E402
 from liver.runtime.companion import Companion, Preparation  # noqa: E402
 from liver.transfer.rehearsal import rehearse  # noqa: E402
 from liver.runtime.mock import rehearse_step, warm_up  # noqa: E402
+from liver.runtime import preload  # noqa: E402
 from liver.runtime.pace import Pace  # noqa: E402
 from liver.runtime.steps import Steps  # noqa: E402
 from liver.config.fields import from_dict, to_dict  # noqa: E402
@@ -88,11 +89,13 @@ class Member:
         self.binding = cores.Binding(list(spec.cores) if spec.cores is not None else None)
         if spec.role != "joiner":
             self.binding.bind()  # a joiner boots on idle time anywhere; bound when it holds a rank
+        threads = preload.worker_threads(self.backend)  # (the template ran single-threaded)
+        os.environ["OMP_NUM_THREADS"] = str(threads)  # (libraries read it)
+        torch.set_num_threads(threads)
         if self.backend == "nccl":
             torch.cuda.set_device(spec.slot)
             self.device = torch.device("cuda", spec.slot)
         else:
-            torch.set_num_threads(1)
             self.device = torch.device("cpu")
         self.store = protocol.run_store(connect_store(spec.store_addr))
         Heartbeat(spec.store_addr, spec.proc).start()

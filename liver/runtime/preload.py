@@ -25,17 +25,39 @@ def _warm(engine: str, cpu_step: bool) -> None:
     warm_process(load_adapter(engine), cpu_step)
 
 
+def _single_threaded() -> None:
+    """Before torch's import: no thread pool in the template, whatever the user's OMP_NUM_THREADS
+    (its math libraries start one at load from it; a fork would copy only the calling thread).
+    The workers set their own thread count after the fork (``worker_threads``), as torchrun does."""
+    for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
+        os.environ[var] = "1"
+
+
+def worker_threads(backend: str, env: dict[str, str] | None = None) -> int:
+    """A worker's intra-op threads: the user's ``OMP_NUM_THREADS`` where set (checked before the
+    job starts: ``check_threads``), else 1, as torchrun sets it for several processes a node."""
+    value = (os.environ if env is None else env).get("OMP_NUM_THREADS", "")
+    return int(value) if value.strip().isdigit() and int(value) > 0 else 1
+
+
+def check_threads(env: dict[str, str] | None = None) -> None:
+    """``OMP_NUM_THREADS`` unset or a positive count; ValueError naming it otherwise (before anything starts)."""
+    value = (os.environ if env is None else env).get("OMP_NUM_THREADS")
+    if value is not None and not (value.strip().isdigit() and 1 <= int(value) <= 4096):
+        raise ValueError(f"OMP_NUM_THREADS={value!r} (environment): allowed unset or a thread count from 1 to 4096")
+
+
 def cpu_worker(engine: str) -> None:
     """``engine``: the job's engine, by import path (its code paths are rehearsed). On a CUDA build
     of torch a backward pass starts device threads even for CPU tensors, so the training step is
     rehearsed only on a CPU build."""
-    os.environ.setdefault("OMP_NUM_THREADS", "1")  # before torch's import: no thread pool
+    _single_threaded()
     import torch
     _warm(engine, cpu_step=torch.version.cuda is None and getattr(torch.version, "hip", None) is None)
 
 
 def gpu_worker(engine: str) -> None:
-    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    _single_threaded()
     _warm(engine, cpu_step=False)
 
 
