@@ -35,3 +35,22 @@ def setup(level: int = logging.INFO) -> None:
 def phase(what: str, **fields: Any) -> None:
     """One reconfiguration phase event with its fields (generation, durations, ...)."""
     PHASES.info(what, extra={"fields": fields})
+
+
+def culprit(err: BaseException) -> str:
+    """An exception in one line, for a user: its type, its message and the line of the user's own
+    code it came from (the innermost frame outside liver, torch and the standard library), e.g.
+    ``ValueError: bad head count (at /home/me/recipe.py:42: raise ValueError(...))``."""
+    import os
+    import traceback
+
+    here = os.path.dirname(os.path.abspath(__file__))
+    library = {os.path.dirname(os.__file__)}  # the standard library (site-packages is below it)
+    frames = traceback.extract_tb(err.__traceback__)
+    mine = [f for f in frames if not f.filename.startswith(here) and
+            not any(f.filename.startswith(d) for d in library) and "site-packages" not in f.filename]
+    where = mine[-1] if mine else (frames[-1] if frames else None)
+    text = f"{type(err).__name__}: {err}"
+    if where is not None:
+        text += f" (at {where.filename}:{where.lineno}" + (f": {where.line}" if where.line else "") + ")"
+    return text

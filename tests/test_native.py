@@ -314,3 +314,16 @@ def test_persistent_buffers_are_logical_tensors_of_the_state():
     specs = {s.name: s for s in adapter.state_specs(job)}
     assert specs["layers.0.decay.scale"].kind == "buffer" and specs["layers.0.decay.scale"].shape == (64,)
     assert specs["layers.1.decay.calls"].dtype == "int64" and specs["layers.1.decay.calls"].shape == ()
+
+
+def test_a_recipe_file_imports_a_module_beside_it(tmp_path):
+    """As Python does for a script it runs: the recipe's directory is on the import path (workers
+    load the same file by the same absolute path)."""
+    (tmp_path / "mymodels.py").write_text(
+        "import importlib.util\n"
+        f"spec = importlib.util.spec_from_file_location('mymodels_llama', {str(ROOT / 'examples' / 'llama.py')!r})\n"
+        "llama = importlib.util.module_from_spec(spec)\nspec.loader.exec_module(llama)\n"
+        "class MyRecipe(llama.LlamaRecipe):\n    name = 'mine'\n")
+    (tmp_path / "train.py").write_text("from mymodels import MyRecipe\nRECIPE = MyRecipe()\n")
+    adapter = load_adapter(f"{tmp_path / 'train.py'}:RECIPE")
+    assert adapter.name == "mine" and adapter.state_specs(job_of(64, 4, 128, 256))

@@ -120,3 +120,30 @@ def test_any_omp_num_threads_starts_the_job_and_workers_take_it_as_torchrun_does
     monkeypatch.setenv("OMP_NUM_THREADS", "abc")
     assert main(["run", "--events", str(none), "--steps", "4", "--run-dir", str(tmp_path / "run2")]) == 2
     assert "OMP_NUM_THREADS='abc'" in capsys.readouterr().err and not (tmp_path / "run2" / "logs").exists()
+
+
+def test_a_recipes_error_in_the_rehearsal_reaches_the_terminal_with_its_type_message_and_line(tmp_path, capsys):
+    """The template rehearses a training step of the recipe before it forks anyone: an error of the
+    recipe's own there is said with its type, its message and the recipe's line (it was only "the
+    zygote ended before it forked")."""
+    from pathlib import Path
+
+    from liver.cli import main
+    root = Path(__file__).resolve().parent.parent
+    recipe = tmp_path / "broken.py"
+    recipe.write_text(
+        "import importlib.util\n"
+        f"spec = importlib.util.spec_from_file_location('broken_llama', {str(root / 'examples' / 'llama.py')!r})\n"
+        "llama = importlib.util.module_from_spec(spec)\nspec.loader.exec_module(llama)\n"
+        "class Broken(llama.LlamaRecipe):\n"
+        "    def batch(self, job, dp_rank, dp_size, position):\n"
+        "        raise RuntimeError('my corpus is not there')\n"
+        "RECIPE = Broken()\n")
+    none = tmp_path / "none.txt"
+    none.write_text("# no events\n")
+    rc = main(["run", "--config", str(root / "configs" / "llama-native.toml"), "--set", f"engine={recipe}:RECIPE",
+               "--events", str(none), "--steps", "4", "--run-dir", str(tmp_path / "run")])
+    out = capsys.readouterr()
+    assert rc != 0
+    assert f"RuntimeError: my corpus is not there (at {recipe}:7: raise RuntimeError('my corpus is not there'))" \
+        in out.err + out.out, out.err[-2000:]

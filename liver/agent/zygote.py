@@ -31,6 +31,7 @@ import traceback
 from typing import Any
 
 from liver.host.priority import background
+from liver.logs import culprit
 
 START_TIMEOUT_S = 120.0  # the first fork waits for the template's imports
 
@@ -58,6 +59,7 @@ class Zygote:
         self._gone = False  # the template ended (its pipe closed)
         self._interrupted = False  # the agent was interrupted (Ctrl-C): a start waiting here gives up
         self._ready = False  # its imports are done
+        self._error: str | None = None  # why its preload failed (a recipe's error in the rehearsal)
         threading.Thread(target=self._read, name="zygote-replies", daemon=True).start()
 
     def _read(self) -> None:
@@ -69,6 +71,8 @@ class Zygote:
                         self._exits[msg["pid"]] = msg["exit"]
                     elif "ready" in msg:
                         self._ready = True
+                    elif "error" in msg:
+                        self._error = msg["error"]
                     else:
                         self._pids[msg["id"]] = msg["pid"]
                     self._cond.notify_all()
@@ -81,7 +85,12 @@ class Zygote:
         with self._cond:
             if not self._cond.wait_for(lambda: self._ready or self._gone, timeout_s) or not self._ready:
                 raise RuntimeError(f"the zygote (pid {self.process.pid}) is not ready after {timeout_s:g} s: "
-                                   f"exit {self.process.poll()}; its output is on the agent's stderr")
+                                   f"{self._why()}")
+
+    def _why(self) -> str:
+        if self._error is not None:  # (its traceback is on the agent's stderr too)
+            return f"its preload failed: {self._error}"
+        return f"exit {self.process.poll()}; its output is on the agent's stderr"
 
     def start(self, spec_path: str, env: dict[str, str], log_path: str, quiet: bool, idle: bool,
               entry: str) -> int:
@@ -95,8 +104,7 @@ class Zygote:
         try:
             os.write(self._req_w, line.encode())
         except BrokenPipeError:
-            raise RuntimeError(f"the zygote (pid {self.process.pid}) has ended: "
-                               f"exit {self.process.poll()}; its output is on the agent's stderr") from None
+            raise RuntimeError(f"the zygote (pid {self.process.pid}) has ended: {self._why()}") from None
         with self._cond:
             if not self._cond.wait_for(lambda: rid in self._pids or self._gone or self._interrupted, START_TIMEOUT_S):
                 raise RuntimeError(f"the zygote (pid {self.process.pid}) did not fork a worker in "
@@ -104,8 +112,7 @@ class Zygote:
             if rid not in self._pids and self._interrupted:
                 raise KeyboardInterrupt  # (the controller's thread ends the job as Ctrl-C does)
             if rid not in self._pids:
-                raise RuntimeError(f"the zygote (pid {self.process.pid}) ended before it forked: "
-                                   f"exit {self.process.poll()}; its output is on the agent's stderr")
+                raise RuntimeError(f"the zygote (pid {self.process.pid}) ended before it forked: {self._why()}")
             return self._pids.pop(rid)
 
     def interrupt(self) -> None:
@@ -184,7 +191,11 @@ def _status(raw: int) -> int:
 def _serve(req_fd: int, reply_fd: int, preload: str, args: list[str]) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # a Ctrl-C is the agent's to handle: it stops the workers
     module, function = preload.split(":")
-    getattr(importlib.import_module(module), function)(*args)  # the imports every worker shares
+    try:
+        getattr(importlib.import_module(module), function)(*args)  # the imports every worker shares
+    except Exception as e:  # a recipe's error in the rehearsal: said to the agent, who says it to the user
+        os.write(reply_fd, (json.dumps({"error": culprit(e)}) + "\n").encode())
+        raise
     threads = len(os.listdir("/proc/self/task")) if os.path.isdir("/proc/self/task") else 1
     if threads != 1:
         names = sorted(Path(f"/proc/self/task/{t}/comm").read_text().strip() for t in os.listdir("/proc/self/task"))
@@ -249,8 +260,9 @@ def _child(req: dict[str, Any], inherited: tuple[int, ...]) -> None:
         code = 0
     except SystemExit as e:
         code = 0 if e.code is None else e.code if isinstance(e.code, int) else 1
-    except BaseException:
+    except BaseException as e:
         traceback.print_exc()
+        print(f"liver: worker failed: {culprit(e)}", file=sys.stderr)  # (its last line: the controller reports it)
     finally:
         try:
             sys.stdout.flush()

@@ -189,6 +189,9 @@ def load_adapter(path: str) -> EngineAdapter:
             if not os.path.isfile(module):
                 raise ImportError(f"no file {module}")
             name = "liver_user_" + os.path.splitext(os.path.basename(module))[0]
+            here = os.path.dirname(os.path.abspath(module))
+            if here not in sys.path:  # its own modules beside it import, as for a script Python runs
+                sys.path.insert(0, here)
             spec = importlib.util.spec_from_file_location(name, module)
             mod = importlib.util.module_from_spec(spec)
             sys.modules[name] = mod  # (pickling and dataclasses look the module up)
