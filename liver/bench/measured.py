@@ -175,6 +175,10 @@ def _join_vs_torchft(d: dict[str, Any]) -> list[str]:
             f"{lv['lost_steps']:g} and {tf['lost_steps']:g} steps lost."]
 
 
+def _recovery_kind(status: str) -> str:
+    return "heal" if status.startswith("healed") else "drop" if "no handoff fits" in status else "rollback"
+
+
 def _soak(rows: list[dict[str, Any]]) -> list[str]:
     out = []
     for d in rows:
@@ -186,6 +190,13 @@ def _soak(rows: list[dict[str, Any]]) -> list[str]:
                    f"{d['fail_stops']} fail-stops ({d['rollbacks']} rolled back, {d['lost_steps']} steps lost in all, "
                    f"none beyond the design: {not d['losses_beyond_design']}); median live downtime "
                    f"{min(live):.3f}-{max(live):.3f} s by kind; all checks: {'pass' if d['ok'] else 'FAIL'}.")
+        replays = d.get("restart_replays")
+        if replays is not None:
+            out[-1] += (f" Restart replays of {len(replays)} recoveries ("
+                        + ", ".join(f"{_recovery_kind(r['status'])} {r['old']} -> {r['new']} at step {r['restored_step']}"
+                                    for r in replays)
+                        + f"): {sum(r['equal'] for r in replays)} equal bit for bit over the "
+                        f"{sum(r['steps_compared'] for r in replays)} steps after them.")
     return out
 
 
