@@ -327,3 +327,26 @@ def test_a_recipe_file_imports_a_module_beside_it(tmp_path):
     (tmp_path / "train.py").write_text("from mymodels import MyRecipe\nRECIPE = MyRecipe()\n")
     adapter = load_adapter(f"{tmp_path / 'train.py'}:RECIPE")
     assert adapter.name == "mine" and adapter.state_specs(job_of(64, 4, 128, 256))
+
+
+def test_a_non_finite_loss_is_said_recorded_and_with_the_option_ends_the_job(tmp_path, capfd):
+    from test_run import liver
+    recipe = tmp_path / "nan.py"
+    recipe.write_text(
+        "import importlib.util\n"
+        f"spec = importlib.util.spec_from_file_location('nan_llama', {str(ROOT / 'examples' / 'llama.py')!r})\n"
+        "llama = importlib.util.module_from_spec(spec)\nspec.loader.exec_module(llama)\n"
+        "class Diverges(llama.LlamaRecipe):\n"
+        "    def criterion(self, logits, targets):\n"
+        "        return super().criterion(logits, targets) * float('nan')\n"
+        "RECIPE = Diverges()\n")
+    none = tmp_path / "none.txt"
+    none.write_text("# no events\n")
+    rep = liver(tmp_path / "run", "--config", CONFIG, "--set", f"engine={recipe}:RECIPE", "--events", str(none),
+                "--steps", "200", "--end-after-events", "-1", "--digest", "switch",
+                "--set", "controller.stop_on_nonfinite_loss=true")
+    assert rep["rc"] == 0
+    (rec,) = [e for e in rep["events"] if e["event"]["kind"] == "non-finite-loss"]
+    assert "not finite" in rec["status"] and "the job ends here" in rec["status"]
+    assert rep["steps"][-1]["step"] < 200  # ended early, not after every step
+    assert "NON-FINITE LOSS" in capfd.readouterr().out  # (the step line, from the worker)

@@ -147,3 +147,15 @@ def test_a_recipes_error_in_the_rehearsal_reaches_the_terminal_with_its_type_mes
     assert rc != 0
     assert f"RuntimeError: my corpus is not there (at {recipe}:7: raise RuntimeError('my corpus is not there'))" \
         in out.err + out.out, out.err[-2000:]
+
+
+def test_workers_see_their_generations_rank_world_size_and_local_sizes_as_torchrun_sets_them():
+    from liver.protocol.messages import GenerationSpec
+    from liver.runtime.member import torchrun_env
+    from liver.topology import ParallelConfig
+    spec = GenerationSpec(generation=3, parallel=ParallelConfig(dp=4), procs=(7, 8, 9, 10),
+                          nodes=("a", "a", "b", "b"))
+    assert torchrun_env(spec, 2, 0) == {"RANK": "2", "WORLD_SIZE": "4", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "2",
+                                        "GROUP_RANK": "1"}
+    one = GenerationSpec(generation=0, parallel=ParallelConfig(dp=2), procs=(0, 1))  # (no node names: one node)
+    assert torchrun_env(one, 1, 1)["LOCAL_WORLD_SIZE"] == "2"

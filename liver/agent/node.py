@@ -82,7 +82,8 @@ class NodeAgent:
                     generation=generation, cores=self.cores[local] if self.cores else None)
         path = self.run_dir / "specs" / f"proc{proc}.json"
         path.write_text(json.dumps(spec))
-        env = dict(os.environ, OMP_NUM_THREADS="1", LOCAL_RANK=str(local))
+        env = dict(os.environ, LOCAL_RANK=str(local))
+        env.setdefault("OMP_NUM_THREADS", "1")  # (as torchrun: the user's count where set)
         # a cold joiner boots at background priority: it must not slow the training it joins
         # (it restores its priority, where allowed, once it holds a rank)
         p = self.starter.start(str(path), env, str(self.run_dir / "logs" / f"proc{proc}.log"),

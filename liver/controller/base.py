@@ -11,6 +11,7 @@ the job restarts from the latest periodic checkpoint on the slots it still has.
 from __future__ import annotations
 
 import collections
+import math
 from dataclasses import replace
 import pickle
 import threading
@@ -149,6 +150,7 @@ class Controller(NodeMembership):
         self.suspended: dict[str, Any] | None = None  # no GPU: where the state is, since when (``_suspend``)
         self._suspending = False  # a scale-in to 0 saves the state before it suspends
         self._ckpt_failures_seen = 0  # the failures in a row last reported (``_checkpoints``)
+        self._nonfinite_seen = -1  # the generation whose non-finite loss was said (``_nonfinite``)
         self.checkpoint_failures_total = 0
         if resume is not None:
             self._restore(resume)
@@ -208,6 +210,7 @@ class Controller(NodeMembership):
                     self.t_start = self.progress.time
                 self._stamp_triggers()
                 self._checkpoints()
+                self._nonfinite()
                 self._hung()
                 self._watch_nodes()
                 self._exits(self.nodes.poll())
@@ -347,6 +350,24 @@ class Controller(NodeMembership):
         del self.queue[i]
         return ev
 
+    def _nonfinite(self) -> None:
+        """A loss that is not finite: said once per generation and recorded (a run whose every loss
+        is NaN once reported its handoffs as done, and nothing else); with
+        ``controller.stop_on_nonfinite_loss`` the job ends at that step."""
+        p = self.progress
+        if p is None or math.isfinite(p.loss) or self._nonfinite_seen == p.generation:
+            return
+        self._nonfinite_seen = p.generation
+        stop = self.cfg.controller.stop_on_nonfinite_loss
+        msg = (f"loss {p.loss} at step {p.step} (generation {p.generation}): not finite; "
+               + ("the job ends here (controller.stop_on_nonfinite_loss)" if stop else "training goes on"))
+        logs.PHASES.error(msg)
+        self.records.append({"event": {"kind": "non-finite-loss", "source": f"step {p.step}"}, "status": msg,
+                             "step": p.step, "generation": p.generation, "t_event": time.time()})
+        if stop and not self.end_at:
+            self.end_at, self._ending = max(1, p.step), True
+            self._wish()
+
     def _checkpoints(self) -> None:
         """A periodic checkpoint that failed (rank 0's step record says so) reaches the terminal,
         the report and ``/metrics`` at once, saying which checkpoint stands; this many in a row
@@ -435,6 +456,7 @@ class Controller(NodeMembership):
             self.slot_of[p] = s
         placed = self._within_nodes(self.adapter.layout(self.job, parallel), procs)
         spec = GenerationSpec(generation=self.gen, parallel=parallel, procs=tuple(placed), load_from=load_from,
+                              nodes=self.node_names(placed),
                               kind=kind)
         spec.publish(self.store)
         self._wish()
@@ -444,6 +466,15 @@ class Controller(NodeMembership):
         self.phase_log("generation", generation=self.gen, parallel=parallel.short(), kind=kind,
                        procs=procs, load_from=load_from, **self._where(spec))
         return spec
+
+    def node_names(self, procs) -> tuple[str, ...]:
+        """The node of each process (a generation's spec: its workers' LOCAL_WORLD_SIZE)."""
+        def name(p: int) -> str:
+            try:
+                return self.nodes.node_of(self.slot_of[p]).name
+            except KeyError:  # (a slot of a node the job no longer has)
+                return "?"
+        return tuple(name(p) for p in procs)
 
     def _within_nodes(self, layout, placement: list[int]) -> list[int]:
         """``placement`` (rank -> process) with each TP group on one node where the nodes allow."""

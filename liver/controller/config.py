@@ -32,7 +32,9 @@ class ControllerConfig:
       only when the new count's best configuration is estimated faster per sample, "never" (the
       operator decides, ``liver scale``).
     - ``agent_timeout_s``: a node agent silent this long has lost its node: a fail-stop of its
-      ranks."""
+      ranks.
+    - ``stop_on_nonfinite_loss``: a step whose loss is not finite (NaN, inf) ends the job there
+      (otherwise it is recorded and said once, and training goes on)."""
 
     mode: str = "live"
     prepare_timeout_s: float = 300.0
@@ -46,6 +48,7 @@ class ControllerConfig:
     advertise: str | None = None
     on_join: str = "now"
     agent_timeout_s: float = 10.0
+    stop_on_nonfinite_loss: bool = False
 
     def __post_init__(self) -> None:
         if self.end_after_events == -1 and not isinstance(self.end_after_events, bool):

@@ -208,6 +208,7 @@ class LiveController(Controller):
         plan = self.plan(old.parallel, parallel, survivors, survivors, old_view=view)
         self.gen += 1
         spec = GenerationSpec(generation=self.gen, parallel=parallel, procs=tuple(plan.placement), kind="heal",
+                              nodes=self.node_names(plan.placement),
                               old_generation=old.generation, old_parallel=old.parallel, old_procs=tuple(survivors),
                               old_ranks=view.ranks)
         publish_plan(self.store, self.gen, plan)
@@ -350,6 +351,7 @@ class LiveController(Controller):
         plan = self.plan(old.parallel, h.target, list(old.procs), new_procs)
         self.gen += 1
         spec = GenerationSpec(generation=self.gen, parallel=h.target, procs=tuple(plan.placement),
+                              nodes=self.node_names(plan.placement),
                               old_generation=old.generation, old_parallel=old.parallel,
                               old_procs=old.procs, kind=h.event.kind)
         publish_plan(self.store, self.gen, plan)  # before the spec: a worker that sees one finds both

@@ -44,8 +44,11 @@ class GenerationSpec:
     old_procs: tuple[int, ...] | None = None
     old_ranks: tuple[int, ...] | None = None  # a heal: the old ranks that survive, as old_procs hold them
     load_from: str | None = None
+    nodes: tuple[str, ...] = ()             # nodes[r]: the node of rank r's process (LOCAL_WORLD_SIZE)
 
     def __post_init__(self) -> None:
+        if self.nodes and len(self.nodes) != len(self.procs):
+            raise ValueError(f"generation {self.generation}: nodes={self.nodes} needs one per process")
         if self.old_ranks is not None and (self.old_procs is None or len(self.old_ranks) != len(self.old_procs)):
             raise ValueError(f"generation {self.generation}: old_ranks={self.old_ranks} needs one process each")
         if self.kind not in GENERATION_KINDS:

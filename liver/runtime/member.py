@@ -17,6 +17,7 @@ STARTED = time.time()
 import collections  # noqa: E402
 import faulthandler  # noqa: E402
 import gc  # noqa: E402
+import math  # noqa: E402
 import json  # noqa: E402
 import os  # noqa: E402
 import signal  # noqa: E402
@@ -131,6 +132,7 @@ class Member:
                             self.device, cpu_groups=True, procs=spec.procs)
         world.warm()
         world.activate()
+        os.environ.update(torchrun_env(spec, world.rank, self.spec.slot))
         timings = {"group_init_s": time.perf_counter() - t0}
         t0 = time.perf_counter()
         self.engine = self.adapter.build(self.job, world, self.device, initialise=spec.load_from is None)
@@ -379,6 +381,7 @@ class Member:
             rec["peak_extra_bytes"] = rec["mem_peak_bytes"] - max(base - ring, rec["mem_after_bytes"])
         if new is not None:
             new.world.activate()
+            os.environ.update(torchrun_env(prep.spec, new.world.rank, self.spec.slot))
             rec["new_rank"] = new.world.rank
             rec["cores"] = cores.available()
             rec["step"] = new.step
@@ -408,6 +411,15 @@ class Member:
         self.engine = None
 
 
+def torchrun_env(spec: GenerationSpec, rank: int, slot: int) -> dict[str, str]:
+    """The variables torchrun sets, for this process in generation ``spec`` (libraries read them):
+    its rank and the world's size, its device's index on the node (``LOCAL_RANK``) and the
+    generation's processes on its node."""
+    nodes = spec.nodes or ("",) * len(spec.procs)
+    return {"RANK": str(rank), "WORLD_SIZE": str(len(spec.procs)), "LOCAL_RANK": str(slot),
+            "LOCAL_WORLD_SIZE": str(nodes.count(nodes[rank])), "GROUP_RANK": str(sorted(set(nodes)).index(nodes[rank]))}
+
+
 def step_line(p: Progress) -> str:
     """One line per step, as torchtitan prints it (memory and MFU where there is a GPU)."""
     line = (f"step: {p.step:<5d} loss: {p.loss:.4f}  grad_norm: {p.grad_norm:.4f}  "
@@ -416,7 +428,8 @@ def step_line(p: Progress) -> str:
         line += f"  memory: {p.memory_gib:.2f}GiB"
     if p.mfu is not None:
         line += f"  mfu: {p.mfu:.1%}"
-    return line + f"  gen: {p.generation} {p.parallel}" + ("  (preparing)" if p.preparing else "")
+    line += f"  gen: {p.generation} {p.parallel}" + ("  (preparing)" if p.preparing else "")
+    return line + ("  NON-FINITE LOSS" if not math.isfinite(p.loss) else "")
 
 
 def warm_process(adapter: EngineAdapter, cpu_step: bool = False) -> None:
