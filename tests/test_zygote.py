@@ -3,6 +3,7 @@ reported back, and clear errors when the template is gone."""
 
 import os
 import signal
+import threading
 
 import pytest
 
@@ -159,3 +160,32 @@ def test_workers_see_their_generations_rank_world_size_and_local_sizes_as_torchr
                                         "GROUP_RANK": "1"}
     one = GenerationSpec(generation=0, parallel=ParallelConfig(dp=2), procs=(0, 1))  # (no node names: one node)
     assert torchrun_env(one, 1, 1)["LOCAL_WORLD_SIZE"] == "2"
+
+
+@pytest.mark.timeout(300)
+def test_a_joiner_that_cannot_be_started_in_time_cancels_its_handoff_and_the_job_trains_on(tmp_path, monkeypatch):
+    """The cold joiners' template hangs (stopped, as a loaded 2-core node once starved it): a
+    joiner's start times out after agent.start_timeout_s, and its scale-out is cancelled with that
+    reason while the job trains on to its last step (it used to end the whole job)."""
+    from liver.agent import zygote
+    from test_run import liver
+
+    real = zygote.ForkedWorkers.__init__
+
+    def hung_joiners(self, *args, **kw):
+        real(self, *args, **kw)
+        if self.joiners is not None:  # stopped once it has imported (a fork then never comes)
+            z = self.joiners
+            threading.Thread(target=lambda: (z.wait_ready(), os.kill(z.process.pid, signal.SIGSTOP)),
+                             daemon=True).start()
+
+    monkeypatch.setattr(zygote.ForkedWorkers, "__init__", hung_joiners)
+    events = tmp_path / "events.txt"
+    events.write_text("at step 3: scale-out 4\n")
+    rep = liver(tmp_path / "run", "--events", str(events), "--parallel", "1,1,2", "--gpus", "2", "--steps", "30",
+                "--end-after-events", "-1", "--ckpt-every", "0", "--digest", "switch",
+                "--set", "agent.start_timeout_s=2")
+    assert rep["rc"] == 0
+    (ev,) = rep["events"]
+    assert ev["status"].startswith("cancelled: joiner process") and "did not fork a worker in 2 s" in ev["status"], ev
+    assert rep["steps"][-1]["step"] == 30 and rep["steps"][-1]["parallel"] == "tp1pp1dp2"

@@ -15,8 +15,12 @@ from liver.agent.node import Starter
 KINDS = ("forked", "fresh")
 
 
-def forked(preload: str, entry: str, args: tuple[str, ...], joiners: bool) -> dict[str, Any]:
-    return {"kind": "forked", "preload": preload, "entry": entry, "args": list(args), "joiners": joiners}
+def forked(preload: str, entry: str, args: tuple[str, ...], joiners: bool,
+           start_timeout_s: float = 120.0) -> dict[str, Any]:
+    """``start_timeout_s``: a fork the template has not made by then fails its start (a joiner's
+    handoff is then cancelled; the job trains on)."""
+    return {"kind": "forked", "preload": preload, "entry": entry, "args": list(args), "joiners": joiners,
+            "start_timeout_s": start_timeout_s}
 
 
 def fresh(module: str) -> dict[str, Any]:
@@ -27,7 +31,8 @@ def make(spec: dict[str, Any]) -> Starter:
     kind = spec.get("kind")
     if kind == "forked":
         from liver.agent.zygote import ForkedWorkers
-        return ForkedWorkers(spec["preload"], spec["entry"], tuple(spec["args"]), joiners=spec["joiners"])
+        return ForkedWorkers(spec["preload"], spec["entry"], tuple(spec["args"]), joiners=spec["joiners"],
+                             start_timeout_s=float(spec.get("start_timeout_s", 120.0)))
     if kind == "fresh":
         from liver.agent.interpreter import FreshInterpreters
         return FreshInterpreters(spec["module"])

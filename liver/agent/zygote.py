@@ -40,7 +40,8 @@ class Zygote:
     """The agent's handle: starts the template, forks workers from it, learns their exits. A
     ``Starter`` (``liver.agent.node``), like ``FreshInterpreters``."""
 
-    def __init__(self, preload: str, args: tuple[str, ...] = (), idle: bool = False) -> None:
+    def __init__(self, preload: str, args: tuple[str, ...] = (), idle: bool = False,
+                 start_timeout_s: float = START_TIMEOUT_S) -> None:
         """``preload``: ``module:function`` the template runs once, with ``args``, before it forks
         (the imports and warm-ups every worker shares; it must leave the template single-threaded); ``idle``:
         the template, and so each fork and every worker it makes, runs at idle CPU priority."""
@@ -58,6 +59,7 @@ class Zygote:
         self._next = 0
         self._gone = False  # the template ended (its pipe closed)
         self._interrupted = False  # the agent was interrupted (Ctrl-C): a start waiting here gives up
+        self.start_timeout_s = start_timeout_s  # a fork not made by then (once it is ready) fails its start
         self._ready = False  # its imports are done
         self._error: str | None = None  # why its preload failed (a recipe's error in the rehearsal)
         threading.Thread(target=self._read, name="zygote-replies", daemon=True).start()
@@ -97,6 +99,7 @@ class Zygote:
         """A new worker running ``entry`` (``module:function``, called with ``spec_path`` and its
         start times) : stderr (and stdout when ``quiet``) to ``log_path``, environment exactly
         ``env``, idle priority when ``idle``. Returns its pid."""
+        self.wait_ready()  # its imports first (the first fork waits for them, up to START_TIMEOUT_S)
         with self._cond:
             rid, self._next = self._next, self._next + 1
         line = json.dumps({"id": rid, "spec": spec_path, "env": env, "log": log_path, "quiet": quiet,
@@ -106,9 +109,10 @@ class Zygote:
         except BrokenPipeError:
             raise RuntimeError(f"the zygote (pid {self.process.pid}) has ended: {self._why()}") from None
         with self._cond:
-            if not self._cond.wait_for(lambda: rid in self._pids or self._gone or self._interrupted, START_TIMEOUT_S):
+            if not self._cond.wait_for(lambda: rid in self._pids or self._gone or self._interrupted,
+                                       self.start_timeout_s):
                 raise RuntimeError(f"the zygote (pid {self.process.pid}) did not fork a worker in "
-                                   f"{START_TIMEOUT_S:g} s")
+                                   f"{self.start_timeout_s:g} s")
             if rid not in self._pids and self._interrupted:
                 raise KeyboardInterrupt  # (the controller's thread ends the job as Ctrl-C does)
             if rid not in self._pids:
@@ -153,13 +157,14 @@ class ForkedWorkers:
     CPU for a template that imported torch): a joiner's must come out of idle time, not out of
     the training steps it joins; a rank's must not wait for idle time."""
 
-    def __init__(self, preload: str, entry: str, args: tuple[str, ...] = (), joiners: bool = True) -> None:
+    def __init__(self, preload: str, entry: str, args: tuple[str, ...] = (), joiners: bool = True,
+                 start_timeout_s: float = START_TIMEOUT_S) -> None:
         """``preload``, ``entry``: import strings (``module:function``) of the templates' warm-up
         (called with ``args``) and of each worker's entry point (called with its spec's path and
-        its start times)."""
+        its start times); ``start_timeout_s``: a worker not forked by then fails its start."""
         self.entry = entry
-        self.ranks = Zygote(preload, args)
-        self.joiners = Zygote(preload, args, idle=True) if joiners else None
+        self.ranks = Zygote(preload, args, start_timeout_s=start_timeout_s)
+        self.joiners = Zygote(preload, args, idle=True, start_timeout_s=start_timeout_s) if joiners else None
         self._of: dict[int, Zygote] = {}
 
     def start(self, spec_path: str, env: dict[str, str], log_path: str, quiet: bool, idle: bool) -> int:

@@ -54,11 +54,12 @@ class ControllerError(RuntimeError):
     pass
 
 
-def forked_workers(backend: str, engine: str, joiners: bool) -> dict[str, Any]:
+def forked_workers(backend: str, engine: str, joiners: bool, start_timeout_s: float = 120.0) -> dict[str, Any]:
     """Workers forked from the agent's zygote (and cold ``joiners`` from one at idle priority):
     their imports were done before they were needed (a CPU training step rehearsed too, for CPU
     workers; GPU workers make their own CUDA context after the fork). A ``liver.agent.starters`` spec."""
-    return starters.forked(preload.for_backend(backend), preload.ENTRY, (engine,), joiners=joiners)
+    return starters.forked(preload.for_backend(backend), preload.ENTRY, (engine,), joiners=joiners,
+                           start_timeout_s=start_timeout_s)
 
 
 def _last_line(text: str) -> str:
@@ -73,6 +74,11 @@ class Controller(NodeMembership):
     def starter(backend: str, engine: str) -> dict[str, Any]:
         """How this mode's node agents make worker processes (a ``liver.agent.starters`` spec)."""
         raise NotImplementedError
+
+    def starter_spec(self) -> dict[str, Any]:
+        """This job's way of making workers, with the agent's start timeout."""
+        spec = self.starter(self.cfg.backend, self.cfg.engine)
+        return {**spec, "start_timeout_s": self.cfg.agent.start_timeout_s} if spec["kind"] == "forked" else spec
 
     def tick(self) -> None:
         """One pass of the mode's handling of the current event."""
@@ -119,7 +125,7 @@ class Controller(NodeMembership):
         if local_node:
             bind = cfg.agent.bind_cores and cfg.backend == "gloo"
             self.nodes.add(lambda base: NodeAgent(run_dir, cfg.slots, self.base_spec,
-                                                  starters.make(self.starter(cfg.backend, cfg.engine)),
+                                                  starters.make(self.starter_spec()),
                                                   quiet=cfg.agent.quiet,
                                                   cores=cores.per_slot(cfg.slots, cores.available()) if bind else None))
         self.queue: collections.deque[Event] = collections.deque(events)

@@ -362,12 +362,18 @@ class LiveController(Controller):
                    max_rank_bytes_out=max(plan.rank_bytes_out.values(), default=0),
                    joiners=h.joiners, leaving=h.leaving, procs=plan.placement)
         rec.setdefault("attempts", []).append({"generation": self.gen, "t": time.time(), "joiners": h.joiners})
-        for p in h.joiners:
-            self.nodes.start(p, self.slot_of[p], "joiner", self.gen)
-        for p in h.leaving:
-            self.nodes.workers[p].leaving = True
         self.pending = spec
         self.members = sorted(set(old.procs) | set(plan.placement))
+        for i, p in enumerate(h.joiners):
+            try:
+                self.nodes.start(p, self.slot_of[p], "joiner", self.gen)
+            except (RuntimeError, OSError) as e:  # (a template that cannot fork in time: a loaded node)
+                h.joiners = h.joiners[:i]  # the ones started are stopped with the handoff
+                decide(self.store, self.gen, WITHDRAW)  # (nobody prepares it: no wish named it yet)
+                return self._cancel(f"joiner process {p} (slot {self.slot_of[p]}) could not be started: {e}",
+                                    replan=False)
+        for p in h.leaving:
+            self.nodes.workers[p].leaving = True
         self._wish(wanted=self.gen, force=self.gen if h.forced else 0)
         self.phase_log("prepare", generation=self.gen, event=h.event.kind, old=rec["old"], new=rec["new"],
                        joiners=h.joiners, leaving=h.leaving, bytes_moved=plan.bytes_moved)

@@ -98,7 +98,7 @@ class NodeMembership:
                 self._joined.append(node.name)
         self.phase_log("node", node=msg.node, host=msg.host, slots=list(range(node.slot_base, node.slot_base + node.slots)))
         return Registered(node=node.name, slot_base=node.slot_base, base_spec=self.base_spec,
-                          starter=self.starter(self.cfg.backend, self.cfg.engine))
+                          starter=self.starter_spec())
 
     def _await_shutdown(self, timeout_s: float = 5.0) -> None:
         """The agents' acknowledgement of the job's end (their next sync), so they end too."""
