@@ -85,7 +85,12 @@ class Zygote:
     def wait_ready(self, timeout_s: float = START_TIMEOUT_S) -> None:
         """Until the template has done its imports (a fork waits for them anyway)."""
         with self._cond:
-            if not self._cond.wait_for(lambda: self._ready or self._gone, timeout_s) or not self._ready:
+            if not self._cond.wait_for(lambda: self._ready or self._gone or self._interrupted, timeout_s) \
+                    or not self._ready:
+                if self._interrupted and not self._gone:
+                    raise KeyboardInterrupt  # (the controller's thread ends the job as Ctrl-C does)
+                if self._gone:
+                    raise RuntimeError(f"the zygote (pid {self.process.pid}) ended before it forked: {self._why()}")
                 raise RuntimeError(f"the zygote (pid {self.process.pid}) is not ready after {timeout_s:g} s: "
                                    f"{self._why()}")
 
