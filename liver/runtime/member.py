@@ -15,6 +15,7 @@ import time
 STARTED = time.time()
 
 import collections  # noqa: E402
+import dataclasses  # noqa: E402
 import faulthandler  # noqa: E402
 import gc  # noqa: E402
 import math  # noqa: E402
@@ -54,7 +55,7 @@ from liver.runtime.switch import switch  # noqa: E402
 from liver.world.world import World, connect_store  # noqa: E402
 
 IMPORTED = time.time()
-ENDS_KEPT = 32  # the step ends a step record carries: a controller that looks late finds its trigger's
+ENDS_KEPT = 128  # the step ends a step record carries: a controller that looks late finds its trigger's
 
 
 class Heartbeat(threading.Thread):
@@ -204,11 +205,11 @@ class Member:
                            memory_gib=torch.cuda.max_memory_reserved(self.device) / 2**30
                            if self.device.type == "cuda" else None, digest=digest, digest_s=digest_s,
                            **(self.ckpt.standing() if e.world.rank == 0 and self.ckpt.every else {}),
-                           ends={str(k): t for k, t in self._ends} if e.world.rank == 0 else None)
-            if e.world.rank == 0:  # one serialisation: the store and steps.jsonl get the same line
-                line = json.dumps(to_dict(rec))
-                self.store.set(Progress.KEY, line)
-                self._steps_file().write(line + "\n")
+                           ends=None)
+            if e.world.rank == 0:  # the store's record also has the recent step ends (steps.jsonl's not)
+                self.store.set(Progress.KEY, json.dumps(to_dict(dataclasses.replace(
+                    rec, ends={str(k): t for k, t in self._ends}))))
+                self._steps_file().write(json.dumps(to_dict(rec)) + "\n")
             if self.config.log_rank in (-1, e.world.rank):
                 who = f"[rank {e.world.rank}] " if self.config.log_rank == -1 else ""
                 print(who + step_line(rec), flush=True)
