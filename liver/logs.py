@@ -10,6 +10,8 @@ import sys
 from typing import Any
 
 PHASES = logging.getLogger("liver.controller")
+STEPS = logging.getLogger("liver.steps")
+STEP_FORMAT = "[liver] %(asctime)s %(message)s"  # a worker's step lines: with the time, as torchtitan's
 
 
 class _Fields(logging.Formatter):
@@ -30,6 +32,22 @@ def setup(level: int = logging.INFO) -> None:
         root.addHandler(h)
     root.setLevel(level)
     root.propagate = False
+
+
+def setup_steps() -> None:
+    """A worker's handler: its step lines to stdout, each with its time."""
+    if not any(getattr(h, "_liver", False) for h in STEPS.handlers):
+        h = logging.StreamHandler(sys.stdout)
+        h.setFormatter(logging.Formatter(STEP_FORMAT))
+        h._liver = True  # type: ignore[attr-defined]
+        STEPS.addHandler(h)
+    STEPS.setLevel(logging.INFO)
+    STEPS.propagate = False
+
+
+def is_step_line(line: str) -> bool:
+    """A worker's step line (``setup_steps``), which a process's last words are not."""
+    return line.startswith(("step:", "[rank")) or (line.startswith("[liver] ") and " step: " in line[:60])
 
 
 def phase(what: str, **fields: Any) -> None:

@@ -350,3 +350,21 @@ def test_a_non_finite_loss_is_said_recorded_and_with_the_option_ends_the_job(tmp
     assert "not finite" in rec["status"] and "the job ends here" in rec["status"]
     assert rep["steps"][-1]["step"] < 200  # ended early, not after every step
     assert "NON-FINITE LOSS" in capfd.readouterr().out  # (the step line, from the worker)
+
+
+def test_layouts_whose_models_hold_other_tensors_are_refused_before_anything_starts(tmp_path, capsys):
+    """A tie kept on one rank and broken by tensor parallelism (tests/recipes/tied.py): the TP
+    layout's model holds a head the others lack, which no switch nor checkpoint could fill (the
+    loss once jumped to 1e27). Refused before any process starts, naming the tensor."""
+    from liver.cli import main
+    adapter = load_adapter(f"{ROOT}/tests/recipes/tied.py:RECIPE")
+    job = job_of(64, 4, 128, 256)
+    adapter.layout(job, ParallelConfig(dp=2))  # FSDP2 keeps the tie: the same tensors
+    with pytest.raises(ValueError, match=r"parallel=tp2pp1dp1: .*only under it: output.weight"):
+        adapter.layout(job, ParallelConfig(tp=2))
+    events = tmp_path / "events.txt"
+    events.write_text("at step 3: reshape 2,1,1\n")
+    assert main(["run", "--config", CONFIG, "--set", f"engine={ROOT / 'tests' / 'recipes' / 'tied.py'}:RECIPE",
+                 "--set", "parallel=1,1,2", "--events", str(events), "--run-dir", str(tmp_path / "run")]) == 2
+    err = capsys.readouterr().err
+    assert "output.weight" in err and "Traceback" not in err and not (tmp_path / "run" / "logs").exists()

@@ -189,3 +189,14 @@ def test_a_joiner_that_cannot_be_started_in_time_cancels_its_handoff_and_the_job
     (ev,) = rep["events"]
     assert ev["status"].startswith("cancelled: joiner process") and "did not fork a worker in 2 s" in ev["status"], ev
     assert rep["steps"][-1]["step"] == 30 and rep["steps"][-1]["parallel"] == "tp1pp1dp2"
+
+
+def test_step_lines_carry_their_time_and_are_told_apart_from_a_processs_last_words():
+    import logging
+
+    from liver import logs
+    from liver.controller.base import _last_line
+    rec = logging.LogRecord("liver.steps", logging.INFO, "", 0, "step: 7     loss: 3.1", None, None)
+    line = logging.Formatter(logs.STEP_FORMAT).format(rec)
+    assert line.startswith("[liver] 2") and line.endswith("step: 7     loss: 3.1") and logs.is_step_line(line)
+    assert _last_line(f"Traceback ...\nValueError: bad\n{line}\n") == "ValueError: bad"

@@ -63,7 +63,7 @@ def forked_workers(backend: str, engine: str, joiners: bool, start_timeout_s: fl
 
 
 def _last_line(text: str) -> str:
-    lines = [x for x in text.splitlines() if x.strip() and not x.startswith(("step:", "[rank"))]
+    lines = [x for x in text.splitlines() if x.strip() and not logs.is_step_line(x)]
     return lines[-1][:300] if lines else ""
 
 

@@ -32,6 +32,7 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 import torch  # noqa: E402
 
 from liver.protocol.agent import IGNORE_SIGTERM  # noqa: E402
+from liver import logs  # noqa: E402
 from liver.host import cores, faults, priority  # noqa: E402
 from liver.checkpoint import dcp as ckpt  # noqa: E402
 from liver.checkpoint.periodic import PeriodicCheckpointer  # noqa: E402
@@ -212,7 +213,7 @@ class Member:
                 self._steps_file().write(json.dumps(to_dict(rec)) + "\n")
             if self.config.log_rank in (-1, e.world.rank):
                 who = f"[rank {e.world.rank}] " if self.config.log_rank == -1 else ""
-                print(who + step_line(rec), flush=True)
+                logs.STEPS.info(who + step_line(rec))
         if broke is not None:
             raise broke
         self.boundary(st.step_s)
@@ -453,6 +454,7 @@ def main(spec_path: str | None = None, boot: dict[str, float] | None = None) -> 
     forked it (both the fork's time: its template did the imports and ``warm_process``); without
     it, a worker on its own interpreter: this module's import times, and ``warm_process`` now."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # a Ctrl-C is the controller's: it stops the workers
+    logs.setup_steps()
     if os.environ.get(IGNORE_SIGTERM) == "1":  # a preemption notice by SIGTERM is the node agent's
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
     faulthandler.register(signal.SIGUSR1, all_threads=True)  # `kill -USR1 PID`: every thread's stack to its log

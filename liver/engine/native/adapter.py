@@ -94,9 +94,30 @@ class NativeAdapter(EngineAdapter):
         self.recipe.check(job, parallel)
 
     def layout(self, job: JobConfig, parallel: ParallelConfig) -> Layout:
-        """DTensor splits unevenly where it must: only the recipe's and the topology's checks."""
+        """DTensor splits unevenly where it must: the recipe's and the topology's checks, and the
+        model's tensors the same as on one rank (``same_tensors``)."""
         self.check(job, parallel)
-        return Layout(job.model, parallel, job.train)
+        lay = Layout(job.model, parallel, job.train)
+        if parallel.world_size > 1:
+            self.same_tensors(job, lay)
+        return lay
+
+    def same_tensors(self, job: JobConfig, layout: Layout) -> None:
+        """The model holds the same logical tensors (names, global shapes, dtypes) under ``layout``
+        as on one rank; ValueError naming those that differ otherwise (a tie kept on one rank and
+        broken by tensor parallelism, say): no switch or checkpoint could carry the state over."""
+        one = {s.name: (s.shape, s.dtype) for s in self.state_specs(job)}
+        here = {p.spec.name: (p.spec.shape, p.spec.dtype) for p in self.placed(job, layout)}
+        only_here, only_one = sorted(set(here) - set(one)), sorted(set(one) - set(here))
+        other = sorted(n for n in set(one) & set(here) if one[n] != here[n])
+        if only_here or only_one or other:
+            parts = ([f"only under it: {', '.join(only_here[:4])}"] if only_here else []) + \
+                ([f"only on one rank: {', '.join(only_one[:4])}"] if only_one else []) + \
+                ([f"of another shape or dtype: {', '.join(other[:4])}"] if other else [])
+            raise ValueError(f"parallel={layout.parallel.short()}: the recipe {self.name!r}'s model holds other "
+                             f"tensors under this layout than on one rank ({'; '.join(parts)}); a tie kept in one "
+                             f"layout and broken in the other cannot be moved: tie (or untie) them alike in every "
+                             f"layout")
 
     # ---- engines -----------------------------------------------------------------------------
     def build(self, job: JobConfig, world: World, device: torch.device, *, initialise: bool = True,
