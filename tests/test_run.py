@@ -91,7 +91,7 @@ def replays_as_restart(tmp_path: Path, rep: dict, rec: dict, first: str, gpus: i
     events.write_text(f"at step {s}: scale-in {n.world_size} as {spelt}\n" if n.world_size < gpus else
                       f"at step {s}: reshape {spelt}\n")
     replay = liver(tmp_path / "replay", "--events", str(events), "--parallel", first, "--gpus", str(gpus),
-                   "--steps", str(s + k), "--ckpt-every", "0", "--mode", "restart", *extra)
+                   "--steps", str(s + k), "--ckpt-every", "0", "--mode", "restart-forked", *extra)
     assert replay["rc"] == 0
 
     def after(r, gen):
@@ -286,7 +286,7 @@ def test_a_deadline_no_handoff_meets_drops_leaving_replicas_at_once(tmp_path):
     digest kept), on the scale-in's own target. One record; no fail-stop, no re-queue."""
     events = tmp_path / "events.txt"
     events.write_text("at step 6: scale-in 2 deadline 0.5s\n")
-    rep = liver(tmp_path / "run", "--events", str(events), "--parallel", "1,1,4", "--gpus", "4", "--steps", "30",
+    rep = liver(tmp_path / "run", "--events", str(events), "--parallel", "1,1,4", "--gpus", "4", "--steps", "20",
                 "--end-after-events", "-1", "--ckpt-every", "2")
     assert rep["rc"] == 0
     (rec,) = rep["events"]
@@ -295,10 +295,10 @@ def test_a_deadline_no_handoff_meets_drops_leaving_replicas_at_once(tmp_path):
     assert rec["predicted_handoff_s"] * 1.5 > 0.5 and rec["predicted_from"] == "model (cpu)"
     assert rec["status"] == DROPPED and rec["deadline_met"] is True
     assert rec["lost_steps"] == 0 and rec["digest_equal"] is True and rec["new"] == "tp1pp1dp2", rec
-    assert rep["steps"][-1]["step"] == 30 and rep["steps"][-1]["parallel"] == "tp1pp1dp2"
+    assert rep["steps"][-1]["step"] == 20 and rep["steps"][-1]["parallel"] == "tp1pp1dp2"
     assert all(not p["alive"] for p in procs(tmp_path / "run"))
-    check_continuous(rep, 30)
-    # 15 checkpoints written, the newest 3 kept (checkpoint.keep), besides one still being written
+    check_continuous(rep, 20)
+    # 10 checkpoints written, the newest 3 kept (checkpoint.keep), besides one still being written
     assert len(list((tmp_path / "run" / "ckpt").glob("step*"))) <= 4
     replays_as_restart(tmp_path, rep, rec, "1,1,4", 4)
 

@@ -182,13 +182,13 @@ def test_a_joiner_that_cannot_be_started_in_time_cancels_its_handoff_and_the_job
     monkeypatch.setattr(zygote.ForkedWorkers, "__init__", hung_joiners)
     events = tmp_path / "events.txt"
     events.write_text("at step 3: scale-out 4\n")
-    rep = liver(tmp_path / "run", "--events", str(events), "--parallel", "1,1,2", "--gpus", "2", "--steps", "30",
+    rep = liver(tmp_path / "run", "--events", str(events), "--parallel", "1,1,2", "--gpus", "2", "--steps", "12",
                 "--end-after-events", "-1", "--ckpt-every", "0", "--digest", "switch",
                 "--set", "agent.start_timeout_s=2")
     assert rep["rc"] == 0
     (ev,) = rep["events"]
     assert ev["status"].startswith("cancelled: joiner process") and "did not fork a worker in 2 s" in ev["status"], ev
-    assert rep["steps"][-1]["step"] == 30 and rep["steps"][-1]["parallel"] == "tp1pp1dp2"
+    assert rep["steps"][-1]["step"] == 12 and rep["steps"][-1]["parallel"] == "tp1pp1dp2"
 
 
 def test_step_lines_carry_their_time_and_are_told_apart_from_a_processs_last_words():

@@ -50,6 +50,9 @@ from liver.transfer.rehearsal import rehearse
 from liver.world.world import connect_store, make_store
 
 
+FAILURE_GRACE_S = 0.2  # after a process's failure, the others that end with it are awaited this long
+
+
 class ControllerError(RuntimeError):
     pass
 
@@ -560,6 +563,10 @@ class Controller(NodeMembership):
             return  # (processes stopped as the job let its last GPUs go)
         # (a process marked to leave holds its rank until the switch: its failure before is one too)
         failed = [w for w in ws if w.returncode != 0 and self.active is not None and w.proc in self.active.procs]
+        if failed:  # processes lost together end within milliseconds of each other: one fail-stop
+            time.sleep(FAILURE_GRACE_S)
+            ws = ws + self.nodes.poll()
+            failed = [w for w in ws if w.returncode != 0 and self.active is not None and w.proc in self.active.procs]
         for w in ws:
             if w not in failed:
                 self._exited(w)
