@@ -142,7 +142,7 @@ def test_a_step_re_run_after_a_heal_is_the_step_a_restart_computes(tmp_path, mon
     assert rec["status"] == "healed from the surviving replicas" and rec["restored_step"] == 8, rec
     assert rec["digest_equal"] is True
     check_continuous(rep, 14)
-    replays_as_restart(tmp_path, rep, rec, "1,1,2", 2, k=4)
+    replays_as_restart(tmp_path, rep, rec, "1,1,2", 2, k=4, mode="restart")  # (fresh interpreters, as torchrun)
 
 
 @pytest.mark.timeout(600)

@@ -79,7 +79,7 @@ def check_continuous(report: dict, total: int) -> None:
 
 
 def replays_as_restart(tmp_path: Path, rep: dict, rec: dict, first: str, gpus: int, k: int = 3,
-                       extra: tuple[str, ...] = ()) -> None:
+                       extra: tuple[str, ...] = (), mode: str = "restart-forked") -> None:
     """The ``k`` steps after a recovery (``rec``: restored to step S on ``rec["new"]``) equal, bit
     for bit (loss, gradient norm, state digest), those of a ``--mode restart`` run of the same job
     that changes to that layout at step S through a checkpoint: the step re-run after a heal or a
@@ -91,7 +91,7 @@ def replays_as_restart(tmp_path: Path, rep: dict, rec: dict, first: str, gpus: i
     events.write_text(f"at step {s}: scale-in {n.world_size} as {spelt}\n" if n.world_size < gpus else
                       f"at step {s}: reshape {spelt}\n")
     replay = liver(tmp_path / "replay", "--events", str(events), "--parallel", first, "--gpus", str(gpus),
-                   "--steps", str(s + k), "--ckpt-every", "0", "--mode", "restart-forked", *extra)
+                   "--steps", str(s + k), "--ckpt-every", "0", "--mode", mode, *extra)
     assert replay["rc"] == 0
 
     def after(r, gen):
