@@ -23,6 +23,7 @@ import torch
 from torch.distributed.fsdp import FSDPModule
 from torch.distributed.tensor import DTensor
 
+from liver.engine.flops import mfu as model_flops_utilisation, peak_flops
 from liver.engine.interface import StepStats
 from liver.host import faults
 from liver.engine.native.recipe import Recipe, clip_grad_norm
@@ -131,6 +132,7 @@ class NativeEngine:
                 self.state[p.spec.name] = _local(t)
         self.step = 0
         self.consumed_samples = 0
+        self._params = sum(s.numel for s in self.specs if s.kind == "param")  # (the whole model's, for MFU)
         if initialise:
             self._initialise()
 
@@ -275,7 +277,10 @@ class NativeEngine:
             torch.cuda.synchronize(self.device)
         dt = time.perf_counter() - t0
         tokens = job.train.global_batch * job.model.seq_len
-        return StepStats(self.step, float(total.item()) / self.layout.dp, float(norm), lr, dt, tokens / dt)
+        m = job.model
+        mfu = model_flops_utilisation(self._params, m.num_layers, m.hidden_size, m.seq_len, tokens / dt,
+                                      peak_flops(self.device, self.recipe.compute_dtype), self.layout.size)
+        return StepStats(self.step, float(total.item()) / self.layout.dp, float(norm), lr, dt, tokens / dt, mfu)
 
     def schedule_step(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         """Forward and backward of one step over this generation's pipeline (GPipe over the

@@ -37,6 +37,9 @@ class Recipe(ABC):
     name: str = "native"
     state_keys: tuple[str, ...] = ("exp_avg", "exp_avg_sq")
     """Optimizer state per parameter that is part of the training state (Adam, AdamW)."""
+    compute_dtype: str = "float32"
+    """The dtype its matrix multiplies run in ("bfloat16" under autocast or FSDP2's mixed precision):
+    the peak the step line's MFU is taken against, on a GPU."""
 
     @abstractmethod
     def model(self, job: JobConfig) -> nn.Module:

@@ -15,6 +15,7 @@ import torch
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Shard
 
+from liver.engine.flops import mfu as model_flops_utilisation, peak_flops
 from liver.engine.interface import StepStats
 from liver.host import faults
 from liver.engine.reference import data, model
@@ -31,18 +32,6 @@ _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 def state_specs(job: JobConfig) -> list[TensorSpec]:
     """The full logical training state: every parameter followed by its two AdamW moments."""
     return with_adam_state(model.param_specs(job.model))
-
-
-def peak_flops(device: torch.device, dtype: str) -> float | None:
-    """Dense peak of one accelerator, for MFU; None on CPU."""
-    if device.type != "cuda":
-        return None
-    name = torch.cuda.get_device_name(device)
-    if "H100" in name or "H200" in name or "H800" in name:
-        return 989e12 if dtype == "bfloat16" else 67e12
-    if "A100" in name or "A800" in name:
-        return 312e12 if dtype == "bfloat16" else 19.5e12
-    return None
 
 
 class Engine:
@@ -214,11 +203,8 @@ class Engine:
         self.consumed_samples += tr.global_batch
         dt = time.perf_counter() - t0
         tokens = tr.global_batch * m.seq_len
-        peak = peak_flops(self.device, job.compute_dtype)
-        mfu = None
-        if peak:
-            flops_per_token = 6 * m.num_params() + 12 * m.num_layers * m.hidden_size * m.seq_len
-            mfu = flops_per_token * tokens / dt / (peak * lay.size)
+        mfu = model_flops_utilisation(m.num_params(), m.num_layers, m.hidden_size, m.seq_len, tokens / dt,
+                                      peak_flops(self.device, job.compute_dtype), lay.size)
         return StepStats(self.step, float(loss.item()), norm, lr, dt, tokens / dt, mfu)
 
     def _grad_norm(self, grads: list[torch.Tensor]) -> float:
