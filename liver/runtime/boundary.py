@@ -51,7 +51,10 @@ def decide(cut: Cut, me: Local) -> Action:
         force = True
     elif me.defer_warm and me.built and not me.ready and cut.warm_now == preparing:
         warm = True
-    propose = preparing if preparing and not force and cut.switch_to == preparing else 0
+    # not while any rank still writes a periodic checkpoint over the Active World's groups (the
+    # switch lets go of them; the write finishes within a few boundaries); a deadline's forced
+    # switch does not wait (``after_force``: the write is abandoned)
+    propose = preparing if preparing and not force and cut.switch_to == preparing and not cut.ckpt_busy else 0
     # never while the state is handed over, nor while any rank still writes the last one; a forced
     # boundary decides it after its second cut
     checkpoint = me.checkpoint_due and not cut.ckpt_busy and not propose and not force

@@ -304,6 +304,8 @@ class Member:
             if confirm(e.world.all, mine) == act.propose:
                 prep = self.companion.prep
                 self.companion = None
+                if self.ckpt.busy():  # (only a deadline's forced switch does not wait for the write)
+                    self.ckpt.abandon()
                 self._switch(prep, {})
             else:
                 self._abandon()
