@@ -175,7 +175,10 @@ def test_a_leaving_replica_that_dies_while_its_scale_in_prepares_is_healed_and_t
                       ("scale-in", "done")],
                      [("scale-in", "interrupted by a fail-stop"), ("fail-stop", "recovered"), ("scale-in", "done")]), kinds
     heal, done = rep["events"][1], rep["events"][2]
-    assert heal["digest_equal"] is True and heal["downtime_s"] < 30, heal
-    assert heal["lost_steps"] == 0 or heal["status"] == "recovered", heal
+    assert heal["downtime_s"] < 30, heal
+    if heal["status"] == "recovered":  # (from step 0 where no checkpoint was written yet: no digest to compare)
+        assert heal.get("digest_equal") is not False, heal
+    else:
+        assert heal["lost_steps"] == 0 and heal["digest_equal"] is True, heal
     assert done["digest_equal"] is True and rep["steps"][-1]["parallel"].endswith("dp2")
     check_continuous(rep, rep["steps"][-1]["step"])
