@@ -50,7 +50,7 @@ from liver.transfer.rehearsal import rehearse
 from liver.world.world import connect_store, make_store
 
 
-FAILURE_GRACE_S = 0.2  # after a process's failure, the others that end with it are awaited this long
+FAILURE_GRACE_S = 0.2  # before a recovery from the checkpoint, the processes that end with the lost ones
 
 
 class ControllerError(RuntimeError):
@@ -160,6 +160,7 @@ class Controller(NodeMembership):
         self._suspending = False  # a scale-in to 0 saves the state before it suspends
         self._ckpt_failures_seen = 0  # the failures in a row last reported (``_checkpoints``)
         self._nonfinite_seen = -1  # the generation whose non-finite loss was said (``_nonfinite``)
+        self._stashed: list[Worker] = []  # exits a wait saw first, for the loop (``_polled``)
         self.checkpoint_failures_total = 0
         if resume is not None:
             self._restore(resume)
@@ -222,7 +223,7 @@ class Controller(NodeMembership):
                 self._nonfinite()
                 self._hung()
                 self._watch_nodes()
-                self._exits(self.nodes.poll())
+                self._exits(self._polled())
                 if not self.finished:
                     if self.phase is Phase.SUSPENDED:
                         self._while_suspended()
@@ -563,15 +564,29 @@ class Controller(NodeMembership):
             return  # (processes stopped as the job let its last GPUs go)
         # (a process marked to leave holds its rank until the switch: its failure before is one too)
         failed = [w for w in ws if w.returncode != 0 and self.active is not None and w.proc in self.active.procs]
-        if failed:  # processes lost together end within milliseconds of each other: one fail-stop
-            time.sleep(FAILURE_GRACE_S)
-            ws = ws + self.nodes.poll()
-            failed = [w for w in ws if w.returncode != 0 and self.active is not None and w.proc in self.active.procs]
         for w in ws:
             if w not in failed:
                 self._exited(w)
         if failed and not self.finished:
             self._fail_stop(failed)
+
+    def _polled(self) -> list[Worker]:
+        """Exits since the last look: those a wait consumed first (``_stashed``), then new ones."""
+        ws, self._stashed = self._stashed + self.nodes.poll(), []
+        return ws
+
+    def _lost_with(self, dead: list[Worker]) -> list[Worker]:
+        """``dead`` and the other processes of the Active World that ended with them: processes lost
+        together (every GPU of a job) end within milliseconds of each other, but are seen one poll
+        at a time; those seen after ``FAILURE_GRACE_S`` are one fail-stop with them. Other exits
+        stay for the loop."""
+        time.sleep(FAILURE_GRACE_S)
+        out, rest = list(dead), []
+        for w in self._polled():
+            failed = w.returncode not in (0, None) and self.active is not None and w.proc in self.active.procs
+            (out if failed and w not in out else rest).append(w)
+        self._stashed = rest
+        return out
 
     def _breaks_handoff(self, w: Worker) -> bool:
         """Whether ``w``'s failure leaves a handoff in flight unable to complete (live mode: a
@@ -630,6 +645,7 @@ class Controller(NodeMembership):
         the configuration that event asked for, honoured where the survivors' count fits it (the
         record says why not otherwise)."""
         t0 = time.time()
+        dead = self._lost_with(dead)  # (the checkpoint's path: a moment more costs nothing here)
         old_generation = self.active.generation
         failed_step = self._failed_step()
         dead_slots = {w.slot for w in dead}

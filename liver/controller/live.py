@@ -245,9 +245,10 @@ class LiveController(Controller):
             got = self._collect(g, procs, cls)
             if got is not None:
                 return got
-            for w in self.nodes.poll():
-                if w.proc in procs:
-                    return None
+            polled = self.nodes.poll()
+            self._stashed += polled  # (the loop handles them after: a consumed exit is never lost)
+            if any(w.proc in procs for w in polled):
+                return None
             if beats and self._silent(procs):
                 return None
             time.sleep(0.01)
