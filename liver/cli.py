@@ -11,6 +11,7 @@ from pathlib import Path
 from dataclasses import replace
 
 from liver.config.fields import to_dict
+from liver.runtime.preload import check_threads
 from liver.bench import commands as bench
 from liver.sim.commands import _bench_sim_speed, _sim_calibrate, _sim_project, _sim_run, _sim_validate
 
@@ -312,11 +313,6 @@ def _job_flags(r: argparse.ArgumentParser) -> None:
     r.add_argument("--token", default=None, help="control token (default: random, in control.json)")
     r.add_argument("--no-endpoint", action="store_true")
     r.add_argument("--run-dir", default=None)
-
-
-def check_threads() -> None:
-    from liver.runtime.preload import check_threads as check
-    check()
 
 
 def describe_model(cfg) -> str:

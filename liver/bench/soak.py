@@ -264,6 +264,8 @@ def run(events: int = 100, seed: int = 1, slots: int = 4, ckpt_every: int = 5, r
         raise ValueError(f"--events={events}: allowed a positive count")
     if not 2 <= slots <= 8:
         raise ValueError(f"--slots={slots}: allowed 2 to 8 processes on this machine")
+    if isinstance(replay_sample, bool) or not isinstance(replay_sample, int) or replay_sample < 0:
+        raise ValueError(f"--replays={replay_sample!r}: allowed 0 or more recoveries to replay")
     if ckpt_every < 1:
         raise ValueError(f"--ckpt-every={ckpt_every}: allowed a positive step count (recoveries need one)")
     run_dir = run_dir or Path(tempfile.mkdtemp(prefix=f"liver-soak-{seed}-"))

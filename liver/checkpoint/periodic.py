@@ -176,12 +176,18 @@ class PeriodicCheckpointer:
         self.failures = 0  # written checkpoints failed in a row (0 after a good one)
         self.written: list[dict[str, Any]] = []
         self.snapshot_s: list[float] = []
+        self._ended = 0  # writes that ended (published or failed): ``standing`` reads latest.json again
+        self._read_at = -1
+        self._published: tuple[int | None] | None = None
 
     def standing(self) -> dict[str, Any]:
         """What a step's record says of checkpoints: the newest published whole (None: none
-        stands), and the failures since it, with the latest's cause."""
-        rec = _record(self.directory)
-        return {"checkpoint_step": rec["step"] if rec else None, "checkpoint_failures": self.failures,
+        stands), and the failures since it, with the latest's cause. ``latest.json`` is read again
+        only once a write of this process ended (not every step)."""
+        if self._published is None or self._ended != self._read_at:
+            self._read_at, rec = self._ended, _record(self.directory)
+            self._published = (rec["step"] if rec else None,)
+        return {"checkpoint_step": self._published[0], "checkpoint_failures": self.failures,
                 "checkpoint_error": _why(self.error) if self.failures and self.error is not None else None}
 
     def due(self, engine: Engine) -> bool:
@@ -222,6 +228,7 @@ class PeriodicCheckpointer:
                     prune(self.directory, self.keep)
                 self.written.append(record)
                 self.failures = 0
+                self._ended += 1
             except BaseException as e:  # a peer died mid-write, a full disk: the previous checkpoint stands
                 if threading.current_thread() is not self._thread or broken_group(e):
                     # abandoned with its broken generation (a peer lost mid-write): no failure of the
@@ -230,6 +237,7 @@ class PeriodicCheckpointer:
                     return
                 self.error = e
                 self.failures += 1
+                self._ended += 1
                 stands = _record(self.directory)
                 log.warning(f"checkpoint of step {step} not written ({_why(e)}); "
                             + (f"the checkpoint of step {stands['step']} stands" if stands else

@@ -11,7 +11,6 @@ the job restarts from the latest periodic checkpoint on the slots it still has.
 from __future__ import annotations
 
 import collections
-import math
 from dataclasses import replace
 import pickle
 import threading
@@ -33,6 +32,7 @@ from liver.controller import storehost, target
 from liver.controller.admission import admit, hardware_of, without
 from liver.controller.decisions import EndState, job_finished, next_event, next_notice, trigger_time
 from liver.controller.endpoint import ControlEndpoint
+from liver.controller.watch import ProgressWatch
 from liver.controller.leaving import choose_leaving
 from liver.controller.events import Event, parse_action
 from liver.controller.phases import Phase, Trigger, advance
@@ -158,10 +158,8 @@ class Controller(NodeMembership):
         self._alive_said = 0.0
         self.suspended: dict[str, Any] | None = None  # no GPU: where the state is, since when (``_suspend``)
         self._suspending = False  # a scale-in to 0 saves the state before it suspends
-        self._ckpt_failures_seen = 0  # the failures in a row last reported (``_checkpoints``)
-        self._nonfinite_seen = -1  # the generation whose non-finite loss was said (``_nonfinite``)
         self._stashed: list[Worker] = []  # exits a wait saw first, for the loop (``_polled``)
-        self.checkpoint_failures_total = 0
+        self.watch = ProgressWatch(cfg.controller.stop_on_nonfinite_loss, cfg.checkpoint.escalate_after)
         if resume is not None:
             self._restore(resume)
 
@@ -219,8 +217,7 @@ class Controller(NodeMembership):
                 if self.progress and self.t_start is None:
                     self.t_start = self.progress.time
                 self._stamp_triggers()
-                self._checkpoints()
-                self._nonfinite()
+                self._watch_progress()
                 self._hung()
                 self._watch_nodes()
                 self._exits(self._polled())
@@ -360,45 +357,15 @@ class Controller(NodeMembership):
         del self.queue[i]
         return ev
 
-    def _nonfinite(self) -> None:
-        """A loss that is not finite: said once per generation and recorded (a run whose every loss
-        is NaN once reported its handoffs as done, and nothing else); with
-        ``controller.stop_on_nonfinite_loss`` the job ends at that step."""
-        p = self.progress
-        if p is None or math.isfinite(p.loss) or self._nonfinite_seen == p.generation:
-            return
-        self._nonfinite_seen = p.generation
-        stop = self.cfg.controller.stop_on_nonfinite_loss
-        msg = (f"loss {p.loss} at step {p.step} (generation {p.generation}): not finite; "
-               + ("the job ends here (controller.stop_on_nonfinite_loss)" if stop else "training goes on"))
-        logs.PHASES.error(msg)
-        self.records.append({"event": {"kind": "non-finite-loss", "source": f"step {p.step}"}, "status": msg,
-                             "step": p.step, "generation": p.generation, "t_event": time.time()})
-        if stop and not self.end_at:
-            self.end_at, self._ending = max(1, p.step), True
-            self._wish()
-
-    def _checkpoints(self) -> None:
-        """A periodic checkpoint that failed (rank 0's step record says so) reaches the terminal,
-        the report and ``/metrics`` at once, saying which checkpoint stands; this many in a row
-        (``checkpoint.escalate_after``) is an error: a fail-stop now would roll back that far."""
-        p = self.progress
-        if p is None or p.checkpoint_failures <= self._ckpt_failures_seen:
-            if p is not None and p.checkpoint_failures == 0:
-                self._ckpt_failures_seen = 0
-            return
-        self._ckpt_failures_seen = p.checkpoint_failures
-        self.checkpoint_failures_total += 1
-        stands = (f"the checkpoint of step {p.checkpoint_step} stands ({p.step - p.checkpoint_step} steps back)"
-                  if p.checkpoint_step is not None else "no checkpoint stands: a fail-stop now restarts from step 0")
-        escalated = p.checkpoint_failures >= self.cfg.checkpoint.escalate_after
-        msg = (f"checkpoint failed ({p.checkpoint_failures} in a row) at step {p.step}: {p.checkpoint_error}; "
-               f"{stands}")
-        (logs.PHASES.error if escalated else logs.PHASES.warning)(("ESCALATED: " if escalated else "") + msg)
-        self.records.append({"event": {"kind": "checkpoint-failed", "source": f"step {p.step}"},
-                             "status": "escalated: " + msg if escalated else msg, "step": p.step,
-                             "failures_in_a_row": p.checkpoint_failures, "error": p.checkpoint_error,
-                             "checkpoint_step": p.checkpoint_step, "t_event": time.time()})
+    def _watch_progress(self) -> None:
+        """Said and recorded once each (``watch.py``): a non-finite loss (ending the job there where
+        asked), a failed periodic checkpoint."""
+        for f in self.watch.see(self.progress):
+            (logs.PHASES.error if f.error else logs.PHASES.warning)(f.message)
+            self.records.append(f.record)
+            if f.stop and not self.end_at:
+                self.end_at, self._ending = max(1, self.progress.step), True
+                self._wish()
 
     def _stamp_triggers(self) -> None:
         """Each queued event whose trigger happened gets its time (``decisions.trigger_time``),
@@ -406,8 +373,7 @@ class Controller(NodeMembership):
         p = self.progress
         if p is None or self.active is None or p.generation != self.active.generation:
             return
-        now = time.time()
-        ends = {int(k): t for k, t in p.ends.items()} if p.ends else None
+        now, ends = time.time(), None
         with self.lock:
             for i, ev in enumerate(self.queue):
                 if ev.after_previous is not None and ev.at_step is None:
@@ -415,6 +381,8 @@ class Controller(NodeMembership):
                         continue  # (``step +N``: counted from the end of the event before it)
                     ev.at_step = p.step + ev.after_previous
                 if ev.arrived is None:
+                    if ends is None and p.ends:  # (parsed only when an event waits for its trigger)
+                        ends = {int(k): t for k, t in p.ends.items()}
                     ev.arrived = trigger_time(ev.at_step, ev.at_time, p.step, p.time, p.step_s, self.t_start, now,
                                               ends)
 

@@ -101,8 +101,8 @@ class LiveController(Controller):
         return box["report"]
 
     def _loop_priority(self, due: bool) -> None:
-        """Idle priority while nothing is due (its polling takes only the time the ranks leave),
-        normal priority from an event's trigger to its end: a due event is acted on at once."""
+        """Low priority while nothing is due (its polling takes little of the ranks' time), normal
+        priority from an event's trigger to its end: a due event is acted on at once."""
         idle = not due and self.phase is Phase.STABLE
         if self._idle is not None and idle != self._idle:
             this_thread(low=idle)
@@ -110,11 +110,10 @@ class LiveController(Controller):
 
     def tick(self) -> None:
         with self.lock:
-            self._loop_priority(self._due() is not None)
+            due = self._due()
+            self._loop_priority(due is not None)
+            ev = self._take(due[0]) if due is not None and self.phase is Phase.STABLE else None
         if self.phase is Phase.STABLE:
-            with self.lock:
-                due = self._due()
-                ev = self._take(due[0]) if due is not None else None
             if ev is not None:
                 self._begin(ev)
         elif self.phase in PENDING:

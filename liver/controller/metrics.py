@@ -85,7 +85,7 @@ class Metrics:
         ck.add_metric([], p.checkpoint_failures if p else 0)
         yield ck
         ck = CounterMetricFamily("liver_checkpoint_failures", "periodic checkpoints that failed")
-        ck.add_metric([], c.checkpoint_failures_total)
+        ck.add_metric([], c.watch.failures_total)
         yield ck
 
         records = list(c.records)

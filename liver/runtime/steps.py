@@ -82,11 +82,12 @@ class Steps:
                 step.run()
 
     def __iter__(self) -> Iterator[Step]:
-        d = self.driver
+        d, cleared = self.driver, None
         while d.engine is not None and d.engine.step < d.total_steps:
-            # from no gradient, as the restart's step would: an attempt that a lost peer aborted
-            # leaves its partial gradients on tensors the healed generation may adopt
-            d.engine.drop_grads()
+            if d.engine is not cleared:  # (a new generation's engine, or the loop's first)
+                # from no gradient, as the restart's step would: an attempt that a lost peer aborted
+                # leaves its partial gradients on tensors the healed generation may adopt
+                d.engine.drop_grads()
             step = self.make_step(d.engine)
             yield step
             try:
@@ -97,6 +98,7 @@ class Steps:
                                     f"step.done(loss, grad_norm), so no step was taken; call one of them once an "
                                     f"iteration, inside 'with step:'")
                 d.engine.drop_grads()  # none is held across a boundary (a loop that zeroes them first)
+                cleared = d.engine
                 d.after_step(step.stats)
             except LoopError:
                 raise

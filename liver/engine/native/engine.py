@@ -211,8 +211,7 @@ class NativeEngine:
         self.drop_grads()
 
     def drop_grads(self) -> None:
-        self.model.zero_grad(set_to_none=True)
-        self.optimizer.zero_grad(set_to_none=True)
+        self.model.zero_grad(set_to_none=True)  # (the optimizer's parameters are the model's)
 
     def held_grads(self) -> list[str]:
         return [n for n, p in self.model.named_parameters() if p.grad is not None]

@@ -149,7 +149,6 @@ class Engine:
     # ---- training ----------------------------------------------------------------------------
     def train_step(self) -> StepStats:
         t0 = time.perf_counter()
-        self.drop_grads()  # (a re-run after a heal starts where the restart's step does: from none)
         job, lay, w = self.job, self.layout, self.world
         m, tr = job.model, job.train
         c = lay.coord(w.rank)
