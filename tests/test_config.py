@@ -127,3 +127,15 @@ def test_scale_without_a_running_job_is_a_clear_error(tmp_path, capsys):
     (tmp_path / "control.json").write_text(json.dumps({"url": "http://127.0.0.1:9", "token": "x"}))
     assert main(["scale", "--run-dir", str(tmp_path), "scale-in", "1"]) == 2
     assert "does not answer" in capsys.readouterr().err
+
+
+def test_this_stages_options_are_refused_naming_the_field_and_what_is_allowed():
+    from liver.config.jobfile import build
+    for layer, said in [({"checkpoint": {"keep": 0}}, "checkpoint.keep=0: allowed a whole number from 1"),
+                        ({"checkpoint": {"escalate_after": "x"}}, "checkpoint.escalate_after='x': expected an integer"),
+                        ({"agent": {"start_timeout_s": 0}}, "agent.start_timeout_s=0.0: allowed 0.5 to 3600 s"),
+                        ({"controller": {"stop_on_nonfinite_loss": "maybe"}},
+                         "controller.stop_on_nonfinite_loss='maybe': expected true or false")]:
+        with pytest.raises(ValueError) as e:
+            build({"preset": "tiny"}, layer)
+        assert said in str(e.value), str(e.value)
