@@ -4,16 +4,10 @@ them, and digests them."""
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
 import torch
 from torch import nn
 
-_spec = importlib.util.spec_from_file_location("buffered_llama_example",
-                                               Path(__file__).resolve().parents[2] / "examples" / "llama.py")
-llama = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(llama)
+from llama_example import llama
 
 
 class Decay(nn.Module):

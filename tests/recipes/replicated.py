@@ -4,16 +4,10 @@ every data-parallel rank holding the whole model, the loop averaging the gradien
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
 import torch
 from torch import nn
 
-_spec = importlib.util.spec_from_file_location("replicated_llama_example",
-                                               Path(__file__).resolve().parents[2] / "examples" / "llama.py")
-llama = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(llama)
+from llama_example import llama
 
 
 class _NoSharding:

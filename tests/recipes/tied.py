@@ -3,15 +3,9 @@ parallelism breaks (the head becomes a weight of its own): the layouts hold diff
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
 from torch import nn
 
-_spec = importlib.util.spec_from_file_location("tied_llama_example",
-                                               Path(__file__).resolve().parents[2] / "examples" / "llama.py")
-llama = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(llama)
+from llama_example import llama
 
 
 class TiedRecipe(llama.LlamaRecipe):
