@@ -231,10 +231,15 @@ class Member:
         if self.companion is not None:
             self._abandon()
         self.ckpt.abandon()  # a write in flight over the broken groups never becomes the latest
-        whole = self.digest and not self._half_streamed
+        hashes = None
+        if self.digest and not self._half_streamed:
+            try:
+                hashes = local_hashes(e)
+            except RuntimeError as why:  # (a check's refusal must not turn a heal into a job's end)
+                print(f"[liver] proc {self.proc}: no digest of the state it stopped with ({why})", flush=True)
         write(self.store, Stalled.key(g, self.proc),
               Stalled(proc=self.proc, generation=g, step=e.step, error=f"{type(err).__name__}: {err}"[:500],
-                      hashes=local_hashes(e) if whole else None, scalars=e.scalars() if whole else None))
+                      hashes=hashes, scalars=e.scalars() if hashes is not None else None))
         print(f"[liver] proc {self.proc}: generation {g} broke after step {e.step} ({type(err).__name__}); "
               f"waiting to be healed", flush=True)
         end = time.time() + self.config.prepare.group_timeout_s

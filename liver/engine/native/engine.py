@@ -220,10 +220,11 @@ class NativeEngine:
         """Optimizer state tensors beyond the recipe's ``state_keys`` (made at the optimizer's
         steps: SGD's momentum, say), and the model's persistent buffers: neither is moved."""
         out, known = [], {s.name for s in self.specs}
+        kinds = {s.kind for s in self.specs}  # (by kind: mid-step, FSDP2's parameters are others)
         names = {id(p): n for n, p in self.model.named_parameters()}
         for p, st in self.optimizer.state.items():
-            out += [f"{names.get(id(p), '?')}.{k} (optimizer state)" for k, v in st.items()
-                    if k != "step" and isinstance(v, torch.Tensor) and f"{names.get(id(p))}.{k}" not in known]
+            out += [f"{names.get(id(p), 'a parameter')}.{k} (optimizer state)" for k, v in st.items()
+                    if k != "step" and isinstance(v, torch.Tensor) and k not in kinds]
         out += [f"{n} (persistent buffer)" for n, _ in persistent_buffers(self.model) if n not in known]
         return out
 
