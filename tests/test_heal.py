@@ -11,7 +11,10 @@ import json
 
 import pytest
 
-from liver.controller.heal import common_step, surviving_view, uncovered
+from hypothesis import assume, given, settings, strategies as st
+
+from liver.controller.heal import healing_step, surviving_view, uncovered
+from liver.resource_view.table import Survivors
 from liver.engine.reference import ADAPTER
 from liver.topology import ParallelConfig
 from liver.topology.presets import preset
@@ -29,7 +32,39 @@ def test_which_losses_can_be_healed():
     pp2 = ADAPTER.layout(job, ParallelConfig(pp=2))
     assert uncovered(surviving_view(pp2, (0, 1), [1]), specs) is not None        # a stage with no replica
     assert uncovered(surviving_view(pp2, (0, 1), [0, 1]), specs) == "no rank survived"
-    assert common_step([7, 7, 7]) == 7 and common_step([7, 8]) is None
+    # a replica's TP peer vanished inside a collective the other replica completed: rank 2 stopped
+    # a step behind; the complete replica at step 8 heals, rank 2 receives its shards
+    view = surviving_view(dp2, procs, [13])
+    assert healing_step(view, specs, {0: 8, 1: 8, 2: 7}) == (8, Survivors(dp2, (0, 1)))
+    assert healing_step(view, specs, {0: 8, 1: 7, 2: 7}) == (7, Survivors(dp2, (1, 2)))
+    assert healing_step(surviving_view(dp2, procs, [12, 13]), specs, {0: 8, 1: 7}) is None
+
+
+@settings(max_examples=80, deadline=None)
+@given(tp=st.sampled_from([1, 2]), pp=st.sampled_from([1, 2]), dp=st.sampled_from([1, 2, 3]), data=st.data())
+def test_the_heal_takes_the_latest_step_whose_survivors_hold_everything(tp, pp, dp, data):
+    job = preset("tiny")
+    specs = ADAPTER.state_specs(job)
+    try:
+        layout = ADAPTER.layout(job, ParallelConfig(tp=tp, pp=pp, dp=dp))
+    except ValueError:  # the model does not split so
+        assume(False)
+    n = layout.size
+    procs = tuple(range(100, 100 + n))
+    dead = data.draw(st.sets(st.sampled_from(procs), max_size=n - 1))
+    view = surviving_view(layout, procs, dead)
+    steps = {r: data.draw(st.sampled_from([5, 6])) for r in view.ranks}
+    got = healing_step(view, specs, steps)
+    covering = [s for s in (6, 5) if uncovered(Survivors(layout, tuple(r for r in view.ranks if steps[r] == s)),
+                                               specs) is None and s in steps.values()]
+    if not covering:
+        assert got is None
+    else:
+        step, at = got
+        assert step == covering[0] and all(steps[r] == step for r in at.ranks)
+        assert set(at.ranks) == {r for r in view.ranks if steps[r] == step}
+    if len(set(steps.values())) == 1:  # one step: the heal is possible exactly where the survivors cover
+        assert (got is None) == (uncovered(view, specs) is not None)
 
 
 def steps_at(rep: dict, step: int) -> list[dict]:
@@ -61,6 +96,28 @@ def test_kill9_of_a_replica_heals_from_the_survivors_without_rollback(tmp_path, 
     check_continuous(rep, 40)
     assert len(rep["steps"]) == 40  # no step ran twice
     assert rep["steps"][-1]["parallel"] == new
+
+
+@pytest.mark.timeout(600)
+def test_survivors_a_step_behind_receive_from_the_replica_that_completed_it(tmp_path, monkeypatch):
+    """tp2 x dp2, rank 3 lost after the gradients' data-parallel reduction of step 9: replica 0
+    (ranks 0, 1) completes step 9, rank 2 stops at step 8 in its tensor-parallel reduction with the
+    lost rank. The heal takes step 9 from replica 0; rank 2 gives nothing and receives its shards,
+    and the steps after equal a restart's."""
+    from liver.host import faults
+    from test_run import liver, replays_as_restart
+    empty = tmp_path / "none.txt"
+    empty.write_text("# no events\n")
+    monkeypatch.setenv(faults.ENV, "reduced:3:9")
+    rep = liver(tmp_path / "run", "--events", str(empty), "--parallel", "2,1,2", "--gpus", "4", "--steps", "13",
+                "--end-after-events", "-1", "--ckpt-every", "0")
+    monkeypatch.delenv(faults.ENV)
+    assert rep["rc"] == 0
+    (rec,) = [e for e in rep["events"] if e["event"]["kind"] == "fail-stop"]
+    assert rec["status"] == "healed from the surviving replicas" and rec["restored_step"] == 9, rec
+    assert rec["stopped_behind"] == [2] and rec["new"] == "tp1pp3dp1" and rec["digest_equal"] is True
+    check_continuous(rep, 13)
+    replays_as_restart(tmp_path, rep, rec, "2,1,2", 4, k=3)
 
 
 @pytest.mark.timeout(600)

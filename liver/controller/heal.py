@@ -2,15 +2,16 @@
 
 A rank lost without notice leaves its generation's groups broken; the other ranks stop at the last
 step they completed (an engine changes its state only after its step's last collective) and report
-it (``Stalled``). Where every element of every tensor is still held by a survivor (data-parallel
-replicas), and the survivors stopped at one step, the next generation is built from their state
-over the network, as a handoff is: no rollback to the checkpoint, only the step in flight is lost.
-Otherwise the checkpoint is the fallback.
+it (``Stalled``). Where every element of every tensor is still held by survivors that stopped at
+one step (data-parallel replicas), the next generation is built from their state over the network,
+as a handoff is: no rollback to the checkpoint, only the step in flight is lost. Survivors that
+stopped a step earlier (a peer vanished inside a collective the others had completed) give nothing
+and receive their shards, as joiners do. Otherwise the checkpoint is the fallback.
 """
 
 from __future__ import annotations
 
-from typing import Iterable
+from typing import Iterable, Mapping
 
 from liver.resource_view.spec import TensorSpec
 from liver.resource_view.table import BoxTable, RankView, Survivors
@@ -34,8 +35,12 @@ def uncovered(view: Survivors, specs: list[TensorSpec]) -> str | None:
     return None
 
 
-def common_step(steps: Iterable[int]) -> int | None:
-    """The step every survivor stopped at, or None where they differ (a peer vanished inside a
-    collective that some of them had completed: their states are of different steps)."""
-    distinct = set(steps)
-    return distinct.pop() if len(distinct) == 1 else None
+def healing_step(view: Survivors, specs: list[TensorSpec], steps: Mapping[int, int]) -> tuple[int, Survivors] | None:
+    """The latest step at which the survivors that stopped there (``steps``: each surviving
+    rank's step, by its rank in ``view.view``) hold every element of every tensor, and the view
+    of those ranks; None where no step's survivors cover the state."""
+    for step in sorted(set(steps.values()), reverse=True):
+        at = Survivors(view.view, tuple(r for r in view.ranks if steps[r] == step))
+        if uncovered(at, specs) is None:
+            return step, at
+    return None

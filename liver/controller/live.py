@@ -198,17 +198,23 @@ class LiveController(Controller):
                 not_honoured = (f"the event asked for {named.short()} ({named.world_size} GPUs); {len(survivors)} "
                                 f"survived, so {parallel.short()}")
         stalled = self._wait_for(old.generation, survivors, Stalled, self.cfg.controller.heal_timeout_s, beats=True)
-        step = heal.common_step(r.step for r in stalled.values()) if stalled else None
-        if step is None:
-            self.phase_log("no-heal", why="the survivors did not all report one step" if stalled else
-                           f"not every survivor reported (one exited, went silent, or took over "
-                           f"{self.cfg.controller.heal_timeout_s:g} s)")
+        if stalled is None:
+            self.phase_log("no-heal", why=f"not every survivor reported (one exited, went silent, or took over "
+                                          f"{self.cfg.controller.heal_timeout_s:g} s)")
             return None
-        plan = self.plan(old.parallel, parallel, survivors, survivors, old_view=view)
+        found = heal.healing_step(view, specs, {old.procs.index(p): r.step for p, r in stalled.items()})
+        if found is None:
+            self.phase_log("no-heal", why="no step's survivors hold the whole state: "
+                                          f"{sorted({r.step for r in stalled.values()})}")
+            return None
+        step, view = found  # survivors a step behind give nothing and receive their shards
+        givers = [old.procs[r] for r in view.ranks]
+        stalled = {p: stalled[p] for p in givers}
+        plan = self.plan(old.parallel, parallel, givers, survivors, old_view=view)
         self.gen += 1
         spec = GenerationSpec(generation=self.gen, parallel=parallel, procs=tuple(plan.placement), kind="heal",
                               nodes=self.node_names(plan.placement),
-                              old_generation=old.generation, old_parallel=old.parallel, old_procs=tuple(survivors),
+                              old_generation=old.generation, old_parallel=old.parallel, old_procs=tuple(givers),
                               old_ranks=view.ranks)
         publish_plan(self.store, self.gen, plan)
         spec.publish(self.store)
@@ -229,6 +235,8 @@ class LiveController(Controller):
                # steps the survivors completed that the lost rank 0 had not logged yet (trained, kept)
                "steps_unlogged": list(range(failed_step + 1, step + 1)),
                "checkpoint": None, "lost_slots": sorted(w.slot for w in dead), "t_event": t0,
+               # survivors that stopped a step behind the others: their state was not used, they received
+               "stopped_behind": sorted(set(survivors) - set(givers)),
                "heal_s": time.time() - t0, "bytes_moved": plan.bytes_moved,
                "digest_before": before, "digest_after": first(switched.values(), "digest_after"),
                "last_words": {w.proc: self.nodes.log_tail(w.proc, 2000).strip().splitlines()[-1:] for w in dead},

@@ -11,6 +11,9 @@ that lasts long enough for an event to arrive during it, a disk that fills under
   reference engine once its backward is done and before the gradients' reductions, a user's model
   as it takes the step's batch; its peers go on into the step and are left holding the gradients of
   an attempt that cannot complete (a heal re-runs it);
+- ``reduced:PROC[:STEP]``      the reference engine kills itself in step STEP once the data-parallel
+  reduction of its gradients is done, before its tensor-parallel peers reduce the gradient norm:
+  the other replicas complete the step, its own peers stop a step behind them;
 - ``disk-full:PROC[:STEP]``   every periodic checkpoint write of the steps from STEP on fails as a
   full disk fails (``OSError(ENOSPC)`` from the storage layer once this process's files are
   written, before DCP's metadata is): the disk stays full.
@@ -26,7 +29,7 @@ import signal
 import time
 
 ENV = "LIVER_FAULT"
-POINTS = ("transfer", "slow-transfer", "disk-full", "mid-step")
+POINTS = ("transfer", "slow-transfer", "disk-full", "mid-step", "reduced")
 _me: list[int] = [-1]  # this process's id, for points reached where it is not known (an engine's step)
 
 
@@ -75,7 +78,7 @@ def at(point: str, proc: int, index: int = 0) -> None:
     arg = _armed.get((point, proc))
     if arg is None or index < (float(arg or 0) if point != "slow-transfer" else 0):
         return
-    if point in ("transfer", "mid-step"):
+    if point in ("transfer", "mid-step", "reduced"):
         del _armed[(point, proc)]
         os.kill(os.getpid(), signal.SIGKILL)
     elif point == "slow-transfer":

@@ -249,6 +249,11 @@ class Member:
                 raise err
             time.sleep(0.01)
         spec = GenerationSpec.fetch(self.store, int(self.store.get(key)))
+        if self.proc not in spec.old_procs:  # it stopped a step behind the heal's: it receives, as a joiner
+            stale, self.engine = e, None
+            stale.release_compute()
+            threading.Thread(target=stale.world.destroy, daemon=True).start()
+            del stale, e
         prep = self._preparation(spec, store=self.store)  # nothing shared with the broken groups
         prep.run()
         if prep.defer_warm and prep.built and not prep.ready:

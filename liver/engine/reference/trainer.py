@@ -184,6 +184,7 @@ class Engine:
             flat = torch._utils._flatten_dense_tensors(grads)
             w.dp.allreduce(flat)
             grads = torch._utils._unflatten_dense_tensors(flat, grads)
+        faults.here("reduced", self.step + 1)
         grads = [g.float() for g in grads]
         norm = self._grad_norm(grads)
         clip = min(1.0, tr.grad_clip / (norm + 1e-6)) if tr.grad_clip > 0 else 1.0
