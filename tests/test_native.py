@@ -110,14 +110,15 @@ def test_what_cannot_be_described_is_refused_with_the_tensor_named():
                 placed_state(m, None)
         finally:
             forget_meshes()
-    m = nn.Linear(4, 4, bias=False)
-    sgd = torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9)
-    m(torch.ones(1, 4)).sum().backward()
-    sgd.step()
-    with pytest.raises(ValueError, match="optimizer state 'momentum_buffer' of 'weight': unknown kind"):
-        placed_state(m, sgd)
-    with pytest.raises(ValueError, match="optimizer state 'momentum_buffer': unknown kind"):
-        placed_state(m, sgd, ("momentum_buffer",))
+    from liver.engine.native.optim import describe
+    for make, match in [(lambda m: torch.optim.LBFGS(m.parameters()), "LBFGS of the recipe 'r': one step over "
+                         "stand-ins of the parameters failed"),
+                        (lambda m: torch.optim.Adafactor(m.parameters()), "Adafactor of the recipe 'r': state "
+                         "'(col|row)_var' has shape")]:
+        with torch.device("meta"):
+            m = nn.Linear(4, 4, bias=False)
+        with pytest.raises(ValueError, match=match):
+            describe(make, m, "r")
 
 
 def test_bad_layouts_are_refused_naming_the_field():
@@ -195,7 +196,8 @@ def test_a_shard_that_stays_is_adopted_without_a_copy_except_into_fsdp2_buffers(
         try:
             first = NativeEngine(adapter.recipe, job, fsdp, torch.device("cpu"))
             second = NativeEngine(adapter.recipe, job, fsdp, torch.device("cpu"), initialise=False, adopt=first.state)
-            assert all(t.data_ptr() != first.state[n].data_ptr() for n, t in second.state.items())
+            assert all(t.data_ptr() != first.state[n].data_ptr() for n, t in second.state.items() if n in first.state)
+            assert not any(n.endswith(".exp_avg") for n in first.state)  # (Adam makes its state at its first step)
         finally:
             forget_meshes()
 
@@ -368,3 +370,87 @@ def test_layouts_whose_models_hold_other_tensors_are_refused_before_anything_sta
                  "--set", "parallel=1,1,2", "--events", str(events), "--run-dir", str(tmp_path / "run")]) == 2
     err = capsys.readouterr().err
     assert "output.weight" in err and "Traceback" not in err and not (tmp_path / "run" / "logs").exists()
+
+
+@pytest.mark.parametrize("parallel", ["2,1,2", "1,2,1"])
+def test_the_first_state_is_the_models_own_initialisation_as_a_plain_run_makes_it(parallel):
+    """On every rank of a layout, each tensor's box holds what a plain one-process
+    ``torch.manual_seed(seed); Model(...)`` gives it: Kaiming-uniform weights and biases of
+    ``nn.Linear``, LayerNorm's ones and zeros (tests/recipes/biased.py)."""
+    from liver.engine.native.engine import NativeEngine
+    adapter = load_adapter(f"{ROOT}/tests/recipes/biased.py:RECIPE")
+    job = job_of(hidden=8, heads=4, ffn=12, vocab=8)
+    torch.manual_seed(job.train.seed)
+    plain = adapter.recipe.model(job).state_dict()  # eager, on CPU: the user's plain run
+    layout = adapter.layout(job, ParallelConfig.parse(parallel))
+    full = {n: torch.full_like(t, float("nan")) for n, t in plain.items()}
+    for r in range(layout.size):
+        world = FakeWorld.build_fake(0, layout, r, "gloo", torch.device("cpu"))
+        with world.registered():
+            try:
+                e = NativeEngine(adapter.recipe, job, world, torch.device("cpu"), specs=adapter._specs(job, layout))
+                for n, box in e.boxes.items():
+                    full[n][tuple(slice(lo, hi) for lo, hi in box)] = e.state[n]
+            finally:
+                forget_meshes()
+    assert {n: torch.equal(full[n], plain[n]) for n in plain} == {n: True for n in plain}
+    b = plain["layers.0.feed_forward.w1.bias"]
+    assert b.abs().max() > 0 and b.unique().numel() == b.numel()  # (drawn, not a constant)
+    assert torch.equal(plain["layers.1.ffn_norm.bias"], torch.zeros(8))
+
+
+def test_a_tensor_the_models_code_does_not_initialise_is_refused_naming_it():
+    from torch import nn
+
+    from liver.engine.native.init import initial_values
+
+    class Scale(nn.Module):  # a parameter made from a value in __init__, no reset_parameters
+        def __init__(self) -> None:
+            super().__init__()
+            self.lin, self.gain = nn.Linear(2, 2), nn.Parameter(torch.ones(2))
+
+    with torch.device("meta"):
+        m = Scale()
+    with pytest.raises(ValueError, match="tensor 'gain' is not initialised by the model's own code"):
+        dict(initial_values(m, 0, None, {"lin.weight", "lin.bias", "gain"}))
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("optimizer", ["SGD", "ADAGRAD", "NADAM"])
+def test_any_optimizers_state_moves_live_equal_to_restart_and_close_to_one_process(tmp_path, optimizer):
+    """SGD's momentum, Adagrad's sums (from its own initial value), NAdam's moments and its 0-dim
+    ``mu_product``: FSDP2 on two ranks, reshaped to TP2 from step 3 on, live and by restart through
+    DCP: every step bit for bit (loss, gradient norm, digest); and both within float tolerance of
+    the same recipe trained uninterrupted in one process."""
+    from liver.config import jobfile
+    from liver.engine.native.engine import NativeEngine
+    from liver.world.world import World, make_store
+
+    recipe = f"{ROOT}/tests/recipes/biased.py:{optimizer}"
+    events = tmp_path / "events.txt"
+    events.write_text("at step 3: reshape 2,1,1\n")
+    common = ("--set", f"engine={recipe}", "--set", "parallel=1,1,2", "--steps", "10")
+    live = liver_native(tmp_path / "live", *common, "--events", str(events), "--end-after-events", "-1")
+    assert live["rc"] == 0
+    assert [e["status"] for e in live["events"]] == ["done"] and live["events"][0]["digest_equal"] is True
+    cut = tmp_path / "cut.txt"
+    cut.write_text(f"at step {live['events'][0]['last_old_step']}: reshape 2,1,1\n")
+    restart = liver_native(tmp_path / "restart", *common, "--events", str(cut), "--mode", "restart-forked")
+    assert restart["rc"] == 0
+
+    def steps(r):
+        return [(s["step"], s["parallel"], s["loss"], s["grad_norm"], s["digest"]) for s in r["steps"]]
+
+    assert steps(live) == steps(restart) and len(steps(live)) == 10
+    job = jobfile.load(CONFIG).job
+    adapter = load_adapter(recipe)
+    store, _ = make_store()
+    world = World.build(store, 0, adapter.layout(job, ParallelConfig()), 0, "gloo", torch.device("cpu"))
+    world.activate()
+    try:
+        one = NativeEngine(adapter.recipe, job, world, torch.device("cpu"))
+        alone = [one.train_step().loss for _ in range(10)]
+    finally:
+        world.destroy()
+    assert [s["loss"] for s in live["steps"]] == pytest.approx(alone, rel=1e-4)
+    assert alone[-1] < alone[0]

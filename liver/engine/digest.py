@@ -131,6 +131,9 @@ def combine(specs, parts: list[list], scalars: dict[str, Any]) -> str:
     h = hashlib.sha256()
     for i, spec in sorted(enumerate(specs), key=lambda x: x[1].name):  # (by name: the specs' order is a layout's)
         boxes = by_tensor.get(i, {})
+        if not boxes and spec.kind not in ("param", "buffer"):  # an optimizer's state before its first step
+            h.update(f"{spec.name}:absent\n".encode())
+            continue
         covered = sum(box_numel(b) for b in boxes)
         if covered != max(1, spec.numel) or not boxes:
             raise RuntimeError(f"digest of {spec.name}: the ranks' distinct boxes hold {covered} elements of its "

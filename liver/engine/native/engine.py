@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import inspect
 import time
-import zlib
 from typing import Any
 
 import torch
@@ -26,6 +25,8 @@ from torch.distributed.tensor import DTensor
 from liver.engine.flops import mfu as model_flops_utilisation, peak_flops
 from liver.engine.interface import StepStats
 from liver.host import faults
+from liver.engine.native.init import initial_values
+from liver.engine.native.optim import OptimizerState, describe
 from liver.engine.native.recipe import Recipe, clip_grad_norm
 from liver.engine.native.resource import local_box, persistent_buffers, placed_state
 from liver.resource_view.view import Box
@@ -35,11 +36,13 @@ from liver.world.world import World, forget_meshes
 
 
 def build_model(recipe: Recipe, job: JobConfig, world: World, device: torch.device,
-                adopt: dict[str, torch.Tensor] | None = None):
+                adopt: dict[str, torch.Tensor] | None = None, make_state: bool = True):
     """The model and optimizer of ``world``'s rank, on ``device`` (``torch.device("meta")`` for
-    metadata only), with the optimizer state made; and their tensors as ``Placed``. The World
-    must be registered (``World.activate``): DeviceMesh asks the default group for the rank.
-    ``adopt``: local shards (by state name) to use as storage instead of new memory (``adopted``)."""
+    metadata only); and their tensors as ``Placed``. The World must be registered
+    (``World.activate``): DeviceMesh asks the default group for the rank. ``make_state``: the
+    optimizer's state made now, to be written (a switch, a checkpoint's load); else the optimizer
+    makes it at its first step, with its own initial values. ``adopt``: local shards (by state
+    name) to use as storage instead of new memory (``adopted``)."""
     forget_meshes()  # (meshes of other worlds compare equal to this one: liver/world/world.py)
     mesh = world.mesh()
     with torch.device("meta"):
@@ -54,20 +57,53 @@ def build_model(recipe: Recipe, job: JobConfig, world: World, device: torch.devi
     if device.type != "meta":
         names = {id(p): n for n, p in [*model.named_parameters(), *persistent_buffers(model)]}
         model._apply(lambda t: adopted(adopt.get(names.get(id(t), "")), t, device))  # (to_empty, adopting)
+        _nan_buffers(model)
         recipe.init_buffers(model, job)
+        _check_buffers(model)
     optimizer = recipe.optimizer(model, job)
-    amsgrad = any(g.get("amsgrad", False) for g in optimizer.param_groups)
-    keys = tuple(k for k in recipe.state_keys if k != "max_exp_avg_sq" or amsgrad)
-    names = {id(p): n for n, p in model.named_parameters()}  # (again: _apply may have made new Parameters)
-    for group in optimizer.param_groups:
-        for p in group["params"]:
-            st = optimizer.state[p]
-            st.setdefault("step", torch.tensor(0.0))
-            for key in keys:
-                old = adopt.get(f"{names.get(id(p))}.{key}")
-                st.setdefault(key, adopted(old, p, device) if old is not None else
-                              torch.zeros_like(p, memory_format=torch.preserve_format))
-    return model, optimizer, placed_state(model, optimizer, keys)
+    kinds = optimizer_state(recipe, job)
+    if make_state:
+        names = {id(p): n for n, p in model.named_parameters()}  # (again: _apply may have made new Parameters)
+        for group in optimizer.param_groups:
+            for p in group["params"]:
+                n = names.get(id(p))
+                like = {k: adopted(adopt[f"{n}.{k}"], p, device) for k, dtype in kinds.tensors
+                        if dtype is None and f"{n}.{k}" in adopt}
+                kinds.make(optimizer, p, like)
+    return model, optimizer, placed_state(model, optimizer, kinds)
+
+
+_described: dict[tuple[int, JobConfig], OptimizerState] = {}
+
+
+def optimizer_state(recipe: Recipe, job: JobConfig) -> OptimizerState:
+    """What the recipe's optimizer keeps per parameter (``optim.describe``), once per job."""
+    key = (id(recipe), job)
+    if key not in _described:
+        with torch.device("meta"):
+            whole = recipe.model(job)
+        _described[key] = describe(lambda m: recipe.optimizer(m, job), whole, recipe.name)
+    return _described[key]
+
+
+def _nan_buffers(model: torch.nn.Module) -> None:
+    """Non-persistent buffers' new storage shows as NaN until the recipe's ``init_buffers`` sets it."""
+    with torch.no_grad():
+        for mod in model.modules():
+            for n in mod._non_persistent_buffers_set:
+                b = mod._buffers.get(n)
+                if b is not None and b.is_floating_point():
+                    _local(b).fill_(float("nan"))
+
+
+def _check_buffers(model: torch.nn.Module) -> None:
+    for prefix, mod in model.named_modules():
+        for n in mod._non_persistent_buffers_set:
+            b = mod._buffers.get(n)
+            if b is not None and b.is_floating_point() and torch.isnan(_local(b)).any():
+                raise ValueError(f"non-persistent buffer {prefix + '.' if prefix else ''}{n!r} is not set after the "
+                                 f"recipe's init_buffers: a buffer made in __init__ is not reproduced on the meta "
+                                 f"device; compute it in the recipe's init_buffers(model, job)")
 
 
 def adopted(old: torch.Tensor | None, like: torch.Tensor, device: torch.device) -> torch.Tensor:
@@ -116,75 +152,78 @@ class NativeEngine:
         the old generation's shards that stay on this process in the same box, used as this
         engine's storage (``build_model``)."""
         self.recipe, self.job, self.world, self.layout, self.device = recipe, job, world, world.layout, device
-        self.model, self.optimizer, self.placed = build_model(recipe, job, world, device, adopt)
+        self.model, self.optimizer, self.placed = build_model(recipe, job, world, device, adopt,
+                                                              make_state=not initialise)
+        self.kinds = optimizer_state(recipe, job)
         self.scheduler = recipe.scheduler(self.optimizer, job)
         self.specs = list(specs) if specs is not None else [p.spec for p in self.placed]
         self._schedule = None  # the pipeline's (pp > 1), and its stage's input, made at the first step
         self._stage_input: torch.Tensor | None = None
-        self._tensors = self._by_name()
-        self.boxes: dict[str, Box] = {}
-        self.state: dict[str, torch.Tensor] = {}
-        for p in self.placed:
-            t = self._tensors[p.spec.name]
-            box = local_box(p.spec.name, t)
-            if box is not None:
-                self.boxes[p.spec.name] = box
-                self.state[p.spec.name] = _local(t)
+        self._collect()
+        self._made = not initialise  # (else the optimizer makes its state at its first step: collected then)
         self.step = 0
         self.consumed_samples = 0
         self._params = sum(s.numel for s in self.specs if s.kind == "param")  # (the whole model's, for MFU)
         if initialise:
             self._initialise()
 
+    def _collect(self) -> None:
+        """``state`` and ``boxes``: this rank's local tensor and box of each logical tensor it holds."""
+        self._tensors = self._by_name()
+        self.boxes: dict[str, Box] = {}
+        self.state: dict[str, torch.Tensor] = {}
+        for p in self.placed:
+            t = self._tensors.get(p.spec.name)
+            box = local_box(p.spec.name, t) if t is not None else None
+            if box is not None:
+                self.boxes[p.spec.name] = box
+                self.state[p.spec.name] = _local(t)
+
     def _by_name(self) -> dict[str, torch.Tensor]:
         out: dict[str, torch.Tensor] = {}
         params = dict(self.model.named_parameters())
         for name, p in params.items():
             out[name] = p
-            for key, v in self.optimizer.state[p].items():
-                if key != "step":
+            for key, v in self.optimizer.state.get(p, {}).items():
+                if key in self.kinds.keys:
                     out[f"{name}.{key}"] = v
         out.update(persistent_buffers(self.model))
         return out
 
     def _initialise(self) -> None:
-        """Each parameter's whole initial value (from the seed and its name), cut to this rank's
-        box: the same first state whatever the layout. Optimizer state starts at zero."""
-        seed = self.job.train.seed
+        """The state a plain one-process run of the model's own initialisation makes (``init.py``),
+        each tensor cut to this rank's box: the same first state whatever the layout. The
+        optimizer makes its own state at its first step."""
+        own = None if type(self.recipe).init_weights is Recipe.init_weights else \
+            (lambda m: self.recipe.init_weights(m, self.job))
+        with torch.device("meta"):
+            whole = self.recipe.model(self.job)
+        wanted = {s.name for s in self.specs if s.kind in ("param", "buffer") and s.name in self.state}
+        got = set()
         with torch.no_grad():
-            # persistent buffers: as their modules make them (a running statistic's reset), zero
-            # where a module has no reset, then the recipe's own init_buffers over them
-            for mod in self.model.modules():
-                if any(b is not None and n not in mod._non_persistent_buffers_set for n, b in mod._buffers.items()):
-                    reset = getattr(mod, "reset_running_stats", None)
-                    if callable(reset):
-                        reset()
-                    else:
-                        for n, b in mod._buffers.items():
-                            if b is not None and n not in mod._non_persistent_buffers_set:
-                                b.zero_()
-            self.recipe.init_buffers(self.model, self.job)
-            for s in self.specs:
-                if s.name not in self.state or s.kind == "buffer":
-                    continue
-                if s.kind != "param":
-                    self.state[s.name].zero_()
-                    continue
-                g = torch.Generator().manual_seed(seed * 1_000_003 + zlib.crc32(s.name.encode()))
-                full = self.recipe.init_tensor(s.name, s.shape, g)
-                self.state[s.name].copy_(full[tuple(slice(lo, hi) for lo, hi in self.boxes[s.name])])
+            for name, full in initial_values(whole, self.job.train.seed, own, wanted):
+                self.state[name].copy_(full[tuple(slice(lo, hi) for lo, hi in self.boxes[name])])
+                got.add(name)
+        if wanted - got:
+            raise ValueError(f"tensor {sorted(wanted - got)[0]!r} is not in the recipe {self.recipe.name!r}'s "
+                             f"model as one process builds it: its initial value is unknown")
 
     # ---- scalars -----------------------------------------------------------------------------
-    def _optimizer_step(self) -> float:
-        steps = {float(st["step"]) for st in self.optimizer.state.values() if "step" in st}
-        if len(steps) > 1:
-            raise ValueError(f"optimizer state 'step' differs between parameters ({sorted(steps)}): LiveR "
-                             f"carries one step count for the whole optimizer")
-        return steps.pop() if steps else 0.0
+    def _optimizer_scalars(self) -> dict[str, float]:
+        """The optimizer's 0-dim state (``step``, NAdam's ``mu_product``, ...), one value each."""
+        out: dict[str, float] = {}
+        for key, _ in self.kinds.scalars:
+            values = {float(st[key]) for st in self.optimizer.state.values() if key in st}
+            if len(values) > 1:
+                raise ValueError(f"optimizer {self.kinds.optimizer} state {key!r} differs between parameters "
+                                 f"({sorted(values)[:4]}): LiveR carries one value of it for the whole optimizer")
+            if values:
+                out[key] = values.pop()
+        return out
 
     def scalars(self) -> dict[str, Any]:
         out: dict[str, Any] = {"step": self.step, "consumed_samples": self.consumed_samples,
-                               "seed": self.job.train.seed, "optimizer_step": self._optimizer_step(),
+                               "seed": self.job.train.seed, "optimizer": self._optimizer_scalars(),
                                "lr": [float(g["lr"]) for g in self.optimizer.param_groups]}
         if self.scheduler is not None:
             out["scheduler"] = {k: v for k, v in self.scheduler.state_dict().items()
@@ -197,7 +236,9 @@ class NativeEngine:
         self.step = int(s["step"])
         self.consumed_samples = int(s["consumed_samples"])
         for st in self.optimizer.state.values():
-            st["step"].fill_(float(s["optimizer_step"]))
+            for key, value in s["optimizer"].items():
+                if key in st:
+                    st[key].fill_(value)
         for g, lr in zip(self.optimizer.param_groups, s["lr"]):
             g["lr"] = lr
         if self.scheduler is not None and "scheduler" in s:
@@ -217,14 +258,14 @@ class NativeEngine:
         return [n for n, p in self.model.named_parameters() if p.grad is not None]
 
     def unaccounted(self) -> list[str]:
-        """Optimizer state tensors beyond the recipe's ``state_keys`` (made at the optimizer's
-        steps: SGD's momentum, say), and the model's persistent buffers: neither is moved."""
+        """Optimizer state of keys its description lacks, and persistent buffers outside the specs:
+        neither would be moved."""
         out, known = [], {s.name for s in self.specs}
-        kinds = {s.kind for s in self.specs}  # (by kind: mid-step, FSDP2's parameters are others)
+        keys = set(self.kinds.keys) | {k for k, _ in self.kinds.scalars}
         names = {id(p): n for n, p in self.model.named_parameters()}
         for p, st in self.optimizer.state.items():
             out += [f"{names.get(id(p), 'a parameter')}.{k} (optimizer state)" for k, v in st.items()
-                    if k != "step" and isinstance(v, torch.Tensor) and k not in kinds]
+                    if k not in keys and isinstance(v, torch.Tensor)]
         out += [f"{n} (persistent buffer)" for n, _ in persistent_buffers(self.model) if n not in known]
         return out
 
@@ -263,6 +304,9 @@ class NativeEngine:
         lr = float(self.optimizer.param_groups[0]["lr"])
         if self.scheduler is not None:
             self.scheduler.step()
+        if not self._made:  # the optimizer made its state at this first step
+            self._collect()
+            self._made = True
         # the state moved on: so do the counters, before the loss's collective (a peer that vanishes
         # in it leaves state and counters agreeing)
         self.step += 1

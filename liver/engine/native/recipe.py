@@ -35,8 +35,6 @@ class Recipe(ABC):
     """One kind of user model; stateless (LiveR may call any method in any process)."""
 
     name: str = "native"
-    state_keys: tuple[str, ...] = ("exp_avg", "exp_avg_sq")
-    """Optimizer state per parameter that is part of the training state (Adam, AdamW)."""
     compute_dtype: str = "float32"
     """The dtype its matrix multiplies run in ("bfloat16" under autocast or FSDP2's mixed precision):
     the peak the step line's MFU is taken against, on a GPU."""
@@ -84,15 +82,16 @@ class Recipe(ABC):
         """Whether the recipe can cut its model into pipeline stages."""
         return cls.stage is not Recipe.stage
 
-    def init_tensor(self, name: str, shape: tuple[int, ...], generator: torch.Generator) -> torch.Tensor:
-        """The initial value of parameter ``name`` as a whole (LiveR keeps each rank's box of it,
-        so the first state does not depend on the layout): N(0, 0.02) for matrices, ones else."""
-        if len(shape) >= 2:
-            return torch.randn(shape, generator=generator) * 0.02
-        return torch.ones(shape)
+    def init_weights(self, model: nn.Module, job: JobConfig) -> None:
+        """The model's initialisation, TorchTitan's way, where the recipe overrides this: run once,
+        in one process, on CPU, over the whole model built on the meta device and given storage,
+        after ``torch.manual_seed(job.train.seed)`` (liver/engine/native/init.py). By default each
+        module's own ``reset_parameters`` (else ``reset_running_stats``) runs, in the order the
+        modules are made: the values a plain ``torch.manual_seed(seed); Model(...)`` run gives."""
 
     def init_buffers(self, model: nn.Module, job: JobConfig) -> None:
-        """Recompute non-persistent buffers (a RoPE cache) after the model got its storage."""
+        """Compute the non-persistent buffers (a RoPE cache) of a model that just got its storage
+        (every generation's, not state: never moved). One left unset is refused, naming it."""
 
     def scheduler(self, optimizer: torch.optim.Optimizer, job: JobConfig) -> torch.optim.lr_scheduler.LRScheduler | None:
         """An LR schedule stepped after every iteration (its state travels with the scalars)."""

@@ -8,7 +8,8 @@ whole layout; each rank's box then follows from the mesh's shape and the rank's 
 itself uses for checkpoints: uneven ``torch.chunk`` splits and empty shards included). Parameters
 and their optimizer state (AdamW's moments carry their parameter's placements) alike; a plain
 tensor is replicated. What cannot be described is refused, naming the tensor: a ``Partial``
-placement at a boundary (a pending reduction is not state), optimizer state of unknown kind.
+placement at a boundary (a pending reduction is not state). Which optimizer state there is, the
+optimizer says (``optim.py``).
 Pure metadata: no collective, no storage.
 """
 
@@ -34,9 +35,6 @@ from liver.resource_view.view import Box
 
 _DTYPES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16", torch.int64: "int64",
            torch.uint8: "uint8"}
-OPTIMIZER_STATE = {"exp_avg": "exp_avg", "exp_avg_sq": "exp_avg_sq", "max_exp_avg_sq": "max_exp_avg_sq"}
-"""Optimizer state with its parameter's geometry that LiveR moves (Adam and AdamW); ``step`` is a
-scalar, carried with the engine's scalars."""
 _LAYER = re.compile(r"(?:^|\.)layers\.(\d+)\.")
 
 
@@ -66,10 +64,11 @@ class Placed:
         return tuple((o, o + n) for o, n in zip(offset, local))
 
 
-def _dtype(name: str, t: torch.Tensor) -> str:
-    if t.dtype not in _DTYPES:
-        raise ValueError(f"tensor {name!r} has dtype {t.dtype}: allowed {sorted(map(str, _DTYPES))}")
-    return _DTYPES[t.dtype]
+def _dtype(name: str, t: "torch.Tensor | torch.dtype") -> str:
+    dtype = t if isinstance(t, torch.dtype) else t.dtype
+    if dtype not in _DTYPES:
+        raise ValueError(f"tensor {name!r} has dtype {dtype}: allowed {sorted(map(str, _DTYPES))}")
+    return _DTYPES[dtype]
 
 
 def _placed(name: str, t: torch.Tensor, layer: int, kind: str, param: str) -> Placed:
@@ -121,44 +120,35 @@ def persistent_buffers(model: nn.Module) -> list[tuple[str, torch.Tensor]]:
     return out
 
 
-def placed_state(model: nn.Module, optimizer: torch.optim.Optimizer | None,
-                 state_keys: Iterable[str] = ("exp_avg", "exp_avg_sq")) -> list[Placed]:
-    """Every parameter (by its qualified name), each followed by its optimizer state of
-    ``state_keys`` (same geometry as the parameter), then the persistent buffers; refuses what it
-    cannot describe."""
+def placed_state(model: nn.Module, optimizer: torch.optim.Optimizer | None, kinds=None) -> list[Placed]:
+    """Every parameter (by its qualified name), each followed by its optimizer state of the kinds
+    ``kinds`` describes (an ``optim.OptimizerState``: the parameter's geometry), then the
+    persistent buffers; refuses what it cannot describe."""
     params = list(model.named_parameters())
     buffers = persistent_buffers(model)
     if optimizer is not None:
-        _check_optimizer(model, optimizer, state_keys)
+        _check_optimizer(model, optimizer)
     layers = layer_of([n for n, _ in params] + [n for n, _ in buffers])
     out = []
     for name, p in params:
         pl = _placed(name, p, layers[name], "param", "")
         out.append(pl)
         spec = pl.spec
-        for key in state_keys if optimizer is not None else ():
-            s = TensorSpec(f"{name}.{key}", spec.shape, spec.dtype, spec.layer, spec.shard_dim, key, name)
+        for key, dtype in kinds.tensors if kinds is not None else ():
+            s = TensorSpec(f"{name}.{key}", spec.shape, spec.dtype if dtype is None else _dtype(f"{name}.{key}", dtype),
+                           spec.layer, spec.shard_dim, key, name)
             out.append(Placed(s, pl.mesh_dims, pl.mesh_shape, pl.placements))
     out += [_placed(name, b, layers[name], "buffer", "") for name, b in buffers]
     return out
 
 
-def _check_optimizer(model: nn.Module, optimizer: torch.optim.Optimizer, state_keys: Iterable[str]) -> None:
-    unknown = sorted(set(state_keys) - set(OPTIMIZER_STATE))
-    if unknown:
-        raise ValueError(f"optimizer state {unknown[0]!r}: unknown kind; allowed {sorted(OPTIMIZER_STATE)} "
-                         f"(with 'step' as a scalar)")
+def _check_optimizer(model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
     names = {id(p): n for n, p in model.named_parameters()}
     for group in optimizer.param_groups:
         for p in group["params"]:
             if id(p) not in names:
                 raise ValueError("the optimizer holds a tensor that is not a parameter of the model: "
                                  "LiveR cannot name it")
-    for p, st in optimizer.state.items():
-        for key, v in st.items():
-            if key != "step" and key not in state_keys:
-                raise ValueError(f"optimizer state {key!r} of {names.get(id(p), '?')!r}: unknown kind; allowed "
-                                 f"{sorted(state_keys)} and 'step'")
 
 
 def table(placed: list[Placed], coordinates: list[dict[str, int]], name: str = "dtensor") -> BoxTable:

@@ -1,0 +1,90 @@
+"""What a recipe's optimizer keeps per parameter, found by stepping it once over stand-ins.
+
+``torch.optim`` optimizers make their state at their first step, each its own: Adam's moments,
+SGD's momentum buffer (with momentum), Adagrad's sums, RMSprop's averages, Rprop's step sizes, and
+0-dim counters (``step``, NAdam's ``mu_product``, ASGD's ``eta``). LiveR moves every tensor shaped
+like its parameter with that parameter (live and through DCP), and carries each 0-dim one as one
+value for the whole optimizer. Which keys an optimizer has, it learns before any process starts:
+the recipe's optimizer is built over the recipe's own model with every parameter replaced by a
+small CPU stand-in of its rank and dtype, stepped once with zero gradients, and its state read.
+What it cannot describe (state that is neither, an optimizer that cannot step without a closure)
+is refused, naming the optimizer and the key.
+
+At a first start the optimizer makes its own state at its first step, with its own initial values
+(Adagrad's ``initial_accumulator_value``, Rprop's step size); a generation that receives state
+(a switch, a checkpoint's load) has it made here first, for the transfer to write into.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+
+@dataclass(frozen=True)
+class OptimizerState:
+    """The per-parameter state of one optimizer: ``tensors`` shaped like their parameter (each
+    with its dtype, None: the parameter's), ``scalars`` 0-dim, carried as one value each."""
+
+    optimizer: str
+    tensors: tuple[tuple[str, torch.dtype | None], ...]
+    scalars: tuple[tuple[str, torch.dtype], ...]
+
+    @property
+    def keys(self) -> tuple[str, ...]:
+        return tuple(k for k, _ in self.tensors)
+
+    def make(self, optimizer: torch.optim.Optimizer, param: torch.Tensor, like: dict[str, torch.Tensor]) -> None:
+        """``param``'s state as the optimizer would hold it after a step (values to be written):
+        ``like[key]`` (adopted storage) where given, else new; counters at 0."""
+        st = optimizer.state[param]
+        group = next(g for g in optimizer.param_groups if any(p is param for p in g["params"]))
+        on_device = bool(group.get("fused") or group.get("capturable"))  # (torch's own rule for counters)
+        for key, dtype in self.scalars:
+            st.setdefault(key, torch.zeros((), dtype=dtype, device=param.device if on_device else "cpu"))
+        for key, dtype in self.tensors:
+            if key not in st:
+                st[key] = like[key] if key in like else torch.zeros_like(
+                    param, dtype=dtype or param.dtype, memory_format=torch.preserve_format)
+
+
+def describe(optimizer_of, model: nn.Module, recipe_name: str) -> OptimizerState:
+    """``optimizer_of(model)``'s state per parameter, from one step over stand-ins of ``model``'s
+    parameters (``model`` is changed: pass one built for this, on the meta device)."""
+    stand: dict[int, nn.Parameter] = {}
+    for mod in model.modules():
+        for name, p in list(mod._parameters.items()):
+            if p is not None:
+                if id(p) not in stand:
+                    stand[id(p)] = nn.Parameter(torch.zeros((2,) * p.dim(), dtype=p.dtype), p.requires_grad)
+                mod._parameters[name] = stand[id(p)]
+    opt = optimizer_of(model)
+    what = f"the optimizer {type(opt).__name__} of the recipe {recipe_name!r}"
+    params = [p for g in opt.param_groups for p in g["params"]]
+    for p in params:
+        p.grad = torch.zeros_like(p) if p.requires_grad else None
+    try:
+        opt.step()
+    except Exception as e:
+        raise ValueError(f"{what}: one step over stand-ins of the parameters failed ({type(e).__name__}: {e}), so "
+                         f"its state cannot be described; allowed: optimizers that step without a closure") from None
+    tensors: dict[str, torch.dtype | None] = {}
+    scalars: dict[str, torch.dtype] = {}
+    for p in params:
+        for key, v in opt.state.get(p, {}).items():
+            if not isinstance(v, torch.Tensor):
+                raise ValueError(f"{what}: state {key!r} is a {type(v).__name__}: allowed tensors shaped like their "
+                                 f"parameter, and 0-dim counters")
+            if v.dim() == 0 and (p.dim() > 0 or key in scalars):
+                scalars[key] = v.dtype
+            elif tuple(v.shape) == tuple(p.shape):
+                tensors[key] = None if v.dtype == p.dtype else v.dtype
+            else:
+                raise ValueError(f"{what}: state {key!r} has shape {tuple(v.shape)} for a parameter of shape "
+                                 f"{tuple(p.shape)}: allowed tensors shaped like their parameter, and 0-dim counters")
+    both = sorted(set(tensors) & set(scalars))
+    if both:
+        raise ValueError(f"{what}: state {both[0]!r} is 0-dim for some parameters and not for others")
+    return OptimizerState(type(opt).__name__, tuple(sorted(tensors.items())), tuple(sorted(scalars.items())))
