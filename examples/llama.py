@@ -10,11 +10,12 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.distributed.fsdp import fully_shard
+from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import Replicate
 from torch.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleInput, RowwiseParallel,
                                                parallelize_module)
 
+from liver.data import batch
 from liver.engine.native import Recipe
 
 
@@ -90,8 +91,9 @@ class Llama(nn.Module):
         return self.output(self.norm(x)) if self.output is not None else x
 
 
-def parallelize(model: Llama, mesh) -> Llama:
-    """Megatron-style TP over mesh["tp"], then FSDP2 over mesh["dp"] (per block, then the root)."""
+def parallelize(model: Llama, mesh, bf16: bool) -> Llama:
+    """Megatron-style TP over mesh["tp"], then FSDP2 over mesh["dp"] (per block, then the root);
+    ``bf16``: FSDP2 computes in bfloat16 and reduces gradients in float32 (TorchTitan's default)."""
     tp, dp = mesh["tp"], mesh["dp"]
     if tp.size() > 1:
         parallelize_module(model, tp, {k: v for k, v in {
@@ -105,9 +107,10 @@ def parallelize(model: Llama, mesh) -> Llama:
                 "feed_forward.w1": ColwiseParallel(), "feed_forward.w3": ColwiseParallel(),
                 "feed_forward.w2": RowwiseParallel(output_layouts=Replicate())})
     if dp.size() > 1:  # over TP's DTensors this makes 2-D shards (FSDP2's _StridedShard)
+        mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16 if bf16 else None, reduce_dtype=torch.float32)
         for block in model.layers.values():
-            fully_shard(block, mesh=dp)
-        fully_shard(model, mesh=dp)
+            fully_shard(block, mesh=dp, mp_policy=mp)
+        fully_shard(model, mesh=dp, mp_policy=mp)
     return model
 
 
@@ -119,7 +122,7 @@ class LlamaRecipe(Recipe):
         return Llama(m.vocab_size, m.hidden_size, m.num_layers, m.num_heads, m.ffn_size, m.rope_theta, m.norm_eps)
 
     def parallelize(self, model, mesh, job):
-        return parallelize(model, mesh)
+        return parallelize(model, mesh, job.compute_dtype == "bfloat16")
 
     def stage(self, model, layers, first, last):
         """Pipeline stage: its blocks under their own names, the embedding first, the head last."""
@@ -137,31 +140,28 @@ class LlamaRecipe(Recipe):
     def optimizer(self, model, job):
         t = job.train
         return torch.optim.AdamW(model.parameters(), lr=t.lr, betas=(t.beta1, t.beta2), eps=t.eps,
-                                 weight_decay=t.weight_decay, foreach=False)
+                                 weight_decay=t.weight_decay)  # (torch's default implementation per device)
 
     def scheduler(self, optimizer, job):
         warmup = max(1, job.train.warmup_steps)
         return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: min(1.0, (step + 1) / warmup))
 
     def batch(self, job, dp_rank, dp_size, position):
-        """Sample k: tokens (a + b*t) mod vocab, a and b from (seed, k): the same for any layout."""
-        m, n = job.model, job.train.global_batch // dp_size
-        rows = []
-        for k in range(position + dp_rank * n, position + (dp_rank + 1) * n):
-            g = torch.Generator().manual_seed(job.train.seed * 7919 + k)
-            a, b = torch.randint(0, m.vocab_size, (2,), generator=g)
-            rows.append((a + (b % 7 + 1) * torch.arange(m.seq_len + 1)) % m.vocab_size)
-        data = torch.stack(rows)
-        return data[:, :-1], data[:, 1:]
+        """Samples by global position from job.train.data (liver data prepare), the same for any layout."""
+        return batch(job, dp_rank, dp_size, position)
 
     def loop(self, steps):
         """The training loop: LiveR hands out one step an iteration, on this generation's mesh."""
         for step in steps:
             with step:  # a peer lost mid-step: healed, and the iteration run again
-                if step.pipelined:  # pipeline stages: LiveR's schedule runs forward and backward
-                    loss = step.schedule_step()
-                else:
-                    loss = self.criterion(step.model(step.inputs), step.targets)
+                # bfloat16: autocast where FSDP2 does not cast (no data-parallel sharding)
+                amp = step.job.compute_dtype == "bfloat16" and step.mesh["dp"].size() == 1
+                with torch.autocast(step.inputs.device.type, torch.bfloat16, enabled=amp):
+                    if step.pipelined:  # pipeline stages: LiveR's schedule runs forward and backward
+                        loss = step.schedule_step()
+                    else:
+                        loss = self.criterion(step.model(step.inputs), step.targets)
+                if not step.pipelined:
                     loss.backward()
                 norm = step.clip_grad_norm(step.job.train.grad_clip)
                 step.optimizer.step()

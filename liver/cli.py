@@ -269,6 +269,15 @@ def _queue(args: argparse.Namespace) -> int:
     return 0 if code in (200, 202) else 1
 
 
+def _data_prepare(args: argparse.Namespace) -> int:
+    from liver.data.prepare import prepare
+
+    meta = prepare(args.files, args.out)
+    print(f"{args.out}: {meta['tokens']:,} tokens ({meta['tokenizer']}, vocabulary {meta['vocab_size']}) from "
+          f"{meta['file_count']} files; train on it with --set job.train.data={args.out}")
+    return 0
+
+
 def _job_flags(r: argparse.ArgumentParser) -> None:
     """The flags of a job (`liver run`, `liver controller`)."""
     r.add_argument("--config", default=None, metavar="FILE", help="a job file (TOML, see configs/)")
@@ -383,6 +392,12 @@ def main(argv: list[str] | None = None) -> int:
     q.add_argument("--url", default=None)
     q.add_argument("--token", default=None)
     q.set_defaults(fn=_queue)
+    dt = sub.add_parser("data", help="training data: a corpus for job.train.data")
+    dsub = dt.add_subparsers(dest="data", required=True)
+    dp = dsub.add_parser("prepare", help="local text files (or directories of them) as one byte-level token file")
+    dp.add_argument("files", nargs="+", metavar="FILES")
+    dp.add_argument("--out", required=True, metavar="DIR")
+    dp.set_defaults(fn=_data_prepare)
     sm = sub.add_parser("sim", help="the calibrated simulator of elastic training (liver/sim)")
     ssub = sm.add_subparsers(dest="sim", required=True)
     sr = ssub.add_parser("run", help="one job under a trace, a schedule or a volatility regime, by policy")
@@ -532,6 +547,17 @@ def main(argv: list[str] | None = None) -> int:
                     help="a field of each model's job beyond its preset, e.g. job.model.hidden_size=1024 (repeatable)")
     bd.add_argument("--out", required=True)
     bd.set_defaults(fn=bench.bench_dcp)
+    bo = bsub.add_parser("overhead", help="one device: the recipe's step in a plain PyTorch loop and under LiveR "
+                                          "with no event, interleaved in fresh processes; the per-step difference")
+    bo.add_argument("--engine", required=True, metavar="FILE:RECIPE", help="the recipe, e.g. examples/llama.py:RECIPE")
+    bo.add_argument("--model", default="1b", help="the preset whose shape it trains (default 1b)")
+    bo.add_argument("--set", action="append", metavar="SECTION.FIELD=VALUE",
+                    help="a field of the job beyond its preset, e.g. job.train.global_batch=8 (repeatable)")
+    bo.add_argument("--steps", type=int, default=60, help="steps a run (default 60)")
+    bo.add_argument("--rounds", type=int, default=3, help="runs of each kind, interleaved (default 3)")
+    bo.add_argument("--warmup", type=int, default=10, help="steps of each run left out (default 10)")
+    bo.add_argument("--out", required=True)
+    bo.set_defaults(fn=bench.bench_overhead)
     args = p.parse_args(argv)
     try:
         return args.fn(args)

@@ -90,6 +90,18 @@ def bench_dcp(args: argparse.Namespace) -> int:
     return 0
 
 
+def bench_overhead(args: argparse.Namespace) -> int:
+    from liver.bench.overhead import run
+
+    r = run(args.engine, args.model, args.set or [], args.steps, args.rounds, args.warmup, Path(args.out))
+    lo, hi = r["overhead_ci95"]
+    print(json.dumps({k: v for k, v in r.items() if k != "runs"}, indent=1))
+    print(f"{r['model']} on {r['device']}: plain {r['median_step_s']['plain'] * 1e3:.1f} ms, LiveR "
+          f"{r['median_step_s']['liver'] * 1e3:.1f} ms a step: overhead {r['overhead']:+.2%} (95% {lo:+.2%} .. {hi:+.2%})"
+          + (f"; MFU plain {r['mfu']['plain']:.1%}, LiveR {r['mfu']['liver']:.1%}" if r["mfu"]["plain"] else ""))
+    return 0
+
+
 def bench_measured(args: argparse.Namespace) -> int:
     from liver.bench.measured import run
 

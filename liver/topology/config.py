@@ -7,6 +7,7 @@ given and what is allowed.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any
 
 
@@ -151,10 +152,20 @@ class TrainConfig:
     grad_clip: float = 1.0
     seed: int = 1234
     corpus_bytes: int = 4 << 20
+    data: str = ""
+    """A corpus made by ``liver data prepare`` (its directory); empty: the first ``corpus_bytes``
+    of the Python standard library's sources, byte-level (liver/data)."""
 
     def __post_init__(self) -> None:
         for name in ("global_batch", "micro_batch", "total_steps", "corpus_bytes"):
             _positive("train", name, getattr(self, name))
+        if self.data:
+            d = Path(self.data).expanduser().resolve()
+            if not (d / "meta.json").is_file() or not (d / "tokens.bin").is_file():
+                raise ValueError(f"train.data={self.data!r}: not a corpus made by `liver data prepare` (no meta.json "
+                                 f"and tokens.bin in it); allowed such a directory, or empty for the standard "
+                                 f"library's sources")
+            object.__setattr__(self, "data", str(d))  # (workers may start elsewhere)
         if self.lr <= 0 or self.min_lr < 0 or self.min_lr > self.lr:
             raise ValueError(f"train.lr={self.lr}, min_lr={self.min_lr}: need 0 <= min_lr <= lr, lr > 0")
         if self.warmup_steps < 0:

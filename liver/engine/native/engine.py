@@ -293,7 +293,7 @@ class NativeEngine:
         # checks its input's strides against the contiguous activations it was given
         return inputs.to(self.device).contiguous(), targets.to(self.device).contiguous()
 
-    def clip_grad_norm(self, max_norm: float) -> float:
+    def clip_grad_norm(self, max_norm: float) -> torch.Tensor:
         """The gradients' global norm over every stage, clipped to ``max_norm`` (0: not clipped)."""
         return clip_grad_norm(self.model.parameters(), max_norm, stages=self.world.pp if self.layout.pp > 1 else None)
 
@@ -323,7 +323,7 @@ class NativeEngine:
         tokens = job.train.global_batch * job.model.seq_len
         m = job.model
         mfu = model_flops_utilisation(self._params, m.num_layers, m.hidden_size, m.seq_len, tokens / dt,
-                                      peak_flops(self.device, self.recipe.compute_dtype), self.layout.size)
+                                      peak_flops(self.device, job.compute_dtype), self.layout.size)
         return StepStats(self.step, float(total.item()) / self.layout.dp, float(norm), lr, dt, tokens / dt, mfu)
 
     def schedule_step(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:

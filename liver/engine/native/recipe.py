@@ -19,14 +19,13 @@ a switch they belong to a mesh that no longer exists), build process groups or m
 
 from __future__ import annotations
 
-import math
 from abc import ABC, abstractmethod
 from typing import Iterable
 
 import torch
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.tensor import DTensor
+from torch.distributed.tensor import DTensor, Replicate
 
 from liver.topology import JobConfig, ParallelConfig
 
@@ -35,10 +34,6 @@ class Recipe(ABC):
     """One kind of user model; stateless (LiveR may call any method in any process)."""
 
     name: str = "native"
-    compute_dtype: str = "float32"
-    """The dtype its matrix multiplies run in ("bfloat16" under autocast or FSDP2's mixed precision):
-    the peak the step line's MFU is taken against, on a GPU."""
-
     @abstractmethod
     def model(self, job: JobConfig) -> nn.Module:
         """The whole model, unparallelised; called under ``torch.device("meta")``."""
@@ -118,9 +113,10 @@ class Recipe(ABC):
         steps.run_all()
 
     def train_step(self, model: nn.Module, optimizer: torch.optim.Optimizer, inputs: torch.Tensor,
-                   targets: torch.Tensor, job: JobConfig) -> tuple[torch.Tensor, float]:
+                   targets: torch.Tensor, job: JobConfig) -> tuple[torch.Tensor, torch.Tensor]:
         """One iteration of the loop: forward, backward, gradient clipping, optimizer step.
-        Returns this rank's loss and the global gradient norm. Override for another loop body."""
+        Returns this rank's loss and the global gradient norm (tensors: read once the step ends).
+        Override for another loop body."""
         loss = self.loss(model, inputs, targets)
         loss.backward()
         norm = clip_grad_norm(model.parameters(), job.train.grad_clip)
@@ -129,27 +125,47 @@ class Recipe(ABC):
         return loss.detach(), norm
 
 
-def clip_grad_norm(params: Iterable[torch.Tensor], max_norm: float, stages=None) -> float:
-    """The global L2 norm of the gradients, scaled down to ``max_norm`` when above it (0: no
-    clipping). Works for plain tensors and DTensors on several meshes at once: each gradient's
-    norm is taken as a full scalar first (``torch.nn.utils.clip_grad_norm_`` refuses the mix).
-    ``stages``: the pipeline's group (a LiveR ``Group``), whose stages' squares are summed."""
+def clip_grad_norm(params: Iterable[torch.Tensor], max_norm: float, stages=None) -> torch.Tensor:
+    """The global L2 norm of the gradients (a 0-dim float64 tensor on their device: ``float(norm)``
+    waits for it), all of them scaled by ``min(1, max_norm / norm)`` (0: no clipping). Works for
+    plain tensors and DTensors on several meshes at once (``torch.nn.utils.clip_grad_norm_``
+    refuses the mix), with no wait for the device: each group of gradients with the same mesh and
+    sharded dimensions sums its local squares, then all-reduces once over each dimension it is
+    sharded on. ``stages``: the pipeline's group (a LiveR ``Group``), whose stages' sums add up."""
     grads = [p.grad for p in params if p.grad is not None]
-    total = torch.zeros((), dtype=torch.float64)
+    groups: dict[tuple, list[torch.Tensor]] = {}
+    reduce_over: dict[tuple, list] = {}
     for g in grads:
-        n = torch.linalg.vector_norm(g.float())
-        if isinstance(n, DTensor):
-            n = n.full_tensor()
-        total += n.double().cpu() ** 2
+        if isinstance(g, DTensor):
+            if any(pl.is_partial() for pl in g.placements):  # (a pending reduction: do it first)
+                g = g.redistribute(placements=[Replicate() if pl.is_partial() else pl for pl in g.placements])
+            dims = tuple(i for i, pl in enumerate(g.placements) if pl.is_shard())
+            key = (id(g.device_mesh), dims)
+            reduce_over.setdefault(key, [g.device_mesh.get_group(i) for i in dims])
+            groups.setdefault(key, []).append(g._local_tensor)
+        else:
+            groups.setdefault((None, ()), []).append(g)
+            reduce_over.setdefault((None, ()), [])
+    device = next(iter(groups.values()))[0].device if groups else torch.device("cpu")
+    total = torch.zeros((), dtype=torch.float64, device=device)
+    for key, local in groups.items():
+        norms = torch._foreach_norm([t if t.dtype == torch.float32 else t.float() for t in local])
+        sq = torch.stack(norms).double().pow(2).sum()
+        for pg in reduce_over[key]:
+            torch.distributed.all_reduce(sq, group=pg)
+        total += sq.to(device)
     if stages is not None and stages.size > 1:
         t = total.reshape(1).to(stages.device)
         stages.allreduce(t)
-        total = t.cpu().reshape(())
-    norm = math.sqrt(float(total))
-    if max_norm > 0:
-        coef = min(1.0, max_norm / (norm + 1e-6))
-        if coef < 1.0:
+        total = t.to(device).reshape(())
+    norm = total.sqrt()
+    if max_norm > 0 and grads:
+        coef = (max_norm / (norm + 1e-6)).clamp(max=1.0)
+        for local in groups.values():
+            by_dtype: dict[torch.dtype, list[torch.Tensor]] = {}
+            for t in local:
+                by_dtype.setdefault(t.dtype, []).append(t)
             with torch.no_grad():
-                for g in grads:
-                    g.mul_(coef)
+                for dtype, ts in by_dtype.items():
+                    torch._foreach_mul_(ts, coef.to(dtype=dtype, device=ts[0].device))
     return norm

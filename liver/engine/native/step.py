@@ -61,11 +61,12 @@ class NativeStep(Step):
                             "run the model on step.inputs instead (if not step.pipelined)")
         return self.engine.schedule_step(self.inputs, self.targets)
 
-    def clip_grad_norm(self, max_norm: float) -> float:
-        """The gradients' global norm (over every stage and shard), clipped to ``max_norm``."""
+    def clip_grad_norm(self, max_norm: float) -> torch.Tensor:
+        """The gradients' global norm (over every stage and shard; a 0-dim tensor, read when the
+        step ends: no wait for the device here), the gradients clipped to ``max_norm``."""
         return self.engine.clip_grad_norm(max_norm)
 
-    def done(self, loss: torch.Tensor, grad_norm: float) -> None:
+    def done(self, loss: torch.Tensor, grad_norm: "torch.Tensor | float") -> None:
         """The optimizer has stepped: count the step and report its loss (this rank's)."""
         if self.stats is not None:
             raise LoopError(f"step {self.number}: step.done() called twice (or after step.run())")

@@ -18,7 +18,8 @@ from torch.distributed.tensor import DTensor, Shard
 from liver.engine.flops import mfu as model_flops_utilisation, peak_flops
 from liver.engine.interface import StepStats
 from liver.host import faults
-from liver.engine.reference import data, model
+from liver.data import tokens_of
+from liver.engine.reference import model
 from liver.engine.reference.optim import adamw_step, learning_rate, with_adam_state
 from liver.engine.reference.pipeline import OneFOneB
 from liver.resource_view.spec import TensorSpec
@@ -137,7 +138,7 @@ class Engine:
                 "lr_schedule": {"lr": t.lr, "min_lr": t.min_lr, "warmup_steps": t.warmup_steps,
                                 "total_steps": t.total_steps,
                                 "current": learning_rate(t, self.step)},
-                "corpus": data.corpus_fingerprint(t.corpus_bytes)}
+                "corpus": tokens_of(t).fingerprint}
 
     def load_scalars(self, s: dict[str, Any]) -> None:
         if s["rng"]["seed"] != self.job.train.seed:
@@ -160,8 +161,9 @@ class Engine:
         p = self.params
 
         def forward(i: int, x: torch.Tensor | None) -> torch.Tensor:
-            ids, tgt = data.batch(first_sample + i * mb, mb, m.seq_len, m.vocab_size, tr.seed,
-                                  tr.corpus_bytes)
+            win = torch.from_numpy(tokens_of(tr).windows(first_sample + i * mb, mb, m.seq_len + 1, tr.seed)
+                                   % m.vocab_size)
+            ids, tgt = win[:, :-1].contiguous(), win[:, 1:].contiguous()
             if first_stage:
                 x = model.embed(ids.to(self.device), p, w.tp)
             for layer in range(lo, hi):
