@@ -38,7 +38,7 @@ def rope(x: torch.Tensor, theta: float) -> torch.Tensor:
     angles = torch.outer(torch.arange(seq, device=x.device, dtype=torch.float32), freqs)
     cos, sin = angles.cos()[None, :, None, :], angles.sin()[None, :, None, :]
     x1, x2 = x[..., :half], x[..., half:]
-    return torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1)
+    return torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1).type_as(x)
 
 
 class Attention(nn.Module):
