@@ -57,8 +57,22 @@ def cpu_worker(engine: str) -> None:
 
 
 def gpu_worker(engine: str) -> None:
+    """As ``cpu_worker``, no step rehearsed. DTensor's sharding runs its fake tensors at each meta
+    build, and they ask for the CUDA driver (``torch.cuda.is_available()``, and without a device
+    ``torch._C._ensureCUDADeviceGuardSet()``): either answer (the driver's, or NVML's) leaves a
+    thread of the driver's in the template. Meanwhile there is no device to the template, and the
+    guard is left as it is; its workers see the real ones."""
     _single_threaded()
-    _warm(engine, cpu_step=False)
+    import torch
+    saved = [(torch.cuda, "is_available", lambda: False), (torch._C, "_ensureCUDADeviceGuardSet", lambda: None)]
+    real = [getattr(owner, name) for owner, name, _ in saved]
+    for owner, name, stand_in in saved:
+        setattr(owner, name, stand_in)
+    try:
+        _warm(engine, cpu_step=False)
+    finally:
+        for (owner, name, _), r in zip(saved, real):
+            setattr(owner, name, r)
 
 
 def for_backend(backend: str) -> str:

@@ -65,6 +65,9 @@ def describe(optimizer_of, model: nn.Module, recipe_name: str) -> OptimizerState
     params = [p for g in opt.param_groups for p in g["params"]]
     for p in params:
         p.grad = torch.zeros_like(p) if p.requires_grad else None
+    for check in ("_accelerator_graph_capture_health_check", "_cuda_graph_capture_health_check"):
+        if hasattr(opt, check):  # (it asks the accelerator whether a graph is captured: a CUDA context in
+            setattr(opt, check, lambda: None)  # the worker template, which must fork without one)
     try:
         opt.step()
     except Exception as e:
