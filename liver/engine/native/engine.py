@@ -342,6 +342,10 @@ class NativeEngine:
         if self._stage_input is None:
             x, y = (torch.zeros(t.shape, dtype=t.dtype, device=self.device)
                     for t in stage_activations(self.recipe, self.job, lay, c.pp, inputs[:n]))
+            # activations between stages carry gradients back: as examples they must require them
+            # (else the stage before gets none, and trains on nothing)
+            x.requires_grad_(not first and x.is_floating_point())
+            y.requires_grad_(not last and y.is_floating_point())
             self._stage_input = x
             if not isinstance(self.world, FakeWorld):
                 meta = {"input_args": x, "output_args": y,  # (the gradients' too where torch takes them)
