@@ -144,6 +144,8 @@ class Group:
 
     # ---- collectives (in place) ----------------------------------------------------------
     def allreduce(self, t: torch.Tensor, op: str = "sum") -> None:
+        if self.size == 1:  # (itself: no launch, no wait)
+            return
         opts = dist.AllreduceOptions()
         opts.reduceOp = _OPS[op]
         self.pg.allreduce([t], opts).wait()
