@@ -290,7 +290,17 @@ def _cpu_target(d: dict[str, Any]) -> list[str]:
             f"({worst['shape']}, {worst['processes']} processes: {worst['chosen']} against {worst['fastest']})."]
 
 
+def _native_overhead(d: dict[str, Any]) -> list[str]:
+    med, mfu = d["median_step_s"], d["mfu"]
+    return [f"{d['model']} ({d['compute_dtype']}, {d['tokens_per_step']:,} tokens a step) on {d['device']}, torch "
+            f"{d['torch']}: the recipe's loop plain {med['plain'] * 1e3:.1f} ms, under LiveR {med['liver'] * 1e3:.1f} ms "
+            f"a step: {_pct(d['overhead'])}{_ci(d['overhead_ci95'])} ({d['rounds']} runs of each, interleaved, "
+            f"{d['steps'] - d['warmup'] - 1} steps timed each); MFU {mfu['plain']:.1%} plain, {mfu['liver']:.1%} "
+            f"under LiveR."]
+
+
 RENDER: dict[str, Callable[[Any], list[str]]] = {
+    "native_overhead": _native_overhead,
     "cpu_target": _cpu_target,
     "sim_validation": _sim_validation, "sim_downtime": _sim_downtime, "sim_goodput": _sim_goodput,
     "sim_speed": _sim_speed,
