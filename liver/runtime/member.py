@@ -49,7 +49,6 @@ from liver.transfer.rehearsal import rehearse  # noqa: E402
 from liver.runtime.mock import rehearse_step, warm_up  # noqa: E402
 from liver.runtime import preload  # noqa: E402
 from liver.runtime.pace import Pace  # noqa: E402
-from liver.runtime.recorder import Recorder  # noqa: E402
 from liver.runtime.steps import Steps  # noqa: E402
 from liver.config.fields import from_dict, to_dict  # noqa: E402
 from liver.protocol.worker import WorkerSpec  # noqa: E402
@@ -103,7 +102,6 @@ class Member:
             self.device = torch.device("cpu")
         self.store = protocol.run_store(connect_store(spec.store_addr))
         Heartbeat(spec.store_addr, spec.proc).start()
-        self.recorder = Recorder(spec.store_addr)  # a step's records, off its critical path
         self.ckpt = PeriodicCheckpointer(self.run_dir / "ckpt", cfg.checkpoint.every, proc=self.proc,
                                          keep=cfg.checkpoint.keep)
         self.adapter = cfg.adapter
@@ -182,7 +180,6 @@ class Member:
     def train(self) -> None:
         """The engine's loop, or the recipe's own (``adapter.drive``), over LiveR's iterations."""
         self.adapter.drive(Steps(self, self.adapter.make_step))
-        self.recorder.drain()
         self.ckpt.wait()
 
     def can_stall(self) -> bool:
@@ -210,22 +207,16 @@ class Member:
                            if self.device.type == "cuda" else None, digest=digest, digest_s=digest_s,
                            **(self.ckpt.standing() if e.world.rank == 0 and self.ckpt.every else {}),
                            ends=None)
-            ends = {str(k): t for k, t in self._ends} if e.world.rank == 0 else None
-            who = None if self.config.log_rank not in (-1, e.world.rank) else \
-                f"[rank {e.world.rank}] " if self.config.log_rank == -1 else ""
-            self.recorder.put(lambda store: self._record(store, rec, ends, who))
+            if e.world.rank == 0:  # the store's record also has the recent step ends (steps.jsonl's not)
+                self.store.set(Progress.KEY, json.dumps(to_dict(dataclasses.replace(
+                    rec, ends={str(k): t for k, t in self._ends}))))
+                self._steps_file().write(json.dumps(to_dict(rec)) + "\n")
+            if self.config.log_rank in (-1, e.world.rank):
+                who = f"[rank {e.world.rank}] " if self.config.log_rank == -1 else ""
+                logs.STEPS.info(who + step_line(rec))
         if broke is not None:
             raise broke
         self.boundary(st.step_s)
-
-    def _record(self, store, rec: Progress, ends: dict[str, float] | None, who: str | None) -> None:
-        """On the recorder's thread: rank 0's record in the store (with the recent step ends) and in
-        steps.jsonl (without them), and the step line where this rank logs."""
-        if ends is not None:
-            store.set(Progress.KEY, json.dumps(to_dict(dataclasses.replace(rec, ends=ends))))
-            self._steps_file().write(json.dumps(to_dict(rec)) + "\n")
-        if who is not None:
-            logs.STEPS.info(who + step_line(rec))
 
     # ---- a generation broken under it --------------------------------------------------------
     def stall(self, err: BaseException) -> None:
@@ -237,7 +228,6 @@ class Member:
         e = self.engine
         g = e.world.generation
         e.world.abort()  # peers blocked on a group with this rank fail now too, and stall as well
-        self.recorder.drain()
         if self.companion is not None:
             self._abandon()
         self.ckpt.abandon()  # a write in flight over the broken groups never becomes the latest
@@ -358,7 +348,6 @@ class Member:
             self._switching = False
 
     def _switch_now(self, prep: Preparation, extra: dict[str, Any], old_alive: bool) -> None:
-        self.recorder.drain()  # (the old generation's last records first: the next rank 0 appends after them)
         old = self.engine
         g = prep.generation
         rec: dict[str, Any] = {"proc": self.proc, "generation": g, **extra,
@@ -418,7 +407,6 @@ class Member:
 
     def _stop_for_restart(self) -> None:
         """Restart mode: write a checkpoint at this boundary and stop (the baseline's save)."""
-        self.recorder.drain()
         e = self.engine
         self.ckpt.wait()
         g = e.world.generation
