@@ -68,10 +68,7 @@ def test_liver_data_prepare_and_a_users_model_learns_from_the_corpus(tmp_path, c
     """The stdlib's own text (every machine has it): prepared by the CLI, then examples/llama.py's
     model trained on it in one process; its loss falls visibly."""
     from liver.config import jobfile
-    from liver.engine.interface import load_adapter
-    from liver.engine.native.engine import NativeEngine
-    from liver.topology import ParallelConfig
-    from liver.world.world import World, make_store
+    from test_native import trained_alone
 
     stdlib = Path(sysconfig.get_paths()["stdlib"])
     files = [str(stdlib / n) for n in ("json/decoder.py", "json/encoder.py", "textwrap.py", "string.py")]
@@ -79,15 +76,7 @@ def test_liver_data_prepare_and_a_users_model_learns_from_the_corpus(tmp_path, c
     assert "tokens (bytes, vocabulary 256) from 4 files" in capsys.readouterr().out
     cfg = jobfile.load(ROOT / "configs" / "llama-native.toml", [{"job": {"train": {"data": str(tmp_path / "data")}}}])
     job = dataclasses.replace(cfg.job, train=dataclasses.replace(cfg.job.train, lr=3e-3, warmup_steps=2))
-    adapter = load_adapter(cfg.engine)
-    store, _ = make_store()
-    world = World.build(store, 0, adapter.layout(job, ParallelConfig()), 0, "gloo", torch.device("cpu"))
-    world.activate()
-    try:
-        e = NativeEngine(adapter.recipe, job, world, torch.device("cpu"))
-        losses = [e.train_step().loss for _ in range(30)]
-    finally:
-        world.destroy()
+    losses = [x.loss for x in trained_alone(cfg.engine, job, 30)]
     assert json.loads((tmp_path / "data" / "meta.json").read_text())["sha256"][:16] == \
         Tokens.open(tmp_path / "data").fingerprint
     assert sum(losses[-5:]) / 5 < 0.8 * sum(losses[:5]) / 5, losses

@@ -217,6 +217,22 @@ def liver_native(run_dir: Path, *args: str) -> dict:
                  *args)
 
 
+def trained_alone(engine: str, job: JobConfig, steps: int) -> list:
+    """The recipe ``engine`` trained ``steps`` steps in this process, on one rank: each step's stats."""
+    from liver.engine.native.engine import NativeEngine
+    from liver.world.world import World, make_store
+
+    adapter = load_adapter(engine)
+    store, _ = make_store()
+    world = World.build(store, 0, adapter.layout(job, ParallelConfig()), 0, "gloo", torch.device("cpu"))
+    world.activate()
+    try:
+        one = NativeEngine(adapter.recipe, job, world, torch.device("cpu"))
+        return [one.train_step() for _ in range(steps)]
+    finally:
+        world.destroy()
+
+
 EVENTS = [("reshape 1,1,2", "tp1pp1dp2"),                      # TP2 -> FSDP2
           ("reshape 2,1,1", "tp2pp1dp1"),                      # FSDP2 -> TP2
           ("scale-out 4 as 2,1,2", "tp2pp1dp2"),               # cold joiners; FSDP2 x TP2
@@ -423,8 +439,6 @@ def test_any_optimizers_state_moves_live_equal_to_restart_and_close_to_one_proce
     DCP: every step bit for bit (loss, gradient norm, digest); and both within float tolerance of
     the same recipe trained uninterrupted in one process."""
     from liver.config import jobfile
-    from liver.engine.native.engine import NativeEngine
-    from liver.world.world import World, make_store
 
     recipe = f"{ROOT}/tests/recipes/biased.py:{optimizer}"
     events = tmp_path / "events.txt"
@@ -442,16 +456,7 @@ def test_any_optimizers_state_moves_live_equal_to_restart_and_close_to_one_proce
         return [(s["step"], s["parallel"], s["loss"], s["grad_norm"], s["digest"]) for s in r["steps"]]
 
     assert steps(live) == steps(restart) and len(steps(live)) == 10
-    job = jobfile.load(CONFIG).job
-    adapter = load_adapter(recipe)
-    store, _ = make_store()
-    world = World.build(store, 0, adapter.layout(job, ParallelConfig()), 0, "gloo", torch.device("cpu"))
-    world.activate()
-    try:
-        one = NativeEngine(adapter.recipe, job, world, torch.device("cpu"))
-        alone = [one.train_step().loss for _ in range(10)]
-    finally:
-        world.destroy()
+    alone = [x.loss for x in trained_alone(recipe, jobfile.load(CONFIG).job, 10)]
     assert [s["loss"] for s in live["steps"]] == pytest.approx(alone, rel=1e-4)
     assert alone[-1] < alone[0]
 
@@ -462,8 +467,6 @@ def test_pipeline_stages_train_the_model_a_single_stage_trains(tmp_path):
     (the activations between stages carry them back), so the losses and gradient norms of the
     steps follow those of the same model on one process, within float tolerance."""
     from liver.config import jobfile
-    from liver.engine.native.engine import NativeEngine
-    from liver.world.world import World, make_store
 
     empty = tmp_path / "none.txt"
     empty.write_text("# no events\n")
@@ -471,14 +474,6 @@ def test_pipeline_stages_train_the_model_a_single_stage_trains(tmp_path):
                        "--end-after-events", "-1")
     assert run["rc"] == 0
     cfg = jobfile.load(CONFIG)
-    adapter = load_adapter(cfg.engine)
-    store, _ = make_store()
-    world = World.build(store, 0, adapter.layout(cfg.job, ParallelConfig()), 0, "gloo", torch.device("cpu"))
-    world.activate()
-    try:
-        one = NativeEngine(adapter.recipe, cfg.job, world, torch.device("cpu"))
-        alone = [one.train_step() for _ in range(4)]
-    finally:
-        world.destroy()
+    alone = trained_alone(cfg.engine, cfg.job, 4)
     assert [s["loss"] for s in run["steps"]] == pytest.approx([s.loss for s in alone], rel=1e-4)
     assert [s["grad_norm"] for s in run["steps"]] == pytest.approx([s.grad_norm for s in alone], rel=1e-3)

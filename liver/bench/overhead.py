@@ -16,7 +16,6 @@ bootstrap 95% interval that resamples each side's steps within their rounds.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import random
