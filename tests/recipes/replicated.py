@@ -25,7 +25,7 @@ class ReplicatedLlamaRecipe(llama.LlamaRecipe):
     name = "llama-replicated"
 
     def parallelize(self, model, mesh, job):
-        return llama.parallelize(model, {"tp": mesh["tp"], "dp": _NoSharding()})
+        return llama.parallelize(model, {"tp": mesh["tp"], "dp": _NoSharding()}, job.compute_dtype == "bfloat16")
 
     def loop(self, steps):
         for step in steps:
