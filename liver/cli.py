@@ -547,6 +547,16 @@ def main(argv: list[str] | None = None) -> int:
                     help="a field of each model's job beyond its preset, e.g. job.model.hidden_size=1024 (repeatable)")
     bd.add_argument("--out", required=True)
     bd.set_defaults(fn=bench.bench_dcp)
+    bbu = bsub.add_parser("build", help="the engine construction a switch does before its transfer, native "
+                                        "against reference, rank 0 of each layout over a mock world")
+    bbu.add_argument("--engine", default="examples/llama.py:RECIPE", metavar="FILE:RECIPE")
+    bbu.add_argument("--model", default="1b", help="the preset whose shape is built (default 1b)")
+    bbu.add_argument("--parallel", action="append", metavar="TP,PP,DP",
+                     help="a layout (repeatable; default 1,1,8 2,1,4 8,1,1)")
+    bbu.add_argument("--set", action="append", metavar="SECTION.FIELD=VALUE")
+    bbu.add_argument("--repeats", type=int, default=3)
+    bbu.add_argument("--json", action="store_true")
+    bbu.set_defaults(fn=bench.bench_build)
     bo = bsub.add_parser("overhead", help="one device: the recipe's step in a plain PyTorch loop and under LiveR "
                                           "with no event, interleaved in fresh processes; the per-step difference")
     bo.add_argument("--engine", required=True, metavar="FILE:RECIPE", help="the recipe, e.g. examples/llama.py:RECIPE")

@@ -71,3 +71,12 @@ def test_bench_dcp_times_a_step_and_a_save_and_load_of_the_whole_state(tmp_path,
     assert "--dir=" in capsys.readouterr().err
     assert main(["bench", "dcp", "--model", "tiny", "--set", "job.model.hidden=1", "--out", str(tmp_path / "o2")]) == 2
     assert "job.model.hidden: no such field" in capsys.readouterr().err and not (tmp_path / "o2").exists()
+
+
+def test_bench_build_times_the_construction_a_switch_does_for_both_engines(capsys):
+    from liver.bench.build import run
+    rows = run(EXAMPLE, "tiny", ["1,1,2", "2,1,1"], repeats=2)
+    assert [r["parallel"] for r in rows] == ["tp1pp1dp2", "tp2pp1dp1"]
+    assert all(r["native_s"] > 0 and r["reference_s"] > 0 and r["ratio"] > 0 for r in rows)
+    assert main(["bench", "build", "--model", "tiny", "--parallel", "3,1,1"]) == 2
+    assert "parallel.tp=3" in capsys.readouterr().err
