@@ -552,7 +552,7 @@ def main(argv: list[str] | None = None) -> int:
     bbu.add_argument("--engine", default="examples/llama.py:RECIPE", metavar="FILE:RECIPE")
     bbu.add_argument("--model", default="1b", help="the preset whose shape is built (default 1b)")
     bbu.add_argument("--parallel", action="append", metavar="TP,PP,DP",
-                     help="a layout (repeatable; default 1,1,8 2,1,4 8,1,1)")
+                     help="a layout (repeatable; default 1,1,4 2,1,2 4,1,1)")
     bbu.add_argument("--set", action="append", metavar="SECTION.FIELD=VALUE")
     bbu.add_argument("--repeats", type=int, default=3)
     bbu.add_argument("--json", action="store_true")

@@ -93,7 +93,7 @@ def bench_dcp(args: argparse.Namespace) -> int:
 def bench_build(args: argparse.Namespace) -> int:
     from liver.bench.build import run
 
-    rows = run(args.engine, args.model, args.parallel or ["1,1,8", "2,1,4", "8,1,1"], args.repeats, args.set or [])
+    rows = run(args.engine, args.model, args.parallel or ["1,1,4", "2,1,2", "4,1,1"], args.repeats, args.set or [])
     return print_rows(rows, args.json, lambda r: (
         f"{r['model']} {r['parallel']:<12} on {r['device']}: native {r['native_s']:.3f} s, reference "
         f"{r['reference_s']:.3f} s (+ its shards {r['reference_alloc_s']:.3f} s): {r['ratio']:.1f}x"))
