@@ -73,17 +73,19 @@ def build_model(recipe: Recipe, job: JobConfig, world: World, device: torch.devi
     return model, optimizer, placed_state(model, optimizer, kinds)
 
 
-_described: dict[tuple[int, JobConfig], OptimizerState] = {}
+_described: dict[int, tuple[Recipe, dict[JobConfig, OptimizerState]]] = {}
+"""By the recipe's id, the recipe held beside its descriptions (its id is not reused meanwhile; a
+recipe need not be hashable)."""
 
 
 def optimizer_state(recipe: Recipe, job: JobConfig) -> OptimizerState:
-    """What the recipe's optimizer keeps per parameter (``optim.describe``), once per job."""
-    key = (id(recipe), job)
-    if key not in _described:
+    """What the recipe's optimizer keeps per parameter (``optim.describe``), once per recipe and job."""
+    known = _described.setdefault(id(recipe), (recipe, {}))[1]
+    if job not in known:
         with torch.device("meta"):
             whole = recipe.model(job)
-        _described[key] = describe(lambda m: recipe.optimizer(m, job), whole, recipe.name)
-    return _described[key]
+        known[job] = describe(lambda m: recipe.optimizer(m, job), whole, recipe.name)
+    return known[job]
 
 
 def _nan_buffers(model: torch.nn.Module) -> None:
