@@ -69,7 +69,7 @@ def build_model(recipe: Recipe, job: JobConfig, world: World, device: torch.devi
                 n = names.get(id(p))
                 like = {k: adopted(adopt[f"{n}.{k}"], p, device) for k, dtype in kinds.tensors
                         if dtype is None and f"{n}.{k}" in adopt}
-                kinds.make(optimizer, p, like)
+                kinds.make(optimizer, group, p, like)
     return model, optimizer, placed_state(model, optimizer, kinds)
 
 
@@ -88,24 +88,28 @@ def optimizer_state(recipe: Recipe, job: JobConfig) -> OptimizerState:
     return known[job]
 
 
-def _nan_buffers(model: torch.nn.Module) -> None:
-    """Non-persistent buffers' new storage shows as NaN until the recipe's ``init_buffers`` sets it."""
-    with torch.no_grad():
-        for mod in model.modules():
-            for n in mod._non_persistent_buffers_set:
-                b = mod._buffers.get(n)
-                if b is not None and b.is_floating_point():
-                    _local(b).fill_(float("nan"))
-
-
-def _check_buffers(model: torch.nn.Module) -> None:
+def _non_persistent(model: torch.nn.Module):
+    """Each floating non-persistent buffer by qualified name, with its local tensor."""
     for prefix, mod in model.named_modules():
         for n in mod._non_persistent_buffers_set:
             b = mod._buffers.get(n)
-            if b is not None and b.is_floating_point() and torch.isnan(_local(b)).any():
-                raise ValueError(f"non-persistent buffer {prefix + '.' if prefix else ''}{n!r} is not set after the "
-                                 f"recipe's init_buffers: a buffer made in __init__ is not reproduced on the meta "
-                                 f"device; compute it in the recipe's init_buffers(model, job)")
+            if b is not None and b.is_floating_point():
+                yield (f"{prefix}.{n}" if prefix else n), _local(b)
+
+
+def _nan_buffers(model: torch.nn.Module) -> None:
+    """Non-persistent buffers' new storage shows as NaN until the recipe's ``init_buffers`` sets it."""
+    with torch.no_grad():
+        for _, b in _non_persistent(model):
+            b.fill_(float("nan"))
+
+
+def _check_buffers(model: torch.nn.Module) -> None:
+    for name, b in _non_persistent(model):
+        if torch.isnan(b).any():
+            raise ValueError(f"non-persistent buffer {name!r} is not set after the recipe's init_buffers: a buffer "
+                             f"made in __init__ is not reproduced on the meta device; compute it in the recipe's "
+                             f"init_buffers(model, job)")
 
 
 def adopted(old: torch.Tensor | None, like: torch.Tensor, device: torch.device) -> torch.Tensor:

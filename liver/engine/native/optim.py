@@ -36,11 +36,11 @@ class OptimizerState:
     def keys(self) -> tuple[str, ...]:
         return tuple(k for k, _ in self.tensors)
 
-    def make(self, optimizer: torch.optim.Optimizer, param: torch.Tensor, like: dict[str, torch.Tensor]) -> None:
-        """``param``'s state as the optimizer would hold it after a step (values to be written):
-        ``like[key]`` (adopted storage) where given, else new; counters at 0."""
+    def make(self, optimizer: torch.optim.Optimizer, group: dict, param: torch.Tensor,
+             like: dict[str, torch.Tensor]) -> None:
+        """``param``'s state (of param group ``group``) as the optimizer would hold it after a step
+        (values to be written): ``like[key]`` (adopted storage) where given, else new; counters at 0."""
         st = optimizer.state[param]
-        group = next(g for g in optimizer.param_groups if any(p is param for p in g["params"]))
         on_device = bool(group.get("fused") or group.get("capturable"))  # (torch's own rule for counters)
         for key, dtype in self.scalars:
             st.setdefault(key, torch.zeros((), dtype=dtype, device=param.device if on_device else "cpu"))

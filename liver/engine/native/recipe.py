@@ -34,6 +34,7 @@ class Recipe(ABC):
     """One kind of user model; stateless (LiveR may call any method in any process)."""
 
     name: str = "native"
+
     @abstractmethod
     def model(self, job: JobConfig) -> nn.Module:
         """The whole model, unparallelised; called under ``torch.device("meta")``."""
