@@ -72,6 +72,10 @@ def switch_metrics(done: dict[int, SwitchReport], leavers: dict[int, SwitchRepor
         # did not adopt (copied into its own storage: FSDP2's buffers), summed over processes
         "bytes_kept": sum(r.transfer.get("bytes_kept", 0) for r in allrec.values()),
         "bytes_kept_copied": sum(r.transfer.get("bytes_kept_copied", 0) for r in allrec.values()),
+        # what of the new engine Prepare made (``Prebuilt.path``), and the build left in the switch
+        "build": " / ".join(sorted({r.transfer["build"] for r in done.values() if "build" in r.transfer})),
+        "build_s": max((r.transfer["build_s"] for r in done.values() if "build_s" in r.transfer), default=0.0),
+        "prebuild_s": max((r.prepare.prebuild_s for r in done.values()), default=0.0),
         "switch_start": min(r.switch_start for r in olds),
         "switch_end": max(r.switch_end for r in allrec.values()),
         "digest_after": first(done.values(), "digest_after"),

@@ -90,6 +90,46 @@ class TrainingEngine(Protocol):
         ...
 
 
+@dataclass
+class Prebuilt:
+    """What Prepare made of the new generation's engine before the pause (``EngineAdapter.prebuild``):
+    ``storage``, this rank's new-layout shards (by state name) that the transfer writes into, made
+    and touched beside training within the spare of the staging budget; ``structure``, the
+    engine's own (a user's model, laid out on the new World's mesh, without storage)."""
+
+    storage: dict[str, torch.Tensor]
+    structure: Any = None
+    wanted_bytes: int = 0  # the storage the switch would make (all of it in ``storage``, or none)
+
+    @property
+    def storage_bytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in self.storage.values())
+
+    @property
+    def path(self) -> str:
+        """Which build the switch runs, for its record."""
+        made = [w for w, done in (("structure", self.structure is not None),
+                                  ("storage", bool(self.storage) or not self.wanted_bytes)) if done]
+        return " and ".join(made) + " made before the pause" if made else "built at the switch"
+
+
+def new_storage(specs: list[TensorSpec], view, rank: int, device: torch.device, skip,
+                spare_bytes: int) -> tuple[dict[str, torch.Tensor], int]:
+    """Rank ``rank``'s shards under ``view`` of the specs not in ``skip``, as zeroed local tensors
+    (written now: a host's pages are faulted in here, not in the pause), if they fit in
+    ``spare_bytes`` all together; else none. Returns them and the bytes they need."""
+    from liver.resource_view.table import box_of
+    shapes = {}
+    for s in specs:
+        box = box_of(view, s, rank) if s.name not in skip else None
+        if box is not None:
+            shapes[s.name] = ([hi - lo for lo, hi in box], getattr(torch, s.dtype))
+    wanted = sum(torch.Size(shape).numel() * torch.empty((), dtype=d).element_size() for shape, d in shapes.values())
+    if wanted > spare_bytes:
+        return {}, wanted
+    return {n: torch.zeros(shape, dtype=d, device=device) for n, (shape, d) in shapes.items()}, wanted
+
+
 class EngineAdapter(ABC):
     """One kind of engine, as the runtime sees it (see the module's docstring)."""
 
@@ -136,13 +176,27 @@ class EngineAdapter(ABC):
     def enter(self, job: JobConfig, world: World, device: torch.device,
               deliver: Callable[[dict[str, torch.Tensor] | None], dict[str, torch.Tensor]],
               into: dict[str, torch.Tensor] | None = None,
-              kept: dict[str, torch.Tensor] | None = None) -> TrainingEngine:
+              kept: dict[str, torch.Tensor] | None = None,
+              prebuilt: Prebuilt | None = None) -> TrainingEngine:
         """The new generation's engine, its state delivered by the transfer: ``deliver(storage)``
         runs it, writing into ``storage`` where given (else into fresh tensors), and returns the
         shards. ``kept``: this process's old shards that stay in the same box (the engine may
-        adopt their storage; ``storage`` then holds them). Here: into ``into`` (a joiner's
-        warm-up state) or fresh, then adopted; a kept shard is the old tensor itself."""
+        adopt their storage; ``storage`` then holds them). ``prebuilt``: what Prepare made
+        (``prebuild``). Here: into ``into`` (a joiner's warm-up state), the prebuilt storage or
+        fresh, then adopted; a kept shard is the old tensor itself."""
+        if into is None and prebuilt is not None and prebuilt.storage:
+            into = prebuilt.storage
         return self.build(job, world, device, state=deliver(into))
+
+    def prebuild(self, job: JobConfig, world: World, device: torch.device, kept: frozenset[str],
+                 spare_bytes: int) -> Prebuilt:
+        """Beside training, in the companion (``world`` registered in its thread only): what of
+        rank ``world.rank``'s engine can be made before the pause. Here: the storage of the shards
+        not ``kept``, where it fits in ``spare_bytes``; the engine itself is built on the
+        delivered shards at the switch."""
+        storage, wanted = new_storage(self.state_specs(job), self.view(job, world.layout), world.rank, device, kept,
+                                      spare_bytes)
+        return Prebuilt(storage, wanted_bytes=wanted)
 
     def warm_storage(self, engine: TrainingEngine) -> dict[str, torch.Tensor] | None:
         """What of a cold joiner's warm-up engine the switch may write the state into."""

@@ -171,6 +171,9 @@ class PrepareReport:
     cores: int = 0                   # the cores it could run on
     mock_warmup_s: float = 0.0       # a cold joiner's steps on its mock world
     joiner_cpu_s: float = 0.0        # a cold joiner's CPU from its start to holding a rank
+    prebuild_s: float = 0.0          # the new engine made before the pause (``EngineAdapter.prebuild``)
+    prebuilt: str = ""               # what of it (``Prebuilt.path``); "" for a process leaving
+    prebuilt_bytes: int = 0          # its storage, within the staging budget's spare
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

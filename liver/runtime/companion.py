@@ -26,7 +26,7 @@ import torch
 import torch.distributed as dist
 
 from liver.host.cores import Binding, available
-from liver.engine.interface import EngineAdapter
+from liver.engine.interface import EngineAdapter, Prebuilt
 from liver.transfer.executor import StreamingExecutor
 from liver.planner.plan import Plan
 from liver.runtime.pace import Pace
@@ -68,6 +68,7 @@ class Preparation:
         self.transfer: Group | None = None
         self.plan: Plan | None = None
         self.executor: StreamingExecutor | None = None
+        self.prebuilt: Prebuilt | None = None  # what of the new engine is made before the switch
         self._sharing: Sharing | None = None
         self.built = False
         self.ready = False
@@ -101,7 +102,7 @@ class Preparation:
         with self._release_lock:
             for g in self._sharing.handed if self._sharing else ():  # every group, a cut-short build's too
                 g.destroy()
-            self.world = self.transfer = self.executor = None
+            self.world = self.transfer = self.executor = self.prebuilt = None
 
     def _run(self) -> None:
         """Phase A: plan, and build the groups (store rendezvous). Phase B follows at once, or at
@@ -138,6 +139,15 @@ class Preparation:
         self._pause()
         self.executor.reserve()  # its staging too
         self.timings["schedule_s"] = time.perf_counter() - t2
+        if self.world is not None:  # the new engine, as far as it can be made before the pause
+            self._pause()
+            t3 = time.perf_counter()
+            with self.world.registered_here():  # (in this thread only: the training thread keeps its own)
+                self.prebuilt = self.adapter.prebuild(self.job, self.world, self.device, self.executor.kept(),
+                                                      self.budget_bytes - self.executor.staging_bytes)
+            self.timings["prebuild_s"] = time.perf_counter() - t3
+            self.timings["prebuilt"] = self.prebuilt.path
+            self.timings["prebuilt_bytes"] = self.prebuilt.storage_bytes
         # CPU time of this thread (Python holds the GIL for most of it: the training thread's cost)
         self.timings["build_cpu_s"] = time.thread_time() - c0
         self.timings["paced_steps"] = self.pace.waits  # boundaries it waited for

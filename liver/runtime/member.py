@@ -366,7 +366,7 @@ class Member:
         rec["switch_start"] = time.time()
         into, self.into = self.into, None
         new, info = switch(adapter=self.adapter, job=self.job, old=old, new_world=prep.world, executor=prep.executor,
-                           device=self.device, into=into)
+                           device=self.device, into=into, prebuilt=prep.prebuilt)
         del into
         rec["switch_end"] = time.time()
         rec["transfer"] = info
@@ -389,8 +389,8 @@ class Member:
             del old
             rec["mem_after_bytes"] = torch.cuda.memory_allocated(self.device)
             # beyond the larger of the two steady states (old alone before, new alone after); the
-            # staging ring reserved in Prepare is part of the handoff's extra memory
-            ring = prep.executor.staging_bytes
+            # staging ring and the storage made in Prepare are part of the handoff's extra memory
+            ring = prep.executor.staging_bytes + (prep.prebuilt.storage_bytes if prep.prebuilt else 0)
             rec["staging_reserved_bytes"] = ring
             rec["peak_extra_bytes"] = rec["mem_peak_bytes"] - max(base - ring, rec["mem_after_bytes"])
         if new is not None:

@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from liver.engine.interface import EngineAdapter, TrainingEngine
+from liver.engine.interface import EngineAdapter, Prebuilt, TrainingEngine
 from liver.topology import JobConfig
 from liver.transfer.executor import StreamingExecutor
 from liver.world.world import World
@@ -20,11 +20,14 @@ from liver.world.world import World
 
 def switch(*, adapter: EngineAdapter, job: JobConfig, old: TrainingEngine | None, new_world: World | None,
            executor: StreamingExecutor, device: torch.device,
-           into: dict[str, torch.Tensor] | None = None) -> tuple[TrainingEngine | None, dict[str, Any]]:
+           into: dict[str, torch.Tensor] | None = None,
+           prebuilt: Prebuilt | None = None) -> tuple[TrainingEngine | None, dict[str, Any]]:
     """Returns the engine on the new generation (None if this process leaves) and timings.
     ``executor``: this process's side of the plan, made before the switch, on the transfer group
     over every process of both generations. ``into``: new-layout storage allocated before the
-    switch (a joiner's warm-up state)."""
+    switch (a joiner's warm-up state). ``prebuilt``: what Prepare made of the new engine. The
+    timings name the build the switch ran (``build``) and the seconds it took beside the transfer
+    (``build_s``)."""
     t0 = time.perf_counter()
     plan, transfer, proc = executor.plan, executor.group, executor.proc
     scalars = transfer.broadcast_object(old.scalars() if old is not None and proc == plan.old_procs[0] else None,
@@ -38,7 +41,7 @@ def switch(*, adapter: EngineAdapter, job: JobConfig, old: TrainingEngine | None
         ran.append(stats)
         return shards
 
-    engine = None
+    engine, built = None, {}
     if new_world is None:
         deliver(None)
     else:
@@ -46,7 +49,10 @@ def switch(*, adapter: EngineAdapter, job: JobConfig, old: TrainingEngine | None
             old.world.deactivate()
         new_world.activate()  # (DeviceMesh asks the default group for the rank)
         kept = {n: old.state[n] for n in executor.kept() if n in old.state} if old is not None else {}
-        engine = adapter.enter(job, new_world, device, deliver, into, kept=kept)
+        t1 = time.perf_counter()
+        engine = adapter.enter(job, new_world, device, deliver, into, kept=kept, prebuilt=prebuilt)
         engine.load_scalars(scalars)
         engine.refresh()
-    return engine, {"switch_s": time.perf_counter() - t0, **ran[0].to_dict()}
+        built = {"build": prebuilt.path if prebuilt is not None else "built at the switch",
+                 "build_s": time.perf_counter() - t1 - ran[0].seconds}
+    return engine, {"switch_s": time.perf_counter() - t0, **built, **ran[0].to_dict()}

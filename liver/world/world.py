@@ -19,6 +19,7 @@ from torch.distributed import distributed_c10d as c10d
 from torch.distributed.device_mesh import DeviceMesh
 
 from liver.topology.layout import Layout
+from liver.world import overlay
 from liver.world.group import Group, warm_once
 from liver.world.sharing import Sharing
 
@@ -73,20 +74,25 @@ def forget_meshes() -> None:
         pass
 
 
+def _entries(g: Group) -> dict:
+    """``g``'s entry in each of torch.distributed's maps of registered groups (``overlay.MAPS``);
+    its members are generation ranks (a shared communicator keeps the name it was made with)."""
+    return {"pg_map": (g.backend, None), "pg_names": g.pg.group_name,
+            "pg_group_ranks": {m: i for i, m in enumerate(g.members)},
+            "pg_backend_config": f"{g.device.type}:{g.backend}"}
+
+
 def _register_group(g: Group) -> None:
     """Make torch.distributed know ``g`` (its members are generation ranks)."""
     w = c10d._world
     if g.pg is None or g.pg in w.pg_map:  # one communicator in two roles: registered once
         return
     gname = g.pg.group_name  # a shared communicator keeps the name it was made with
-    w.pg_map[g.pg] = (g.backend, None)
-    w.pg_names[g.pg] = gname
-    w.pg_group_ranks[g.pg] = {m: i for i, m in enumerate(g.members)}
-    w.pg_backend_config[g.pg] = f"{g.device.type}:{g.backend}"
+    for name, entry in _entries(g).items():
+        getattr(w, name)[g.pg] = entry
     w.pg_to_tag[g.pg] = f"ptd:{gname}"
     w.tags_to_pg.setdefault(f"ptd:{gname}", []).append(g.pg)
-    if hasattr(c10d, "_register_process_group"):
-        c10d._register_process_group(gname, g.pg)
+    _register_name(g)  # (already, where the companion built on it: ``registered_here``)
 
 
 class World:
@@ -242,6 +248,22 @@ class World:
             if not was:
                 self.deactivate()
                 c10d._update_default_pg(default)
+
+    @contextlib.contextmanager
+    def registered_here(self):
+        """This World as the default group of this thread only, for the duration (``overlay``):
+        the companion builds the next generation's model on its mesh while the training thread
+        keeps the Active World's registration. Its groups are findable by name (DTensor's lookup)."""
+        self.mesh()  # (its one-member axes made now, numbered with the rest)
+        groups = [self._with_pg(g, False) for g in self.every_group()]
+        for g in groups:
+            _register_name(g)
+        maps = {m: {} for m in overlay.MAPS}
+        for g in groups:
+            for name, entry in _entries(g).items() if g.pg is not None else ():
+                maps[name][g.pg] = entry
+        with overlay.here(self._with_pg(self.all, False).pg, maps):
+            yield self
 
     def deactivate(self) -> None:
         if not self._registered:

@@ -17,8 +17,8 @@ from typing import Callable
 
 import torch
 
-from liver.engine.interface import EngineAdapter, TrainingEngine
-from liver.engine.native.engine import NativeEngine, build_model
+from liver.engine.interface import EngineAdapter, Prebuilt, TrainingEngine, new_storage
+from liver.engine.native.engine import NativeEngine, build_model, fsdp, structure
 from liver.engine.native.recipe import Recipe
 from liver.engine.native.resource import Placed, table
 from liver.engine.native.step import NativeStep
@@ -133,16 +133,32 @@ class NativeAdapter(EngineAdapter):
     def enter(self, job: JobConfig, world: World, device: torch.device,
               deliver: Callable[[dict[str, torch.Tensor] | None], dict[str, torch.Tensor]],
               into: dict[str, torch.Tensor] | None = None,
-              kept: dict[str, torch.Tensor] | None = None) -> TrainingEngine:
-        """The new model first (its storage, where a shard stays: the old one's, re-wrapped on
-        the new mesh without a copy), then the executor writes the rest into it."""
+              kept: dict[str, torch.Tensor] | None = None,
+              prebuilt: Prebuilt | None = None) -> TrainingEngine:
+        """The new model first: its structure as Prepare made it (else made now), its storage
+        where a shard stays the old one's (re-wrapped on the new mesh without a copy), else
+        Prepare's, else new; then the executor writes the rest into it."""
+        adopt = {**(prebuilt.storage if prebuilt is not None else {}), **(kept or {})}
         engine = NativeEngine(self.recipe, job, world, device, initialise=False, specs=self._specs(job, world.layout),
-                              adopt=kept)
+                              adopt=adopt, model=prebuilt.structure if prebuilt is not None else None)
         delivered = deliver(engine.state)
         for name, t in delivered.items():
             if t is not engine.state[name]:
                 raise RuntimeError(f"the transfer delivered {name!r} outside the engine's storage")
         return engine
+
+    def prebuild(self, job: JobConfig, world: World, device: torch.device, kept: frozenset[str],
+                 spare_bytes: int) -> Prebuilt:
+        """The model's structure on ``world``'s mesh (the recipe's model on the meta device, its
+        stage, its ``parallelize``), and the storage of the shards that do not stay where the
+        model can adopt it (not FSDP's parameters: FSDP2 makes its own) within ``spare_bytes``."""
+        if device.type == "cuda":
+            torch.cuda.set_device(device)  # (this thread's: FSDP2 asks for the current device)
+        model = structure(self.recipe, job, world)
+        own = {p.spec.name for p in self.placed(job, world.layout) if fsdp(model) and p.spec.kind == "param"}
+        storage, wanted = new_storage(self.state_specs(job), self.view(job, world.layout), world.rank, device,
+                                      kept | own, spare_bytes)
+        return Prebuilt(storage, model, wanted)
 
     def make_step(self, engine: TrainingEngine) -> NativeStep:
         return NativeStep(engine)

@@ -35,15 +35,10 @@ from liver.world.fake import FakeWorld
 from liver.world.world import World, forget_meshes
 
 
-def build_model(recipe: Recipe, job: JobConfig, world: World, device: torch.device,
-                adopt: dict[str, torch.Tensor] | None = None, make_state: bool = True):
-    """The model and optimizer of ``world``'s rank, on ``device`` (``torch.device("meta")`` for
-    metadata only); and their tensors as ``Placed``. The World must be registered
-    (``World.activate``): DeviceMesh asks the default group for the rank. ``make_state``: the
-    optimizer's state made now, to be written (a switch, a checkpoint's load); else the optimizer
-    makes it at its first step, with its own initial values. ``adopt``: local shards (by state
-    name) to use as storage instead of new memory (``adopted``)."""
-    forget_meshes()  # (meshes of other worlds compare equal to this one: liver/world/world.py)
+def structure(recipe: Recipe, job: JobConfig, world: World) -> torch.nn.Module:
+    """The model of ``world``'s rank on the meta device: built, cut to its pipeline stage (the
+    recipe's ``stage``) and parallelised on the World's mesh (the recipe's ``parallelize``). No
+    storage, no collective: the companion makes it before the pause (``prebuild``)."""
     mesh = world.mesh()
     with torch.device("meta"):
         model = recipe.model(job)
@@ -51,12 +46,32 @@ def build_model(recipe: Recipe, job: JobConfig, world: World, device: torch.devi
     if lay.pp > 1:
         lo, hi = lay.stage_bounds[c.pp]
         model = recipe.stage(model, range(lo, hi), c.pp == 0, c.pp == lay.pp - 1) or model
-    model = recipe.parallelize(model, mesh, job) or model
-    adopt = adopt if device.type != "meta" and adopt and not any(isinstance(m, FSDPModule) for m in model.modules()) \
-        else {}  # (FSDP2 keeps a rank's shards as views into its own padded buffer: never adopted)
+    return recipe.parallelize(model, mesh, job) or model
+
+
+def fsdp(model: torch.nn.Module) -> bool:
+    """FSDP2 keeps a rank's parameter shards as views into its own padded buffer: never adopted."""
+    return any(isinstance(m, FSDPModule) for m in model.modules())
+
+
+def build_model(recipe: Recipe, job: JobConfig, world: World, device: torch.device,
+                adopt: dict[str, torch.Tensor] | None = None, make_state: bool = True,
+                model: torch.nn.Module | None = None):
+    """The model and optimizer of ``world``'s rank, on ``device`` (``torch.device("meta")`` for
+    metadata only); and their tensors as ``Placed``. The World must be registered
+    (``World.activate``): DeviceMesh asks the default group for the rank. ``make_state``: the
+    optimizer's state made now, to be written (a switch, a checkpoint's load); else the optimizer
+    makes it at its first step, with its own initial values. ``adopt``: local tensors (by state
+    name) to use as storage instead of new memory (``adopted``). ``model``: its ``structure``,
+    made before (on this World, in the companion)."""
+    forget_meshes()  # (meshes of other worlds compare equal to this one: liver/world/world.py)
+    if model is None:
+        model = structure(recipe, job, world)
+    adopt = adopt if device.type != "meta" and adopt else {}
     if device.type != "meta":
+        own = {} if fsdp(model) else adopt
         names = {id(p): n for n, p in [*model.named_parameters(), *persistent_buffers(model)]}
-        model._apply(lambda t: adopted(adopt.get(names.get(id(t), "")), t, device))  # (to_empty, adopting)
+        model._apply(lambda t: adopted(own.get(names.get(id(t), "")), t, device))  # (to_empty, adopting)
         _nan_buffers(model)
         recipe.init_buffers(model, job)
         _check_buffers(model)
@@ -152,14 +167,14 @@ class NativeEngine:
 
     def __init__(self, recipe: Recipe, job: JobConfig, world: World, device: torch.device, *,
                  initialise: bool = True, specs: list | None = None,
-                 adopt: dict[str, torch.Tensor] | None = None) -> None:
+                 adopt: dict[str, torch.Tensor] | None = None, model: torch.nn.Module | None = None) -> None:
         """``specs``: every logical tensor of the layout, in one order on every rank (the
         adapter's; with pipeline stages a rank's own model names only its stage's). ``adopt``:
         the old generation's shards that stay on this process in the same box, used as this
-        engine's storage (``build_model``)."""
+        engine's storage (``build_model``). ``model``: its structure, made in Prepare."""
         self.recipe, self.job, self.world, self.layout, self.device = recipe, job, world, world.layout, device
         self.model, self.optimizer, self.placed = build_model(recipe, job, world, device, adopt,
-                                                              make_state=not initialise)
+                                                              make_state=not initialise, model=model)
         self.kinds = optimizer_state(recipe, job)
         self.scheduler = recipe.scheduler(self.optimizer, job)
         self.specs = list(specs) if specs is not None else [p.spec for p in self.placed]

@@ -39,14 +39,15 @@ class OptimizerState:
     def make(self, optimizer: torch.optim.Optimizer, group: dict, param: torch.Tensor,
              like: dict[str, torch.Tensor]) -> None:
         """``param``'s state (of param group ``group``) as the optimizer would hold it after a step
-        (values to be written): ``like[key]`` (adopted storage) where given, else new; counters at 0."""
+        (values to be written: every caller writes each of them next, so new storage is left
+        unfilled): ``like[key]`` (adopted storage) where given, else new; counters at 0."""
         st = optimizer.state[param]
         on_device = bool(group.get("fused") or group.get("capturable"))  # (torch's own rule for counters)
         for key, dtype in self.scalars:
             st.setdefault(key, torch.zeros((), dtype=dtype, device=param.device if on_device else "cpu"))
         for key, dtype in self.tensors:
             if key not in st:
-                st[key] = like[key] if key in like else torch.zeros_like(
+                st[key] = like[key] if key in like else torch.empty_like(
                     param, dtype=dtype or param.dtype, memory_format=torch.preserve_format)
 
 
