@@ -1,13 +1,15 @@
-"""``liver bench build``: the engine construction a switch does before its transfer, native against
-reference, at a preset's shape and several layouts.
+"""``liver bench build``: the engine construction left inside a switch, native against reference,
+at a preset's shape and several layouts.
 
 A switch builds the new generation's engine, then the transfer fills it (``EngineAdapter.enter``).
-For a user's model (the native engine) the build is the model on the meta device, the recipe's
-``parallelize``, storage for this rank's shards and the optimizer's state; for the reference engine,
-its parameters and compute copies over shards handed to it. Both are timed here for rank 0 of each
-layout, in one process over a mock world (DTensor metadata at any size, no peer needed), on this
-machine's device; the reference's shards are allocated before its timer starts and timed apart
-(``reference_alloc_s``): in a switch the transfer makes them. Nothing is moved.
+Prepare makes what it can of it before (``EngineAdapter.prebuild``): for a user's model (the native
+engine) the model on the meta device laid out by the recipe's ``parallelize`` on the new mesh, and
+the storage of the shards that move where it fits in the staging budget's spare; the switch then
+makes the optimizer over it and adopts the storage. The reference engine's parameters and compute
+copies are made from the delivered shards: only its shards' storage is made before. Timed here for
+rank 0 of each layout, in one process over a mock world (DTensor metadata at any size, no peer
+needed), on this machine's device, each way interleaved (``WAYS``); the prebuild's seconds are
+reported apart (``*_prebuild_s``: beside training, not in the pause). Nothing is moved.
 """
 
 from __future__ import annotations
@@ -22,33 +24,28 @@ import torch
 from liver.config.jobfile import build as build_config, override
 from liver.engine.interface import EngineAdapter, load_adapter
 from liver.engine.reference import ADAPTER as REFERENCE
-from liver.resource_view.table import box_of
 from liver.topology import ParallelConfig
+from liver.world.world import forget_meshes
 
 
-def _enter_s(adapter: EngineAdapter, job, layout, device: torch.device, shards: bool) -> tuple[float, float]:
-    """Seconds of ``enter`` for rank 0 of ``layout`` (with its shards made first where ``shards``),
-    and of making those shards."""
+def _enter_s(adapter: EngineAdapter, job, layout, device: torch.device, spare: int | None) -> tuple[float, float]:
+    """Seconds of ``enter`` for rank 0 of ``layout``, and of the ``prebuild`` before it (with
+    ``spare`` bytes for storage; None: none, all built in the switch)."""
     world = adapter.mock_world(0, layout, 0, "gloo" if device.type == "cpu" else "nccl", device)
     with world.registered():
-        made = {}
         t0 = time.perf_counter()
-        if shards:
-            view = adapter.view(job, layout)
-            for s in adapter.state_specs(job):
-                box = box_of(view, s, 0)
-                if box is not None:
-                    made[s.name] = torch.empty([hi - lo for lo, hi in box], dtype=getattr(torch, s.dtype),
-                                               device=device)
-        alloc = time.perf_counter() - t0
+        pre = adapter.prebuild(job, world, device, frozenset(), spare) if spare is not None else None
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
         t1 = time.perf_counter()
-        engine = adapter.enter(job, world, device, lambda storage: made if shards else storage)
+        engine = adapter.enter(job, world, device, lambda storage: storage, prebuilt=pre)
         if device.type == "cuda":
             torch.cuda.synchronize(device)
         took = time.perf_counter() - t1
-        del engine, made
+        del engine, pre
+    forget_meshes()
     gc.collect()
-    return took, alloc
+    return took, t1 - t0
 
 
 def run(engine: str, model: str, layouts: list[str], repeats: int, sets: list[str] = ()) -> list[dict[str, Any]]:
@@ -63,10 +60,25 @@ def run(engine: str, model: str, layouts: list[str], repeats: int, sets: list[st
     rows = []
     for p in parallels:
         n_lay, r_lay = native.layout(cfg.job, p), REFERENCE.layout(cfg.job, p)
-        nat = [_enter_s(native, cfg.job, n_lay, device, shards=False)[0] for _ in range(repeats)][1:]
-        ref = [_enter_s(REFERENCE, cfg.job, r_lay, device, shards=True) for _ in range(repeats)][1:]
-        n, r = statistics.median(nat), statistics.median(x for x, _ in ref)
-        rows.append({"model": model, "parallel": p.short(), "device": str(device), "native_s": n, "reference_s": r,
-                     "reference_alloc_s": statistics.median(a for _, a in ref), "ratio": n / r if r else None,
-                     "native_all_s": nat, "reference_all_s": [x for x, _ in ref]})
+        runs: dict[str, list[tuple[float, float]]] = {k: [] for k in WAYS}
+        for _ in range(repeats):  # (interleaved: a drift of the machine falls on every way alike)
+            for way, (adapter, lay, spare) in {"native_at_switch": (native, n_lay, None),
+                                               "native_structure": (native, n_lay, 0),
+                                               "native": (native, n_lay, ALL),
+                                               "reference": (REFERENCE, r_lay, ALL)}.items():
+                runs[way].append(_enter_s(adapter, cfg.job, lay, device, spare))
+        row: dict[str, Any] = {"model": model, "parallel": p.short(), "device": str(device)}
+        for way, xs in runs.items():
+            row[f"{way}_s"] = statistics.median(x for x, _ in xs[1:])
+            row[f"{way}_prebuild_s"] = statistics.median(x for _, x in xs[1:])
+            row[f"{way}_all_s"] = [x for x, _ in xs[1:]]
+        row["ratio"] = row["native_s"] / row["reference_s"] if row["reference_s"] else None
+        rows.append(row)
     return rows
+
+
+WAYS = ("native_at_switch", "native_structure", "native", "reference")
+"""The build left in the switch: the native engine with nothing made before it, with its model laid
+out before it (storage made in it), with both made before it; the reference engine with its
+shards made before it (its build needs their values: the rest stays in the switch)."""
+ALL = 1 << 62  # (a spare that any storage fits in)
