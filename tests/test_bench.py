@@ -78,5 +78,6 @@ def test_bench_build_times_the_construction_a_switch_does_for_both_engines(capsy
     rows = run(EXAMPLE, "tiny", ["1,1,2", "2,1,1"], repeats=2)
     assert [r["parallel"] for r in rows] == ["tp1pp1dp2", "tp2pp1dp1"]
     assert all(r["native_s"] > 0 and r["reference_s"] > 0 and r["ratio"] > 0 for r in rows)
+    assert all(r["native_prebuild_s"] > 0 and r["native_at_switch_prebuild_s"] == 0 for r in rows)
     assert main(["bench", "build", "--model", "tiny", "--parallel", "3,1,1"]) == 2
     assert "parallel.tp=3" in capsys.readouterr().err

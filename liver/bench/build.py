@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import gc
 import statistics
+import threading
 import time
 from typing import Any
 
@@ -30,22 +31,36 @@ from liver.world.world import forget_meshes
 
 def _enter_s(adapter: EngineAdapter, job, layout, device: torch.device, spare: int | None) -> tuple[float, float]:
     """Seconds of ``enter`` for rank 0 of ``layout``, and of the ``prebuild`` before it (with
-    ``spare`` bytes for storage; None: none, all built in the switch)."""
+    ``spare`` bytes for storage; None: none, all built in the switch), which runs as Prepare runs
+    it: in another thread, the World registered in that thread only."""
     world = adapter.mock_world(0, layout, 0, "gloo" if device.type == "cpu" else "nccl", device)
-    with world.registered():
+    made: list = []
+
+    def prepare() -> None:
         t0 = time.perf_counter()
-        pre = adapter.prebuild(job, world, device, frozenset(), spare) if spare is not None else None
+        with world.registered_here():
+            made.append(adapter.prebuild(job, world, device, frozenset(), spare))
         if device.type == "cuda":
             torch.cuda.synchronize(device)
+        made.append(time.perf_counter() - t0)
+
+    if spare is not None:
+        thread = threading.Thread(target=prepare)
+        thread.start()
+        thread.join()
+        if len(made) != 2:
+            raise RuntimeError(f"{adapter.name} {layout.parallel.short()}: the prebuild failed (see above)")
+    pre, pre_s = made if made else (None, 0.0)
+    with world.registered():
         t1 = time.perf_counter()
         engine = adapter.enter(job, world, device, lambda storage: storage, prebuilt=pre)
         if device.type == "cuda":
             torch.cuda.synchronize(device)
         took = time.perf_counter() - t1
-        del engine, pre
+        del engine, pre, made
     forget_meshes()
     gc.collect()
-    return took, t1 - t0
+    return took, pre_s
 
 
 def run(engine: str, model: str, layouts: list[str], repeats: int, sets: list[str] = ()) -> list[dict[str, Any]]:

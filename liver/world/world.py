@@ -41,15 +41,27 @@ def connect_store(addr: str, timeout_s: float = 120.0) -> dist.TCPStore:
                          wait_for_workers=False)
 
 
-def _register_name(g: Group) -> None:
+def _register_name(g: Group) -> bool:
     """Make ``g``'s communicator findable by its name (DeviceMesh and DTensor resolve groups by
-    name), without installing anything as torch.distributed's default group."""
+    name), without installing anything as torch.distributed's default group. True if it was not
+    before (a name left by a destroyed group of an earlier World is taken over)."""
     if g.pg is None or not hasattr(c10d, "_register_process_group"):
-        return
+        return False
     try:
         c10d._resolve_process_group(g.pg.group_name)
+        return False
     except Exception:
+        _unregister_name(g.pg.group_name)
         c10d._register_process_group(g.pg.group_name, g.pg)
+        return True
+
+
+def _unregister_name(name: str) -> None:
+    if hasattr(c10d, "_unregister_process_group"):
+        try:
+            c10d._unregister_process_group(name)
+        except Exception:  # (not registered)
+            pass
 
 
 def forget_meshes() -> None:
@@ -256,14 +268,17 @@ class World:
         keeps the Active World's registration. Its groups are findable by name (DTensor's lookup)."""
         self.mesh()  # (its one-member axes made now, numbered with the rest)
         groups = [self._with_pg(g, False) for g in self.every_group()]
-        for g in groups:
-            _register_name(g)
+        added = [g.pg.group_name for g in groups if _register_name(g)]
         maps = {m: {} for m in overlay.MAPS}
         for g in groups:
             for name, entry in _entries(g).items() if g.pg is not None else ():
                 maps[name][g.pg] = entry
-        with overlay.here(self._with_pg(self.all, False).pg, maps):
-            yield self
+        try:
+            with overlay.here(self._with_pg(self.all, False).pg, maps):
+                yield self
+        finally:
+            for name in added:  # (the switch registers them again: ``activate``)
+                _unregister_name(name)
 
     def deactivate(self) -> None:
         if not self._registered:
@@ -276,11 +291,7 @@ class World:
             for d in (w.pg_map, w.pg_names, w.pg_group_ranks, w.pg_backend_config, w.pg_to_tag):
                 d.pop(g.pg, None)
             w.tags_to_pg.pop(f"ptd:{gname}", None)
-            if hasattr(c10d, "_unregister_process_group"):
-                try:
-                    c10d._unregister_process_group(gname)
-                except Exception:
-                    pass
+            _unregister_name(gname)
         if c10d._world.default_pg is self._with_pg(self.all, False).pg:
             c10d._update_default_pg(None)
         self._registered = False
