@@ -213,6 +213,8 @@ def test_the_model_prebuilt_in_another_thread_is_the_one_the_switch_would_build(
 
     import torch.distributed as dist
 
+    from liver.engine.native.engine import NativeEngine
+
     adapter = load_adapter(EXAMPLE)
     job = job_of(hidden=8, heads=4, ffn=8, vocab=8)
     layout = adapter.layout(job, parallel)
@@ -221,6 +223,9 @@ def test_the_model_prebuilt_in_another_thread_is_the_one_the_switch_would_build(
     seen = {}
     with active.registered():
         def companion():
+            warm = FakeWorld.build_fake(9, layout, 1, "gloo", torch.device("cpu"))  # (a joiner's warm-up: an
+            with warm.registered():  # equal mesh whose specs this thread's DTensor caches hold now)
+                NativeEngine(adapter.recipe, job, warm, torch.device("cpu")).train_step()
             with shadow.registered_here():
                 seen["companion"] = dist.get_rank()
                 seen["prebuilt"] = adapter.prebuild(job, shadow, torch.device("cpu"), frozenset({"norm.weight"}), spare)
@@ -231,6 +236,8 @@ def test_the_model_prebuilt_in_another_thread_is_the_one_the_switch_would_build(
     assert (seen["companion"], seen["training"]) == (1, 3)
     pre = seen["prebuilt"]
     assert pre.structure is not None and all(p.is_meta for p in pre.structure.parameters())
+    for p in pre.structure.parameters():  # laid out on the shadow's mesh, not on the warm-up's
+        assert all("gen1" in g for g in getattr(p, "device_mesh", shadow.mesh())._dim_group_names), p
     assert bool(pre.storage) == (spare > 0) and "norm.weight" not in pre.storage
     assert pre.path == ("structure and storage made before the pause" if spare else "structure made before the pause")
 

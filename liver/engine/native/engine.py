@@ -39,6 +39,7 @@ def structure(recipe: Recipe, job: JobConfig, world: World) -> torch.nn.Module:
     """The model of ``world``'s rank on the meta device: built, cut to its pipeline stage (the
     recipe's ``stage``) and parallelised on the World's mesh (the recipe's ``parallelize``). No
     storage, no collective: the companion makes it before the pause (``prebuild``)."""
+    forget_meshes()  # (this thread's caches: a joiner prepares where it warmed up on a fake mesh)
     mesh = world.mesh()
     with torch.device("meta"):
         model = recipe.model(job)
