@@ -123,7 +123,7 @@ class NativeAdapter(EngineAdapter):
     def build(self, job: JobConfig, world: World, device: torch.device, *, initialise: bool = True,
               state: dict[str, torch.Tensor] | None = None) -> TrainingEngine:
         engine = NativeEngine(self.recipe, job, world, device, initialise=initialise and state is None,
-                              specs=self._specs(job, world.layout))
+                              specs=self._specs(job, world.layout), boxes=self._boxes(job, world))
         if state is not None:
             with torch.no_grad():
                 for name, t in engine.state.items():
@@ -140,7 +140,8 @@ class NativeAdapter(EngineAdapter):
         Prepare's, else new; then the executor writes the rest into it."""
         adopt = {**(prebuilt.storage if prebuilt is not None else {}), **(kept or {})}
         engine = NativeEngine(self.recipe, job, world, device, initialise=False, specs=self._specs(job, world.layout),
-                              adopt=adopt, model=prebuilt.structure if prebuilt is not None else None)
+                              adopt=adopt, model=prebuilt.structure if prebuilt is not None else None,
+                              boxes=self._boxes(job, world))
         delivered = deliver(engine.state)
         for name, t in delivered.items():
             if t is not engine.state[name]:
@@ -165,6 +166,11 @@ class NativeAdapter(EngineAdapter):
 
     def drive(self, steps) -> None:
         self.recipe.loop(steps)
+
+    def _boxes(self, job: JobConfig, world: World) -> dict:
+        """Rank ``world.rank``'s box of each tensor it holds, from the layout's view."""
+        t = self.view(job, world.layout)
+        return {s.name: b for s in self._specs(job, world.layout) if (b := t.box(s, world.rank)) is not None}
 
     def _specs(self, job: JobConfig, layout: Layout) -> list[TensorSpec]:
         return [p.spec for p in self.placed(job, layout)]

@@ -137,8 +137,11 @@ def adopted(old: torch.Tensor | None, like: torch.Tensor, device: torch.device) 
         return torch.empty_like(like, device=device)
     old = old.detach()
     if isinstance(like, DTensor):
-        return DTensor.from_local(old, like.device_mesh, like.placements, run_check=False, shape=like.shape,
-                                  stride=like.stride())
+        try:  # ``like``'s own spec (mesh, placements, global shape): DTensor.from_local's result, made directly
+            return DTensor(old, like._spec, requires_grad=False)
+        except TypeError:  # pragma: no cover (another torch's constructor)
+            return DTensor.from_local(old, like.device_mesh, like.placements, run_check=False, shape=like.shape,
+                                      stride=like.stride())
     return old
 
 
@@ -168,11 +171,15 @@ class NativeEngine:
 
     def __init__(self, recipe: Recipe, job: JobConfig, world: World, device: torch.device, *,
                  initialise: bool = True, specs: list | None = None,
-                 adopt: dict[str, torch.Tensor] | None = None, model: torch.nn.Module | None = None) -> None:
+                 adopt: dict[str, torch.Tensor] | None = None, model: torch.nn.Module | None = None,
+                 boxes: dict[str, Box] | None = None) -> None:
         """``specs``: every logical tensor of the layout, in one order on every rank (the
         adapter's; with pipeline stages a rank's own model names only its stage's). ``adopt``:
         the old generation's shards that stay on this process in the same box, used as this
-        engine's storage (``build_model``). ``model``: its structure, made in Prepare."""
+        engine's storage (``build_model``). ``model``: its structure, made in Prepare.
+        ``boxes``: this rank's box of each tensor it holds, from the layout's view (the adapter's,
+        made once per layout); else each is worked out from its DTensor."""
+        self._view_boxes = boxes
         self.recipe, self.job, self.world, self.layout, self.device = recipe, job, world, world.layout, device
         self.model, self.optimizer, self.placed = build_model(recipe, job, world, device, adopt,
                                                               make_state=not initialise, model=model)
@@ -196,7 +203,16 @@ class NativeEngine:
         self.state: dict[str, torch.Tensor] = {}
         for p in self.placed:
             t = self._tensors.get(p.spec.name)
-            box = local_box(p.spec.name, t) if t is not None else None
+            if t is None:
+                continue
+            if self._view_boxes is None:
+                box = local_box(p.spec.name, t)
+            else:  # the view's, checked against the local tensor's shape
+                box = self._view_boxes.get(p.spec.name)
+                want = tuple(hi - lo for lo, hi in box) if box is not None else None
+                if (want or 0) != (tuple(_local(t).shape) if _local(t).numel() else 0):
+                    raise RuntimeError(f"{p.spec.name}: the model's local tensor has shape {tuple(_local(t).shape)}, "
+                                       f"the layout's view gives this rank {box}")
             if box is not None:
                 self.boxes[p.spec.name] = box
                 self.state[p.spec.name] = _local(t)
