@@ -299,8 +299,15 @@ def _native_overhead(d: dict[str, Any]) -> list[str]:
             f"under LiveR."]
 
 
+def _build(rows: list[dict[str, Any]]) -> list[str]:
+    return [f"{r['model']} {r['parallel']} on {r['device']}: left in the switch, native {r['native_at_switch_s'] * 1e3:.0f} ms "
+            f"with nothing made before, {r['native_structure_s'] * 1e3:.0f} ms with its model laid out before, "
+            f"{r['native_s'] * 1e3:.0f} ms with its storage too (Prepare: {r['native_prebuild_s'] * 1e3:.0f} ms); "
+            f"reference {r['reference_s'] * 1e3:.1f} ms: {r['ratio']:.1f}x" for r in rows]
+
+
 RENDER: dict[str, Callable[[Any], list[str]]] = {
-    "native_overhead": _native_overhead,
+    "native_overhead": _native_overhead, "build": _build,
     "cpu_target": _cpu_target,
     "sim_validation": _sim_validation, "sim_downtime": _sim_downtime, "sim_goodput": _sim_goodput,
     "sim_speed": _sim_speed,
