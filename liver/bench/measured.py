@@ -306,8 +306,14 @@ def _build(rows: list[dict[str, Any]]) -> list[str]:
             f"reference {r['reference_s'] * 1e3:.1f} ms: {r['ratio']:.1f}x" for r in rows]
 
 
+def _engines_reconfig(rows: list[dict[str, Any]]) -> list[str]:
+    return [f"{r['scenario']}: live downtime, a user's model {r['native_median_s'] * 1e3:.0f} ms, the reference engine "
+            f"{r['reference_median_s'] * 1e3:.0f} ms: {r['ratio']:.1f}x (median of {len(r['native_live_s'])} each)"
+            for r in rows]
+
+
 RENDER: dict[str, Callable[[Any], list[str]]] = {
-    "native_overhead": _native_overhead, "build": _build,
+    "native_overhead": _native_overhead, "build": _build, "engines_reconfig": _engines_reconfig,
     "cpu_target": _cpu_target,
     "sim_validation": _sim_validation, "sim_downtime": _sim_downtime, "sim_goodput": _sim_goodput,
     "sim_speed": _sim_speed,
