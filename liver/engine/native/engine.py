@@ -208,9 +208,9 @@ class NativeEngine:
             if self._view_boxes is None:
                 box = local_box(p.spec.name, t)
             else:  # the view's, checked against the local tensor's shape
-                box = self._view_boxes.get(p.spec.name)
-                want = tuple(hi - lo for lo, hi in box) if box is not None else None
-                if (want or 0) != (tuple(_local(t).shape) if _local(t).numel() else 0):
+                box, local = self._view_boxes.get(p.spec.name), _local(t)
+                if (box is None and local.numel() > 0) or \
+                        (box is not None and tuple(local.shape) != tuple(hi - lo for lo, hi in box)):
                     raise RuntimeError(f"{p.spec.name}: the model's local tensor has shape {tuple(_local(t).shape)}, "
                                        f"the layout's view gives this rank {box}")
             if box is not None:
