@@ -113,6 +113,7 @@ def test_malformed_job_files_and_overrides_are_refused(tmp_path, capsys):
     (["--gpus", "3", "--parallel", "3,1,1"], "tp=3 does not divide"),
     (["--warm", "later"], "prepare.warm='later'"),
     (["--events", "/nonexistent/events.txt"], "no such events file"),
+    (["--set", "timeline=3"], "timeline=3"),
 ])
 def test_cli_refuses_before_any_process_starts(tmp_path, capsys, argv, message):
     run_dir = tmp_path / "run"

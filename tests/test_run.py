@@ -24,8 +24,9 @@ from liver.controller.report import DROPPED
 
 def liver(run_dir: Path, *args: str) -> dict:
     """A run with a state digest after every step (``"--digest", "switch"`` in ``args``: at the
-    handoffs only, for tests that compare no step's state)."""
-    rc = main(["run", "--run-dir", str(run_dir), "--digest", *args])
+    handoffs only, for tests that compare no step's state); no timeline drawn (a second of CPU a
+    run: the test that reads it asks for it)."""
+    rc = main(["run", "--run-dir", str(run_dir), "--digest", "--set", "timeline=false", *args])
     report = json.loads((run_dir / "report.json").read_text())
     report["rc"] = rc
     return report

@@ -34,7 +34,9 @@ class RunConfig:
     - ``steps``: train at most this many steps; ``gpus``: processes at the start.
     - ``parallel``: the first configuration (unset: the controller chooses for ``gpus``).
     - ``digest``: state digests after every "step", or right before and after each "switch".
-    - ``log_rank``: the rank (of each generation) whose step line is printed; -1: every rank's."""
+    - ``log_rank``: the rank (of each generation) whose step line is printed; -1: every rank's.
+    - ``timeline``: draw ``timeline.png`` beside the report at the end (matplotlib: about a second
+      of CPU)."""
 
     engine: str = DEFAULT_ENGINE
     preset: str = "tiny"
@@ -45,6 +47,7 @@ class RunConfig:
     backend: str = "gloo"
     digest: str | None = None
     log_rank: int = 0
+    timeline: bool = True
     events: EventsConfig = field(default_factory=EventsConfig)
     transfer: TransferConfig = field(default_factory=TransferConfig)
     prepare: PrepareConfig = field(default_factory=PrepareConfig)
@@ -63,6 +66,8 @@ class RunConfig:
             raise ValueError(f"digest={self.digest!r}: allowed {', '.join(map(repr, DIGESTS))} or unset")
         if isinstance(self.steps, bool) or not isinstance(self.steps, int) or not 1 <= self.steps <= MAX_STEPS:
             raise ValueError(f"steps={self.steps!r}: allowed 1 to {MAX_STEPS}")
+        if not isinstance(self.timeline, bool):
+            raise ValueError(f"timeline={self.timeline!r}: allowed true or false")
         if isinstance(self.log_rank, bool) or not isinstance(self.log_rank, int) or self.log_rank < -1:
             raise ValueError(f"log_rank={self.log_rank!r}: allowed a rank (0 or more), or -1 for every rank")
         slots = self.agent.slots

@@ -1,4 +1,4 @@
-"""One `liver run`: check the whole job, run the controller, write the report and timeline."""
+"""One `liver run`: check the whole job, run the controller, write the report (and its timeline)."""
 
 from __future__ import annotations
 
@@ -27,5 +27,6 @@ def run_job(cfg: RunConfig, events: list[Event], run_dir: Path, meta: dict[str, 
                                          "interrupted": result["interrupted"],
                                          "slots": cfg.slots, "job": cfg.job.to_dict(), **(meta or {})})
     (run_dir / "report.json").write_text(json.dumps(report, indent=1))
-    rep.timeline(report, run_dir / "timeline.png")
+    if cfg.timeline:
+        rep.timeline(report, run_dir / "timeline.png")
     return report
