@@ -268,6 +268,29 @@ def test_the_model_prebuilt_in_another_thread_is_the_one_the_switch_would_build(
             forget_meshes()
 
 
+def test_prebuilt_storage_is_made_only_where_the_spare_and_the_device_hold_it(monkeypatch):
+    """All of it or none: over the spare, or the device short of memory now, the switch makes it."""
+    from liver.engine.interface import Prebuilt, new_storage
+
+    adapter = load_adapter(EXAMPLE)
+    job = job_of(hidden=8, heads=4, ffn=8, vocab=8)
+    layout = adapter.layout(job, ParallelConfig(tp=2))
+    specs, view, cpu = adapter.state_specs(job), adapter.view(job, layout), torch.device("cpu")
+    made, wanted = new_storage(specs, view, 1, cpu, frozenset(), 1 << 30)
+    assert wanted == sum(t.numel() * t.element_size() for t in made.values()) > 0
+    assert all(not t.any() for t in made.values())  # (written: its pages are the process's now)
+    assert new_storage(specs, view, 1, cpu, frozenset(), wanted - 1) == ({}, wanted)
+    kept = frozenset(list(made)[:3])
+    assert set(new_storage(specs, view, 1, cpu, kept, 1 << 30)[0]) == set(made) - kept
+
+    def short(*a, **k):
+        raise torch.OutOfMemoryError("no memory now")
+    monkeypatch.setattr(torch, "zeros", short)
+    assert new_storage(specs, view, 1, cpu, frozenset(), 1 << 30) == ({}, wanted)
+    assert Prebuilt({}, object(), wanted).path == "structure made before the pause"
+    assert Prebuilt({}, None, wanted).path == "built at the switch"
+
+
 def test_recipe_job_file_runs_and_bad_input_is_refused_before_anything_starts(tmp_path, capsys):
     from liver.cli import main
     assert main(["run", "--config", CONFIG, "--set", "parallel=3,1,1", "--set", "gpus=3", "--run-dir",

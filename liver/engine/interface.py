@@ -117,7 +117,8 @@ def new_storage(specs: list[TensorSpec], view, rank: int, device: torch.device, 
                 spare_bytes: int) -> tuple[dict[str, torch.Tensor], int]:
     """Rank ``rank``'s shards under ``view`` of the specs not in ``skip``, as zeroed local tensors
     (written now: a host's pages are faulted in here, not in the pause), if they fit in
-    ``spare_bytes`` all together; else none. Returns them and the bytes they need."""
+    ``spare_bytes`` all together and the device has them; else none. Returns them and the bytes
+    they need."""
     from liver.resource_view.table import box_of
     shapes = {}
     for s in specs:
@@ -127,7 +128,10 @@ def new_storage(specs: list[TensorSpec], view, rank: int, device: torch.device, 
     wanted = sum(torch.Size(shape).numel() * torch.empty((), dtype=d).element_size() for shape, d in shapes.values())
     if wanted > spare_bytes:
         return {}, wanted
-    return {n: torch.zeros(shape, dtype=d, device=device) for n, (shape, d) in shapes.items()}, wanted
+    try:
+        return {n: torch.zeros(shape, dtype=d, device=device) for n, (shape, d) in shapes.items()}, wanted
+    except torch.OutOfMemoryError:  # (the device's memory, not the budget, is short now: made at the switch)
+        return {}, wanted
 
 
 class EngineAdapter(ABC):
