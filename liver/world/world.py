@@ -70,7 +70,11 @@ def forget_meshes() -> None:
     DeviceMesh equality looks at ranks and shape only (not at the process's coordinate, nor at
     the groups): a mesh of another generation, or a fake one of a rehearsal, of the same shape
     compares equal, and DTensor's sharding propagation (a per-thread cache keyed by such specs)
-    would hand back output specs that hold the old mesh object: a wrong coordinate, dead groups."""
+    would hand back output specs that hold the old mesh object: a wrong coordinate, dead groups.
+    Both caches are the calling thread's own (checked on torch 2.13: an op run in another thread
+    leaves this thread's dispatch a miss), so this forgets only this thread's, and a new
+    generation's first step pays its sharding propagation in the training thread: the companion
+    cannot pay it beforehand."""
     from torch.distributed.tensor import DTensor
     if hasattr(torch._C, "_clear_DTensor_sharding_propagator_cache"):  # the C++ dispatch's own cache
         torch._C._clear_DTensor_sharding_propagator_cache()
