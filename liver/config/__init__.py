@@ -66,8 +66,6 @@ class RunConfig:
             raise ValueError(f"digest={self.digest!r}: allowed {', '.join(map(repr, DIGESTS))} or unset")
         if isinstance(self.steps, bool) or not isinstance(self.steps, int) or not 1 <= self.steps <= MAX_STEPS:
             raise ValueError(f"steps={self.steps!r}: allowed 1 to {MAX_STEPS}")
-        if not isinstance(self.timeline, bool):
-            raise ValueError(f"timeline={self.timeline!r}: allowed true or false")
         if isinstance(self.log_rank, bool) or not isinstance(self.log_rank, int) or self.log_rank < -1:
             raise ValueError(f"log_rank={self.log_rank!r}: allowed a rank (0 or more), or -1 for every rank")
         slots = self.agent.slots

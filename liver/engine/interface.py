@@ -27,8 +27,8 @@ from typing import Any, Callable, Protocol
 import torch
 
 from liver.resource_view.spec import TensorSpec
-from liver.resource_view.table import RankView
-from liver.resource_view.view import Box
+from liver.resource_view.table import RankView, box_of
+from liver.resource_view.view import Box, box_numel, local_shape
 from liver.topology import JobConfig, Layout, ParallelConfig
 from liver.world.world import World
 
@@ -119,17 +119,13 @@ def new_storage(specs: list[TensorSpec], view, rank: int, device: torch.device, 
     (written now: a host's pages are faulted in here, not in the pause), if they fit in
     ``spare_bytes`` all together and the device has them; else none. Returns them and the bytes
     they need."""
-    from liver.resource_view.table import box_of
-    shapes = {}
-    for s in specs:
-        box = box_of(view, s, rank) if s.name not in skip else None
-        if box is not None:
-            shapes[s.name] = ([hi - lo for lo, hi in box], getattr(torch, s.dtype))
-    wanted = sum(torch.Size(shape).numel() * torch.empty((), dtype=d).element_size() for shape, d in shapes.values())
+    boxes = {s: b for s in specs if s.name not in skip and (b := box_of(view, s, rank)) is not None}
+    wanted = sum(box_numel(b) * s.itemsize for s, b in boxes.items())
     if wanted > spare_bytes:
         return {}, wanted
     try:
-        return {n: torch.zeros(shape, dtype=d, device=device) for n, (shape, d) in shapes.items()}, wanted
+        return {s.name: torch.zeros(local_shape(b), dtype=getattr(torch, s.dtype), device=device)
+                for s, b in boxes.items()}, wanted
     except torch.OutOfMemoryError:  # (the device's memory, not the budget, is short now: made at the switch)
         return {}, wanted
 

@@ -156,7 +156,7 @@ class NativeAdapter(EngineAdapter):
         if device.type == "cuda":
             torch.cuda.set_device(device)  # (this thread's: FSDP2 asks for the current device)
         model = structure(self.recipe, job, world)
-        own = {p.spec.name for p in self.placed(job, world.layout) if fsdp(model) and p.spec.kind == "param"}
+        own = {p.spec.name for p in self.placed(job, world.layout) if p.spec.kind == "param"} if fsdp(model) else set()
         storage, wanted = new_storage(self.state_specs(job), self.view(job, world.layout), world.rank, device,
                                       kept | own, spare_bytes)
         return Prebuilt(storage, model, wanted)

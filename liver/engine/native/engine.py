@@ -211,7 +211,7 @@ class NativeEngine:
                 box, local = self._view_boxes.get(p.spec.name), _local(t)
                 if (box is None and local.numel() > 0) or \
                         (box is not None and tuple(local.shape) != tuple(hi - lo for lo, hi in box)):
-                    raise RuntimeError(f"{p.spec.name}: the model's local tensor has shape {tuple(_local(t).shape)}, "
+                    raise RuntimeError(f"{p.spec.name}: the model's local tensor has shape {tuple(local.shape)}, "
                                        f"the layout's view gives this rank {box}")
             if box is not None:
                 self.boxes[p.spec.name] = box
