@@ -1,5 +1,5 @@
 """Logging as users of this field expect it: one line per training step (the worker's, see
-``runtime.member.step_line``) and one structured line per reconfiguration phase, through the
+``runtime.courier.step_line``) and one structured line per reconfiguration phase, through the
 standard ``logging`` module under the ``liver`` logger (``liver.controller`` for phases)."""
 
 from __future__ import annotations

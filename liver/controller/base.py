@@ -39,8 +39,8 @@ from liver.controller.phases import Phase, Trigger, advance
 from liver.controller.records import Handling, first, least, new_record
 from liver.protocol import store as protocol
 from liver.protocol.agent import NODE_LOST
-from liver.protocol.messages import (M, GenerationSpec, Progress, Saved, StartReport, Wish, beat_key, read, read_if,
-                                    write)
+from liver.protocol.messages import (M, GenerationSpec, Progress, Saved, StartReport, Wish, beat_key, read,
+                                    read_if)
 from liver.protocol.worker import WorkerConfig
 from liver.runtime import preload
 from liver.planner.nodes import tp_within_nodes
@@ -483,7 +483,7 @@ class Controller(NodeMembership):
         return {"ranks_by_node": by}
 
     def _wish(self, wanted: int = 0, stop_at: int = 0, force: int = 0) -> None:
-        write(self.store, Wish.KEY, Wish(wanted=wanted, stop_at=stop_at, force=force, end_at=self.end_at))
+        Wish(wanted=wanted, stop_at=stop_at, force=force, end_at=self.end_at).publish(self.store)
 
     def _maybe_end(self) -> None:
         """Nothing left to do: end the job ``end_after_events`` steps from now, if asked; or as an

@@ -40,7 +40,7 @@ def agree(group, wish: Wish | None, ready_gen: int, ckpt_busy: bool = False, bui
     other ranks), everybody its readiness and whether its checkpoint writer is busy."""
     w = wish or Wish()
     v = torch.tensor([w.wanted, -ready_gen, ready_gen, w.stop_at, w.force, w.end_at, int(ckpt_busy), -built_gen,
-                      built_gen], dtype=torch.int64, device=group.device)
+                      built_gen], dtype=torch.int64, device=_device(group))
     group.allreduce(v, "max")
     wanted, neg_min, mx, stop_at, force, end_at, busy, neg_bmin, bmax = (int(x) for x in v.tolist())
     return Cut(wanted=wanted, ready_min=-neg_min, ready_max=mx, stop_at=stop_at, force=force, end_at=end_at,
@@ -50,6 +50,12 @@ def agree(group, wish: Wish | None, ready_gen: int, ckpt_busy: bool = False, bui
 def confirm(group, committed: int) -> int:
     """Rank 0's decision on a proposed switch, to every rank (the others pass 0): the generation
     committed, or 0 where the controller withdrew it first."""
-    v = torch.tensor([committed], dtype=torch.int64, device=group.device)
+    v = torch.tensor([committed], dtype=torch.int64, device=_device(group))
     group.allreduce(v, "max")
     return int(v.item())
+
+
+def _device(group) -> torch.device:
+    """Where the boundary's few integers live: a group answered locally (one member), so they stay on
+    the host (on a GPU: no copy to the device and back, each a wait, between two steps)."""
+    return torch.device("cpu") if group.local else group.device

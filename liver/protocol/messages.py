@@ -81,6 +81,21 @@ class Wish:
     end_at: int = 0
 
     KEY = "ctl"
+    VERSION = "ctl/version"  # how many wishes were published (store.add's counter)
+
+    @staticmethod
+    def version_key(n: int) -> str:
+        """Where the ``n``-th wish is kept: a reader waits for the next one's key to appear."""
+        return f"ctl/{n}"
+
+    def publish(self, store: dist.Store) -> int:
+        """The controller's one writer: this wish as the latest (``KEY``) and as the next version,
+        whose key wakes a reader blocked on it (``runtime.courier``). Returns its version."""
+        payload = json.dumps(to_dict(self))
+        store.set(self.KEY, payload)
+        n = store.add(self.VERSION, 1)
+        store.set(self.version_key(n), payload)
+        return n
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -110,7 +125,7 @@ class Progress:
 
 
 def beat_key(proc: int) -> str:
-    """Where process ``proc`` writes the time every half second (``runtime.member.Heartbeat``): a
+    """Where process ``proc`` writes the time every half second (``runtime.courier``): a
     process that stops writing (SIGSTOP, a hang that holds every thread) is stopped as failed."""
     return f"beat/{proc}"
 

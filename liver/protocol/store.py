@@ -4,6 +4,8 @@
 - ``plan/{g}``          the transfer plan into generation g (a pickled ``Plan``), made once by the
                         controller: every process reads it instead of working it out again beside training
 - ``ctl``               the controller's current wish (``messages.Wish``)
+- ``ctl/version``, ``ctl/{n}``  how many wishes were published, and each one (``Wish.publish``): a
+                        worker's courier waits for the next one's key
 - ``progress``          the latest finished step (``messages.Progress``, rank 0 of the Active World)
 - ``ready/{g}/{proc}``  a process has built and warmed its part of generation g (time)
 - ``error/{g}/{proc}``  a process could not prepare generation g (``messages.Failure``)

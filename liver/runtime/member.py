@@ -15,11 +15,8 @@ import time
 STARTED = time.time()
 
 import collections  # noqa: E402
-import dataclasses  # noqa: E402
 import faulthandler  # noqa: E402
 import gc  # noqa: E402
-import math  # noqa: E402
-import json  # noqa: E402
 import os  # noqa: E402
 import signal  # noqa: E402
 import sys  # noqa: E402
@@ -41,39 +38,23 @@ from liver.engine.interface import EngineAdapter, StepStats, TrainingEngine  # n
 from liver.protocol import store as protocol  # noqa: E402
 from liver.protocol.cut import agree, confirm  # noqa: E402
 from liver.protocol.messages import (GenerationSpec, Progress, Saved, Stalled, StartReport,  # noqa: E402
-                                    StopReport, SwitchReport, Wish, beat_key, read, write)
+                                    StopReport, SwitchReport, write)
 from liver.protocol.store import COMMIT, decide as decide_key  # noqa: E402
 from liver.runtime.boundary import Local, after_force, decide  # noqa: E402
 from liver.runtime.companion import Companion, Preparation  # noqa: E402
+from liver.runtime.courier import Courier, Post  # noqa: E402
 from liver.transfer.rehearsal import rehearse  # noqa: E402
 from liver.runtime.mock import rehearse_step, warm_up  # noqa: E402
 from liver.runtime import preload  # noqa: E402
 from liver.runtime.pace import Pace  # noqa: E402
 from liver.runtime.steps import Steps  # noqa: E402
-from liver.config.fields import from_dict, to_dict  # noqa: E402
+from liver.config.fields import from_dict  # noqa: E402
 from liver.protocol.worker import WorkerSpec  # noqa: E402
 from liver.runtime.switch import switch  # noqa: E402
 from liver.world.world import World, connect_store  # noqa: E402
 
 IMPORTED = time.time()
 ENDS_KEPT = 128  # the step ends a step record carries: a controller that looks late finds its trigger's
-
-
-class Heartbeat(threading.Thread):
-    """Writes this process's time to the store every half second, on a connection of its own, for
-    as long as the process runs: the controller takes a process that stopped writing for hung."""
-
-    def __init__(self, store_addr: str, proc: int) -> None:
-        super().__init__(name="liver-heartbeat", daemon=True)
-        self.store, self.key = protocol.run_store(connect_store(store_addr)), beat_key(proc)
-
-    def run(self) -> None:
-        while True:
-            try:
-                self.store.set(self.key, repr(time.time()))
-            except RuntimeError:  # the controller is gone: the job is ending
-                return
-            time.sleep(0.5)
 
 
 class Member:
@@ -101,14 +82,14 @@ class Member:
         else:
             self.device = torch.device("cpu")
         self.store = protocol.run_store(connect_store(spec.store_addr))
-        Heartbeat(spec.store_addr, spec.proc).start()
+        # its step records, heartbeat and the controller's wish, each on a thread and connection of its own
+        self.courier = Courier(lambda: connect_store(spec.store_addr), spec.proc, self.run_dir / "steps.jsonl")
         self.ckpt = PeriodicCheckpointer(self.run_dir / "ckpt", cfg.checkpoint.every, proc=self.proc,
                                          keep=cfg.checkpoint.keep)
         self.adapter = cfg.adapter
         self.engine: TrainingEngine | None = None
         self.companion: Companion | None = None
-        self.into: dict[str, torch.Tensor] | None = None
-        self._steps = None  # a joiner's storage for the new state
+        self.into: dict[str, torch.Tensor] | None = None  # a joiner's storage for the new state
         self.preparing_since: float | None = None
         # the companions' store connection (made now, not beside the first preparation's steps)
         self._side = protocol.run_store(connect_store(spec.store_addr))
@@ -199,24 +180,23 @@ class Member:
             digest_s = time.perf_counter() - t0
         if e.world.rank == 0:
             self._ends.append((st.step, end))
-        if e.world.rank == 0 or self.config.log_rank in (-1, e.world.rank):
+        logged, post = self.config.log_rank in (-1, e.world.rank), None
+        if e.world.rank == 0 or logged:
             rec = Progress(step=st.step, generation=e.world.generation, loss=st.loss, step_s=st.step_s,
                            time=end, parallel=e.layout.parallel.short(), preparing=self.companion is not None,
                            tokens_per_s=st.tokens_per_s, grad_norm=st.grad_norm, mfu=st.mfu,
-                           memory_gib=torch.cuda.max_memory_reserved(self.device) / 2**30
-                           if self.device.type == "cuda" else None, digest=digest, digest_s=digest_s,
+                           digest=digest, digest_s=digest_s,
                            **(self.ckpt.standing() if e.world.rank == 0 and self.ckpt.every else {}),
                            ends=None)
-            if e.world.rank == 0:  # the store's record also has the recent step ends (steps.jsonl's not)
-                self.store.set(Progress.KEY, json.dumps(to_dict(dataclasses.replace(
-                    rec, ends={str(k): t for k, t in self._ends}))))
-                self._steps_file().write(json.dumps(to_dict(rec)) + "\n")
-            if self.config.log_rank in (-1, e.world.rank):
-                who = f"[rank {e.world.rank}] " if self.config.log_rank == -1 else ""
-                logs.STEPS.info(who + step_line(rec))
+            who = f"[rank {e.world.rank}] " if self.config.log_rank == -1 else ""
+            post = Post(rec, to_store=e.world.rank == 0, log_as=who if logged else None,
+                        ends=tuple(self._ends) if e.world.rank == 0 else (),
+                        gpu=self.device if self.device.type == "cuda" else None)
         if broke is not None:
+            if post is not None:
+                self.courier.post(post)
             raise broke
-        self.boundary(st.step_s)
+        self.boundary(st.step_s, post)
 
     # ---- a generation broken under it --------------------------------------------------------
     def stall(self, err: BaseException) -> None:
@@ -271,24 +251,22 @@ class Member:
             self._side = protocol.run_store(connect_store(self.spec.store_addr))
         return self._side
 
-    def _steps_file(self):
-        """steps.jsonl, opened once (appends of whole lines: ranks 0 of later generations share it)."""
-        if self._steps is None:
-            self._steps = open(self.run_dir / "steps.jsonl", "a", buffering=1)
-        return self._steps
-
-    def boundary(self, step_s: float) -> None:
-        """The consistent cut: every rank takes the same decision here (``runtime/boundary.py``)."""
+    def boundary(self, step_s: float, post: Post | None = None) -> None:
+        """The consistent cut: every rank takes the same decision here (``runtime/boundary.py``).
+        ``post``: the step's record, handed to the courier once the cut's collective is done (its
+        thread's work then overlaps the next step, not this wait: both need the GIL)."""
         e, c = self.engine, self.companion
         if c is not None:
             c.prep.pace.boundary(step_s)  # its next slice
-        wish = read(self.store, Wish.KEY, Wish) if e.world.rank == 0 else None
+        wish = self.courier.wish() if e.world.rank == 0 else None
         cut = agree(e.world.all, wish, c.ready_generation() if c else 0, self.ckpt.busy(),
                     c.built_generation() if c else 0)
         me = Local(step=e.step, generation=e.world.generation, preparing=c.prep.generation if c else 0,
                    built=bool(c and c.prep.built), ready=bool(c and c.prep.ready),
                    defer_warm=bool(c and c.prep.defer_warm), checkpoint_due=self.ckpt.due(e))
         act = decide(cut, me)
+        if post is not None:
+            self.courier.post(post)
         if act.stop:
             return self._stop_for_restart()
         if act.end_at:
@@ -349,6 +327,7 @@ class Member:
 
     def _switch_now(self, prep: Preparation, extra: dict[str, Any], old_alive: bool) -> None:
         old = self.engine
+        self.courier.drain()  # this generation's records out before the next's rank 0 writes
         g = prep.generation
         rec: dict[str, Any] = {"proc": self.proc, "generation": g, **extra,
                                "prepare": prep.timings, "preparing_since": self.preparing_since}
@@ -409,6 +388,7 @@ class Member:
         """Restart mode: write a checkpoint at this boundary and stop (the baseline's save)."""
         e = self.engine
         self.ckpt.wait()
+        self.courier.drain()
         g = e.world.generation
         path = self.run_dir / "restart" / f"gen{g}-step{e.step:08d}"
         rec: dict[str, Any] = {"proc": self.proc, "generation": g, "step": e.step}
@@ -432,18 +412,6 @@ def torchrun_env(spec: GenerationSpec, rank: int, slot: int) -> dict[str, str]:
     nodes = spec.nodes or ("",) * len(spec.procs)
     return {"RANK": str(rank), "WORLD_SIZE": str(len(spec.procs)), "LOCAL_RANK": str(slot),
             "LOCAL_WORLD_SIZE": str(nodes.count(nodes[rank])), "GROUP_RANK": str(sorted(set(nodes)).index(nodes[rank]))}
-
-
-def step_line(p: Progress) -> str:
-    """One line per step, as torchtitan prints it (memory and MFU where there is a GPU)."""
-    line = (f"step: {p.step:<5d} loss: {p.loss:.4f}  grad_norm: {p.grad_norm:.4f}  "
-            f"tps: {p.tokens_per_s:,.0f}  time: {p.step_s * 1e3:.1f}ms")
-    if p.memory_gib is not None:
-        line += f"  memory: {p.memory_gib:.2f}GiB"
-    if p.mfu is not None:
-        line += f"  mfu: {p.mfu:.1%}"
-    line += f"  gen: {p.generation} {p.parallel}" + ("  (preparing)" if p.preparing else "")
-    return line + ("  NON-FINITE LOSS" if not math.isfinite(p.loss) else "")
 
 
 def warm_process(adapter: EngineAdapter, cpu_step: bool = False) -> None:
@@ -478,7 +446,10 @@ def main(spec_path: str | None = None, boot: dict[str, float] | None = None) -> 
         m.join()
     else:
         m.start()
-    m.train()
+    try:
+        m.train()
+    finally:
+        m.courier.drain()
     if m.engine is not None:
         m.engine.world.destroy()
     sys.stdout.flush()

@@ -87,6 +87,9 @@ class Group:
         self.comm = comm
         self.inherited = inherited
 
+    local = False
+    """Whether its collectives are answered in this process, on any device (``LocalGroup``)."""
+
     # ---- construction --------------------------------------------------------------------
     @staticmethod
     def create(store: dist.Store, name: str, members: list[int], my_rank: int, backend: str,
@@ -283,6 +286,8 @@ class LocalGroup(Group):
     def __init__(self, name: str, members: list[int], rank: int, backend: str,
                  device: torch.device) -> None:
         super().__init__(name, members, rank, None, backend, device)
+
+    local = True
 
     def allreduce(self, t: torch.Tensor, op: str = "sum") -> None:
         return None

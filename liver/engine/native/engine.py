@@ -193,6 +193,7 @@ class NativeEngine:
         self.step = 0
         self.consumed_samples = 0
         self._params = sum(s.numel for s in self.specs if s.kind == "param")  # (the whole model's, for MFU)
+        self._param_list = list(self.model.parameters())  # (a walk of the modules costs a step ~1 ms)
         if initialise:
             self._initialise()
 
@@ -290,7 +291,9 @@ class NativeEngine:
         self.drop_grads()
 
     def drop_grads(self) -> None:
-        self.model.zero_grad(set_to_none=True)  # (the optimizer's parameters are the model's)
+        for p in self._param_list:  # (model.zero_grad's, without its walk of the modules)
+            if p.grad is not None:
+                p.grad = None
 
     def held_grads(self) -> list[str]:
         return [n for n, p in self.model.named_parameters() if p.grad is not None]
@@ -326,7 +329,8 @@ class NativeEngine:
         faults.here("mid-step", self.step + 1)  # (the fault matrix's peer lost in a step; unset: a no-op)
         c = self.world.coord
         inputs, targets = self.recipe.batch(self.job, c.dp, self.layout.dp, self.consumed_samples)
-        self.model.train()
+        if not self.model.training:  # (a loop that evaluated: train mode again; a walk of the modules)
+            self.model.train()
         # contiguous: a recipe's batch may be a view (tokens[:, :-1]); torch 2.11's pipeline stage
         # checks its input's strides against the contiguous activations it was given
         return inputs.to(self.device).contiguous(), targets.to(self.device).contiguous()
@@ -351,7 +355,9 @@ class NativeEngine:
         self.consumed_samples += job.train.global_batch
         if isinstance(loss, DTensor):
             loss = loss.full_tensor()
-        total = torch.tensor([float(loss)], dtype=torch.float64, device=self.device)
+        # on the device, no wait for it here: the step's one wait is for the sum below
+        total = loss.detach().to(self.device, torch.float64, copy=True).reshape(1) if isinstance(loss, torch.Tensor) \
+            else torch.tensor([float(loss)], dtype=torch.float64, device=self.device)
         self.world.dp.allreduce(total)
         if self.layout.pp > 1:  # (only the last stage has the loss)
             self.world.pp.allreduce(total)
