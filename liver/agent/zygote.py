@@ -143,13 +143,23 @@ class Zygote:
                     return -signal.SIGKILL
             return self._exits.get(pid)
 
-    def close(self) -> None:
-        """No more workers: the template exits (workers still running are not touched)."""
+    def close(self, wait: bool = True) -> None:
+        """No more workers: the template exits (workers still running are not touched); one still
+        importing (an idle-priority one on a busy node: for long) is stopped, its imports serve no
+        one. ``wait``: until it has exited (else ``wait_closed``)."""
         try:
             os.close(self._req_w)
         except OSError:
             pass
-        try:  # a template still importing (an idle-priority one on a busy node: for long) is not waited for
+        with self._cond:
+            ready = self._ready
+        if not ready and self.process.poll() is None:
+            self.process.kill()
+        if wait:
+            self.wait_closed()
+
+    def wait_closed(self) -> None:
+        try:
             self.process.wait(timeout=2)
         except subprocess.TimeoutExpired:
             self.process.kill()
@@ -187,9 +197,11 @@ class ForkedWorkers:
                 z.interrupt()
 
     def close(self) -> None:
-        for z in (self.ranks, self.joiners):
-            if z is not None:
-                z.close()
+        both = [z for z in (self.ranks, self.joiners) if z is not None]
+        for z in both:  # both told first, then both waited for
+            z.close(wait=False)
+        for z in both:
+            z.wait_closed()
 
 
 # ---- the template process --------------------------------------------------------------------
@@ -235,8 +247,9 @@ def _serve(req_fd: int, reply_fd: int, preload: str, args: list[str]) -> None:
                 reply.write(json.dumps({"pid": pid, "exit": _status(raw)}) + "\n")
         if req_fd in ready:
             data = os.read(req_fd, 1 << 16)
-            if not data:
-                return  # the agent is done
+            if not data:  # the agent is done: no finalisation of the interpreter (it holds nothing to save)
+                reply.flush()
+                os._exit(0)
             pending += data
             while b"\n" in pending:
                 line, pending = pending.split(b"\n", 1)
