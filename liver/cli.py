@@ -13,7 +13,7 @@ from dataclasses import replace
 from liver.config.fields import to_dict
 from liver.runtime.preload import check_threads
 from liver.bench import commands as bench
-from liver.sim.commands import _bench_sim_speed, _sim_calibrate, _sim_project, _sim_run, _sim_validate
+from liver.sim.commands import DEFAULT_TRACES, _bench_sim_speed, _sim_calibrate, _sim_project, _sim_run, _sim_validate
 
 
 
@@ -427,8 +427,8 @@ def main(argv: list[str] | None = None) -> int:
     sp = ssub.add_parser("project", help="a projection, JSON and PNG: downtime, prepare or goodput")
     sp.add_argument("what", choices=["downtime", "prepare", "goodput"])
     sp.add_argument("--out", required=True)
-    sp.add_argument("--traces", default=str(Path(__file__).resolve().parent.parent.parent / "shared" / "traces" / "bamboo"),
-                    help="the folder of p3-trace.csv and g4dn-trace.csv")
+    sp.add_argument("--traces", default=str(DEFAULT_TRACES),
+                    help="the folder of p3-trace.csv and g4dn-trace.csv (default: the repository's traces/bamboo)")
     sp.add_argument("--model", default="14b", help="goodput: the model")
     sp.add_argument("--gpus", type=int, default=32, help="goodput: the regimes' GPUs")
     sp.add_argument("--seeds", type=int, default=5, help="goodput: runs of each regime")

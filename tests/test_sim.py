@@ -259,3 +259,11 @@ def test_the_share_of_the_peak_grows_with_the_width_of_the_matrix_multiplies():
     per_gpu = [costs.step_time(job, costs.layout(job, ParallelConfig(tp=tp, dp=64 // tp)), prof) * 64
                for tp in (1, 2, 4, 8)]  # the same GPUs: more TP, narrower matrix multiplies, more GPU-time
     assert per_gpu == sorted(per_gpu)
+
+
+def test_the_projections_traces_default_to_the_repositorys_copy(tmp_path):
+    from liver.cli import main
+    from liver.sim.commands import DEFAULT_TRACES
+
+    assert (DEFAULT_TRACES / "p3-trace.csv").is_file() and (DEFAULT_TRACES / "g4dn-trace.csv").is_file()
+    assert main(["sim", "project", "goodput", "--traces", str(tmp_path), "--out", str(tmp_path / "out")]) == 2

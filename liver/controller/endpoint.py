@@ -161,7 +161,7 @@ class ControlEndpoint:
 
         self.server = ThreadingHTTPServer((host, port), Handler)
         self.url = f"http://{host}:{self.server.server_address[1]}"
-        self.thread = threading.Thread(target=self.server.serve_forever, name="control", daemon=True)
+        self.thread = threading.Thread(target=self.server.serve_forever, args=(0.05,), name="control", daemon=True)
         self.thread.start()
         # written whole, then put in place: a reader that sees the file sees all of it (owner only)
         info, tmp = run_dir / "control.json", run_dir / f".control.json.{os.getpid()}"

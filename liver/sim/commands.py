@@ -7,6 +7,8 @@ import json
 from pathlib import Path
 
 
+DEFAULT_TRACES = Path(__file__).resolve().parent.parent.parent / "traces" / "bamboo"  # (the repository's copy)
+
 def _print_rows(rows: list[dict], as_json: bool, line) -> int:
     print(json.dumps(rows, indent=1) if as_json else "\n".join(line(r) for r in rows))
     return 0
@@ -73,6 +75,10 @@ def _sim_project(args: argparse.Namespace) -> int:
     from liver.sim import project
 
     out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    if args.what == "goodput" and not (Path(args.traces) / "p3-trace.csv").is_file():
+        raise ValueError(f"--traces={args.traces}: no p3-trace.csv there; allowed: a folder with p3-trace.csv and "
+                         f"g4dn-trace.csv (the repository's traces/bamboo)")
     if args.what == "goodput":
         result = project.goodput(out, Path(args.traces), model=args.model, gpus=args.gpus, seeds=args.seeds)
     else:
