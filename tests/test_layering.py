@@ -29,7 +29,15 @@ def offenders(package: str, bad) -> list[str]:
 @pytest.mark.parametrize("package", ["runtime", "controller", "checkpoint", "transfer", "protocol"])
 def test_the_runtime_knows_an_engine_only_through_its_interface(package):
     assert offenders(package, lambda n: n.startswith("liver.engine") and n not in
-                     ("liver.engine.interface", "liver.engine.digest")) == []
+                     ("liver.engine.interface", "liver.engine.loop", "liver.engine.digest")) == []
+
+
+def test_the_engine_knows_nothing_of_the_runtime_that_drives_it():
+    """The loop's API (``liver.engine.loop``: Step, Steps, the loop's errors) is the engine
+    boundary's; the runtime drives it (its ``Driver``): no import back, in a function body either."""
+    for package in ("engine", "world", "resource_view", "planner", "transfer", "checkpoint"):
+        assert offenders(package, lambda n: n.startswith(("liver.runtime", "liver.controller"))
+                         and n not in ("liver.runtime.config",)) == [], package
 
 
 def test_the_agent_knows_nothing_of_training():

@@ -1,4 +1,4 @@
-"""The training loop's protocol (liver/runtime/steps.py): LiveR's iterations as a loop sees them.
+"""The training loop's protocol (liver/engine/loop.py): LiveR's iterations as a loop sees them.
 
 In-process: the iterator against a driver that records what the worker would do (the boundary
 after each step, a stall on a broken collective and the iteration run again, the engine swapped
@@ -18,7 +18,7 @@ import torch
 
 from liver.engine.interface import StepStats, load_adapter
 from liver.engine.native.recipe import Recipe
-from liver.runtime.steps import LoopError, Step, Steps
+from liver.engine.loop import LoopError, Step, Steps
 from liver.topology import ParallelConfig
 from liver.world.fake import FakeWorld
 from liver.world.world import World, make_store

@@ -26,6 +26,7 @@ from typing import Any, Callable, Protocol
 
 import torch
 
+from liver.engine.loop import Step
 from liver.resource_view.spec import TensorSpec
 from liver.resource_view.table import RankView, box_of
 from liver.resource_view.view import Box, box_numel, local_shape
@@ -208,12 +209,11 @@ class EngineAdapter(ABC):
         return MockWorld.build_mock(generation, layout, rank, backend, device)
 
     def make_step(self, engine: TrainingEngine):
-        """One iteration of the loop on ``engine`` (``liver.runtime.steps.Step``)."""
-        from liver.runtime.steps import Step
+        """One iteration of the loop on ``engine`` (``liver.engine.loop.Step``)."""
         return Step(engine)
 
     def drive(self, steps) -> None:
-        """The training loop over LiveR's iterations (``liver.runtime.steps.Steps``): here the
+        """The training loop over LiveR's iterations (``liver.engine.loop.Steps``): here the
         engine's own step, once an iteration."""
         steps.run_all()
 

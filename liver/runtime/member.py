@@ -47,7 +47,7 @@ from liver.transfer.rehearsal import rehearse  # noqa: E402
 from liver.runtime.mock import rehearse_step, warm_up  # noqa: E402
 from liver.runtime import preload  # noqa: E402
 from liver.runtime.pace import Pace  # noqa: E402
-from liver.runtime.steps import Steps  # noqa: E402
+from liver.engine.loop import Steps  # noqa: E402
 from liver.config.fields import from_dict  # noqa: E402
 from liver.protocol.worker import WorkerSpec  # noqa: E402
 from liver.runtime.switch import switch  # noqa: E402

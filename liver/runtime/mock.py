@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 
 from liver.engine.interface import EngineAdapter, TrainingEngine
-from liver.runtime.steps import Steps
+from liver.engine.loop import Steps
 from liver.topology import JobConfig, ParallelConfig
 from liver.topology.layout import Layout
 

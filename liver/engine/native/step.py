@@ -19,7 +19,7 @@ import time
 
 import torch
 
-from liver.runtime.steps import LoopError, Step
+from liver.engine.loop import LoopError, Step
 
 
 class NativeStep(Step):
