@@ -1,4 +1,5 @@
-"""The ``liver`` command line."""
+"""The ``liver`` command line. Its commands import what they use when they run: a command that
+only talks to a running job (``status``, ``scale``, ``queue``, ``stop``) imports no torch."""
 
 from __future__ import annotations
 
@@ -10,8 +11,6 @@ from pathlib import Path
 
 from dataclasses import replace
 
-from liver.config.fields import to_dict
-from liver.runtime.preload import check_threads
 from liver.bench import commands as bench
 from liver.sim.commands import DEFAULT_TRACES, _bench_sim_speed, _sim_calibrate, _sim_project, _sim_run, _sim_validate
 
@@ -97,6 +96,8 @@ def _run(args: argparse.Namespace) -> int:
     from liver.controller.job import run_job
 
     from liver import logs
+    from liver.config.fields import to_dict
+    from liver.runtime.preload import check_threads
 
     if getattr(args, "resume", None):
         return _resume(args)
@@ -188,11 +189,19 @@ def _call(args: argparse.Namespace, method: str, path: str, body: dict | None = 
                          "the job may have ended)") from None
 
 
+def _answer(code: int, body: dict, ok: tuple[int, ...]) -> int:
+    """The job's answer: JSON on stdout; a refusal on stderr, with the job's reason, exit 1."""
+    if code in ok:
+        print(json.dumps(body))
+        return 0
+    print(f"liver: the job refused ({code}): {body.get('error', json.dumps(body))}", file=sys.stderr)
+    return 1
+
+
 def _status(args: argparse.Namespace) -> int:
     code, body = _call(args, "GET", "/status")
     if args.json or code != 200:
-        print(json.dumps(body, indent=1))
-        return 0 if code == 200 else 1
+        return _answer(code, body, (200,))
     par = body.get("parallel") or {}
     print(f"{body['mode']}: phase {body['phase']}, generation {body['generation']}"
           + (f" (tp {par['tp']}, pp {par['pp']}, dp {par['dp']})" if par else "")
@@ -214,6 +223,7 @@ def _agent(args: argparse.Namespace) -> int:
     from liver import logs
     from liver.agent.notices import watchers
     from liver.agent.service import AgentService
+    from liver.runtime.preload import check_threads
 
     check_threads()  # (its workers' thread count: refused before any of them starts)
     url, token = args.controller, args.token or os.environ.get("LIVER_TOKEN")
@@ -249,15 +259,11 @@ def _await_control(run_dir: Path, timeout_s: float, token: str | None) -> tuple[
 
 
 def _stop(args: argparse.Namespace) -> int:
-    code, body = _call(args, "POST", "/end", {"after": args.after})
-    print(json.dumps(body))
-    return 0 if code == 202 else 1
+    return _answer(*_call(args, "POST", "/end", {"after": args.after}), (202,))
 
 
 def _scale(args: argparse.Namespace) -> int:
-    code, body = _call(args, "POST", "/scale", {"action": " ".join(args.action)})
-    print(json.dumps(body))
-    return 0 if code == 202 else 1
+    return _answer(*_call(args, "POST", "/scale", {"action": " ".join(args.action)}), (202,))
 
 
 def _queue(args: argparse.Namespace) -> int:
@@ -265,8 +271,7 @@ def _queue(args: argparse.Namespace) -> int:
         code, body = _call(args, "POST", "/withdraw", {"position": args.withdraw})
     else:
         code, body = _call(args, "GET", "/queue")
-    print(json.dumps(body))
-    return 0 if code in (200, 202) else 1
+    return _answer(code, body, (200, 202))
 
 
 def _data_prepare(args: argparse.Namespace) -> int:

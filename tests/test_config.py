@@ -140,3 +140,18 @@ def test_this_stages_options_are_refused_naming_the_field_and_what_is_allowed():
         with pytest.raises(ValueError) as e:
             build({"preset": "tiny"}, layer)
         assert said in str(e.value), str(e.value)
+
+
+def test_the_commands_that_talk_to_a_running_job_import_no_torch(tmp_path):
+    """``liver status/scale/queue/stop`` answer in well under a second: no torch behind them."""
+    import subprocess
+    import sys
+
+    (tmp_path / "control.json").write_text(json.dumps({"url": "http://127.0.0.1:9", "token": "x"}))
+    code = ("import sys; from liver.cli import main\n"
+            f"for argv in (['status'], ['scale', 'scale-in', '1'], ['queue'], ['stop']):\n"
+            f"    assert main([*argv[:1], '--run-dir', {str(tmp_path)!r}, *argv[1:]]) == 2, argv\n"
+            "assert 'torch' not in sys.modules, 'torch was imported'\n")
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0, p.stderr
+    assert p.stderr.count("does not answer") == 4

@@ -226,12 +226,13 @@ def test_trace_drives_the_job_and_liver_scale_cli_talks_to_it(tmp_path, capsys):
                         "--steps", "20000", "--end-after-events", "60", "--ckpt-every", "0", "--digest", "switch")
     wait_for(lambda: (run_dir / "control.json").exists() and steps_of(run_dir), what="the first steps")
     assert main(["scale", "--run-dir", str(run_dir), "reshape", "9,9,9"]) == 1  # refused by the job
-    assert "tp" in capsys.readouterr().out
+    err = capsys.readouterr().err  # (stdout is the job's, running beside)
+    assert "liver: the job refused (400): " in err and "tp" in err
     assert main(["queue", "--run-dir", str(run_dir)]) == 0  # the trace's events, as the job holds them
     listed = json.loads(capsys.readouterr().out)
     assert [q["position"] for q in listed["queued"]] == list(range(1, len(listed["queued"]) + 1))
     assert main(["queue", "--run-dir", str(run_dir), "--withdraw", "99"]) == 1  # no such position: nothing changes
-    assert "position=99" in capsys.readouterr().out
+    assert "position=99" in capsys.readouterr().err
     t.join(timeout=500)
     rep = box["report"]
     assert rep["rc"] == 0
