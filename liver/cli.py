@@ -151,7 +151,9 @@ def _run(args: argparse.Namespace) -> int:
     else:
         report = run_job(cfg, events, run_dir, meta, token=args.token, local_node=nodes == 1)
     print("\n" + rep.summary(report))
-    print(f"report: {run_dir / 'report.json'}" + (f"\ntimeline: {run_dir / 'timeline.png'}" if cfg.timeline else ""))
+    drawn = cfg.timeline and "timeline_not_drawn" not in report
+    print(f"report: {run_dir / 'report.json'}" + (f"\ntimeline: {run_dir / 'timeline.png'}" if drawn else "")
+          + (f"\ntimeline: not drawn: {report['timeline_not_drawn']}" if "timeline_not_drawn" in report else ""))
     if report.get("interrupted"):
         print(f"liver: interrupted (Ctrl-C) at step {report['steps'][-1]['step'] if report['steps'] else 0}; "
               f"every process stopped, report written", file=sys.stderr)

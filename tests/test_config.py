@@ -155,3 +155,15 @@ def test_the_commands_that_talk_to_a_running_job_import_no_torch(tmp_path):
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert p.returncode == 0, p.stderr
     assert p.stderr.count("does not answer") == 4
+
+
+def test_without_the_simulators_extra_liver_sim_says_what_to_install(tmp_path):
+    """SimPy and matplotlib are extras (``liver[sim]``, ``liver[plot]``): the core trains without them."""
+    import subprocess
+    import sys
+
+    code = ("import sys; sys.modules['simpy'] = sys.modules['matplotlib'] = None\n"
+            "from liver.cli import main\n"
+            f"sys.exit(main(['sim', 'project', 'downtime', '--out', {str(tmp_path)!r}]))\n")
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 2 and "pip install 'liver[sim]'" in p.stderr, p.stderr

@@ -28,5 +28,8 @@ def run_job(cfg: RunConfig, events: list[Event], run_dir: Path, meta: dict[str, 
                                          "slots": cfg.slots, "job": cfg.job.to_dict(), **(meta or {})})
     (run_dir / "report.json").write_text(json.dumps(report, indent=1))
     if cfg.timeline:
-        rep.timeline(report, run_dir / "timeline.png")
+        try:
+            rep.timeline(report, run_dir / "timeline.png")
+        except ModuleNotFoundError as e:  # (matplotlib is an extra: the job and its report stand without it)
+            report["timeline_not_drawn"] = f"{e.name} is not installed (pip install 'liver[plot]')"
     return report

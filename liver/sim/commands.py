@@ -9,13 +9,23 @@ from pathlib import Path
 
 DEFAULT_TRACES = Path(__file__).resolve().parent.parent.parent / "traces" / "bamboo"  # (the repository's copy)
 
+
+def _simulator():
+    """The discrete-event engine and its sources; SimPy is the simulator's extra (``liver[sim]``)."""
+    try:
+        from liver.sim import engine, sources
+    except ModuleNotFoundError as e:
+        raise ValueError(f"liver sim needs {e.name}, which is not installed: pip install 'liver[sim]'") from None
+    return engine, sources
+
+
 def _print_rows(rows: list[dict], as_json: bool, line) -> int:
     print(json.dumps(rows, indent=1) if as_json else "\n".join(line(r) for r in rows))
     return 0
 
 
 def _sim_run(args: argparse.Namespace) -> int:
-    from liver.sim import engine, sources
+    engine, sources = _simulator()
     from liver.sim.models import sim_model
     from liver.sim.profile import load
 
@@ -72,6 +82,7 @@ def _sim_validate(args: argparse.Namespace) -> int:
 
 
 def _sim_project(args: argparse.Namespace) -> int:
+    _simulator()  # (its projections run the simulator)
     from liver.sim import project
 
     out = Path(args.out)
@@ -90,7 +101,7 @@ def _sim_project(args: argparse.Namespace) -> int:
 def _bench_sim_speed(args: argparse.Namespace) -> int:
     import time
 
-    from liver.sim import engine, sources
+    engine, sources = _simulator()
     from liver.sim.models import sim_model
     from liver.sim.profile import load
 
