@@ -163,3 +163,144 @@ def bench_soak(args: argparse.Namespace) -> int:
         Path(args.out).write_text(text + "\n")
     print(json.dumps({k: v for k, v in result.items() if k != "driver"}, indent=1))
     return 0 if result["ok"] else 1
+
+
+def add_parsers(sub) -> None:
+    """``liver bench ...``: its benchmarks and their flags."""
+    from liver.sim.commands import bench_sim_speed
+
+    b = sub.add_parser("bench", help="benchmarks (JSON output)")
+    bsub = b.add_subparsers(dest="bench", required=True)
+    bp = bsub.add_parser("plan", help="planner speed on GPT-3 175B at 1,024-2,048 ranks")
+    bp.add_argument("--json", action="store_true")
+    bp.add_argument("--repeats", type=int, default=3, help="best of N timings per scenario")
+    bp.add_argument("--pickle", action="store_true",
+                    help="instead: CPU time of reading the controller's plan against planning again")
+    bp.set_defaults(fn=bench_plan)
+    br = bsub.add_parser("reconfig", help="live vs stop-and-restart downtime, tiny model on CPU")
+    br.add_argument("--json", action="store_true")
+    br.add_argument("--repeats", type=int, default=1, help="runs per scenario and mode (median taken)")
+    br.add_argument("--steps", type=int, default=20, help="steps after the event, per run")
+    br.add_argument("--calm-steps", type=int, default=60,
+                    help="steps before the event, per run: the baseline of the steady-state overhead")
+    br.add_argument("--cycles", type=int, default=1,
+                    help="events of the scenario per live run (each followed by the event back): more "
+                         "preparing steps for the steady-state overhead")
+    br.add_argument("--world", type=int, default=None,
+                    help="scenario set by its largest process count: 2 or 4 (default: the largest "
+                         "with a core per process)")
+    br.add_argument("--workload", default=None, metavar="FILE",
+                    help="a job file whose engine and job are benchmarked, e.g. configs/llama-native.toml "
+                         "(a user's own model); default: the reference engine's tiny job")
+    br.add_argument("--run-dir", default=None)
+    br.set_defaults(fn=bench_reconfig)
+    bh = bsub.add_parser("handoffs", help="a scenario of events live and by stop-and-restart in one call, any "
+                                          "backend (the GPU runs; on gloo a CPU dry run)")
+    bh.add_argument("--scenario", default="x2", help="x2, x2-twice, x2-native (TP2 <-> FSDP2), x2-cycles (with "
+                                                     "--cycles, --gap), x8")
+    bh.add_argument("--model", default="1b", help="preset: tiny, tiny8, 1b, 3b, 7b")
+    bh.add_argument("--set", action="append", metavar="SECTION.FIELD=VALUE",
+                    help="a field of the job beyond the preset, e.g. job.model.vocab_size=50304 (repeatable)")
+    bh.add_argument("--engine", default=None, help="the engine or recipe by import path (a user's own model: "
+                                                   "examples/llama.py:RECIPE at the preset's shape); default: the reference engine")
+    bh.add_argument("--backend", default="nccl", choices=["nccl", "gloo"])
+    bh.add_argument("--warm", default="auto", choices=["auto", "background", "boundary"])
+    bh.add_argument("--budget-mib", type=int, default=512, help="staging budget B per rank")
+    bh.add_argument("--cycles", type=int, default=4, help="x2-cycles: rounds of its four events")
+    bh.add_argument("--gap", type=int, default=12, help="x2-cycles: steps between events")
+    bh.add_argument("--live-only", action="store_true", help="no restart run (the overhead over many events)")
+    bh.add_argument("--run-root", default=None, help="run directories here (e.g. /dev/shm); default: --out")
+    bh.add_argument("--out", required=True, help="results: handoffs.json, reports, timelines")
+    bh.set_defaults(fn=bench_handoffs)
+    bn = bsub.add_parser("nodes", help="two node agents on this machine (a GPU each) under one controller: a notice "
+                                       "to node1, then node1 back; live and by restart")
+    bn.add_argument("--model", default="1b", help="preset: tiny, 1b, 3b, ...")
+    bn.add_argument("--set", action="append", metavar="SECTION.FIELD=VALUE",
+                    help="a field of the job beyond the preset, e.g. job.model.vocab_size=50304 (repeatable)")
+    bn.add_argument("--engine", default=None, help="the engine or recipe by import path (default: the reference engine)")
+    bn.add_argument("--backend", default="nccl", choices=["nccl", "gloo"])
+    bn.add_argument("--gap", type=int, default=20, help="steps between the events")
+    bn.add_argument("--notice-s", type=float, default=60.0, help="node1's notice (s)")
+    bn.add_argument("--timeout-s", type=float, default=600.0, help="the most any phase may take (s)")
+    bn.add_argument("--out", required=True, help="results: nodes.json, the run directories")
+    bn.set_defaults(fn=bench_nodes)
+    bt = bsub.add_parser("transfer", help="the streaming executor alone on 2 GPUs: tp1 -> tp2 of a 0.6B and a 1.1B state")
+    bt.add_argument("--out", required=True)
+    bt.add_argument("--budget-mib", type=int, default=512, help="staging budget B per rank")
+    bt.set_defaults(fn=bench_transfer)
+    bc = bsub.add_parser("core-binding", help="CPU step times with workers bound to their slots' cores and not")
+    bc.add_argument("--json", action="store_true")
+    bc.add_argument("--repeats", type=int, default=3, help="interleaved runs of each")
+    bc.add_argument("--steps", type=int, default=800, help="steps per run")
+    bc.add_argument("--run-dir", default=None)
+    bc.set_defaults(fn=bench_core_binding)
+    bm = bsub.add_parser("measured", help="the README's Measured section from bench/results (claims.toml)")
+    bm.add_argument("--write", action="store_true", help="rewrite the section (default: only check it)")
+    bm.set_defaults(fn=bench_measured)
+    bb = bsub.add_parser("boot", help="a cold joiner's cost before its Shadow World: fresh interpreter vs "
+                                      "forked from the zygote")
+    bb.add_argument("--json", action="store_true")
+    bb.add_argument("--repeats", type=int, default=5, help="workers per way of starting (median taken)")
+    bb.add_argument("--model", default="tiny", help="preset: tiny, 1b, 3b")
+    bb.add_argument("--parallel", default="1,1,2", help="the joiner's configuration tp,pp,dp (rank 0)")
+    bb.add_argument("--warmup-steps", type=int, default=2, help="mock-world warm-up steps")
+    bb.add_argument("--run-dir", default=None)
+    bb.set_defaults(fn=bench_boot)
+    bhe = bsub.add_parser("heal", help="a replica killed: healed from the survivor vs recovered from the checkpoint")
+    bhe.add_argument("--repeats", type=int, default=3)
+    bhe.add_argument("--ckpt-every", type=int, default=10)
+    bhe.add_argument("--kill-after", type=int, default=6, help="steps past a checkpoint at which the kill lands")
+    bhe.add_argument("--steps", type=int, default=60)
+    bhe.add_argument("--run-dir", default=None)
+    bhe.set_defaults(fn=bench_heal)
+    bso = bsub.add_parser("soak", help="random events (every kind, kills, hangs, notices, overlaps) on a CPU job, "
+                                       "checked for digest parity and step continuity")
+    bso.add_argument("--events", type=int, default=100)
+    bso.add_argument("--seed", type=int, default=1)
+    bso.add_argument("--slots", type=int, default=4, help="processes the job may use")
+    bso.add_argument("--ckpt-every", type=int, default=5)
+    bso.add_argument("--replays", type=int, default=3, help="recoveries replayed by restart and compared step by step")
+    bso.add_argument("--run-dir", default=None)
+    bso.add_argument("--out", default=None, metavar="FILE", help="the whole result, with the driver's log, as JSON")
+    bso.set_defaults(fn=bench_soak)
+    bta = bsub.add_parser("target", help="every valid configuration timed on CPU against the controller's choice")
+    bta.add_argument("--counts", default="2-8", help="process counts, e.g. 2-8")
+    bta.add_argument("--steps", type=int, default=25, help="steps per configuration")
+    bta.add_argument("--run-dir", default=None)
+    bta.set_defaults(fn=bench_target)
+    bss = bsub.add_parser("sim-speed", help="the simulator's CPU time for an 8-hour trace at 1,024 GPUs")
+    bss.add_argument("--trace", required=True, help="a spot trace (p3: 32 nodes at its peak)")
+    bss.add_argument("--gpus-per-node", type=int, default=32)
+    bss.add_argument("--model", default="70b")
+    bss.set_defaults(fn=bench_sim_speed)
+    bd = bsub.add_parser("dcp", help="one device: a model's step time, DCP save and load of its state to each directory")
+    bd.add_argument("--model", action="append", help="a preset (repeat the flag for several; default 1b)")
+    bd.add_argument("--dir", action="append", help="where to write (repeat: local disk, /dev/shm; default the temp dir)")
+    bd.add_argument("--repeats", type=int, default=3)
+    bd.add_argument("--steps", type=int, default=8)
+    bd.add_argument("--backend", choices=("gloo", "nccl"), default="gloo")
+    bd.add_argument("--set", action="append", metavar="SECTION.FIELD=VALUE",
+                    help="a field of each model's job beyond its preset, e.g. job.model.hidden_size=1024 (repeatable)")
+    bd.add_argument("--out", required=True)
+    bd.set_defaults(fn=bench_dcp)
+    bbu = bsub.add_parser("build", help="the engine construction a switch does before its transfer, native "
+                                        "against reference, rank 0 of each layout over a mock world")
+    bbu.add_argument("--engine", default="examples/llama.py:RECIPE", metavar="FILE:RECIPE")
+    bbu.add_argument("--model", default="1b", help="the preset whose shape is built (default 1b)")
+    bbu.add_argument("--parallel", action="append", metavar="TP,PP,DP",
+                     help="a layout (repeatable; default 1,1,4 2,1,2 4,1,1)")
+    bbu.add_argument("--set", action="append", metavar="SECTION.FIELD=VALUE")
+    bbu.add_argument("--repeats", type=int, default=3)
+    bbu.add_argument("--json", action="store_true")
+    bbu.set_defaults(fn=bench_build)
+    bo = bsub.add_parser("overhead", help="one device: the recipe's step in a plain PyTorch loop and under LiveR "
+                                          "with no event, interleaved in fresh processes; the per-step difference")
+    bo.add_argument("--engine", required=True, metavar="FILE:RECIPE", help="the recipe, e.g. examples/llama.py:RECIPE")
+    bo.add_argument("--model", default="1b", help="the preset whose shape it trains (default 1b)")
+    bo.add_argument("--set", action="append", metavar="SECTION.FIELD=VALUE",
+                    help="a field of the job beyond its preset, e.g. job.train.global_batch=8 (repeatable)")
+    bo.add_argument("--steps", type=int, default=60, help="steps a run (default 60)")
+    bo.add_argument("--rounds", type=int, default=3, help="runs of each kind, interleaved (default 3)")
+    bo.add_argument("--warmup", type=int, default=10, help="steps of each run left out (default 10)")
+    bo.add_argument("--out", required=True)
+    bo.set_defaults(fn=bench_overhead)

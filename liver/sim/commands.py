@@ -24,7 +24,7 @@ def _print_rows(rows: list[dict], as_json: bool, line) -> int:
     return 0
 
 
-def _sim_run(args: argparse.Namespace) -> int:
+def _run(args: argparse.Namespace) -> int:
     engine, sources = _simulator()
     from liver.sim.models import sim_model
     from liver.sim.profile import load
@@ -45,7 +45,7 @@ def _sim_run(args: argparse.Namespace) -> int:
         f"  lost {r['lost_s']:.1f} s  events {r['events']} (fail-stops {r['fail_stops']})"))
 
 
-def _sim_calibrate(args: argparse.Namespace) -> int:
+def _calibrate(args: argparse.Namespace) -> int:
     from liver.sim import calibrate
 
     if args.check:
@@ -57,7 +57,7 @@ def _sim_calibrate(args: argparse.Namespace) -> int:
     return 0
 
 
-def _sim_validate(args: argparse.Namespace) -> int:
+def _validate(args: argparse.Namespace) -> int:
     from liver.sim import calibrate, validate
 
     measured = calibrate.measurements(Path(args.results))
@@ -81,7 +81,7 @@ def _sim_validate(args: argparse.Namespace) -> int:
     return 0
 
 
-def _sim_project(args: argparse.Namespace) -> int:
+def _project(args: argparse.Namespace) -> int:
     _simulator()  # (its projections run the simulator)
     from liver.sim import project
 
@@ -98,7 +98,7 @@ def _sim_project(args: argparse.Namespace) -> int:
     return 0
 
 
-def _bench_sim_speed(args: argparse.Namespace) -> int:
+def bench_sim_speed(args: argparse.Namespace) -> int:
     import time
 
     engine, sources = _simulator()
@@ -115,3 +115,42 @@ def _bench_sim_speed(args: argparse.Namespace) -> int:
     row["met"] = row["cpu_s"] <= row["goal_s"]
     print(json.dumps(row, indent=1))
     return 0 if row["met"] else 1
+
+
+def add_parsers(sub) -> None:
+    """``liver sim ...``: its commands and their flags."""
+    sm = sub.add_parser("sim", help="the calibrated simulator of elastic training (liver/sim)")
+    ssub = sm.add_subparsers(dest="sim", required=True)
+    sr = ssub.add_parser("run", help="one job under a trace, a schedule or a volatility regime, by policy")
+    sr.add_argument("--model", default="14b", help="1b, 3b, 7b, 14b, 30b, 70b, 175b")
+    sr.add_argument("--profile", default="h200", help="h200 (calibrated) or a800-pcie")
+    sr.add_argument("--gpus", type=int, default=32, help="GPUs at the start (schedule, regime)")
+    src2 = sr.add_mutually_exclusive_group()
+    src2.add_argument("--trace", help="a spot trace (time_ms,add|remove,nodeNAME)")
+    src2.add_argument("--events", help="a schedule file (time triggers)")
+    sr.add_argument("--gpus-per-node", type=int, default=1, help="GPUs of a trace's node")
+    sr.add_argument("--interval-min", type=float, default=10.0, help="regime: mean minutes between events")
+    sr.add_argument("--notice-s", type=float, default=120.0, help="a loss's notice (s)")
+    sr.add_argument("--hours", type=float, default=8.0)
+    sr.add_argument("--seed", type=int, default=0)
+    sr.add_argument("--policy", default="all", help="live, restart-storage, restart-memory, dp-only, all")
+    sr.add_argument("--json", action="store_true")
+    sr.set_defaults(fn=_run)
+    sc2 = ssub.add_parser("calibrate", help="fit the H200 profile to bench/results (writes liver/sim/calibration.json)")
+    sc2.add_argument("--results", default="bench/results")
+    sc2.add_argument("--out", default=str(Path(__file__).parent / "calibration.json"))
+    sc2.add_argument("--check", action="store_true", help="only check that the file is what the results give")
+    sc2.set_defaults(fn=_calibrate)
+    sv = ssub.add_parser("validate", help="leave-one-out: each measured event against the fit of the others")
+    sv.add_argument("--results", default="bench/results")
+    sv.add_argument("--json", action="store_true", help="every event, not only the summary")
+    sv.set_defaults(fn=_validate)
+    sp = ssub.add_parser("project", help="a projection, JSON and PNG: downtime, prepare or goodput")
+    sp.add_argument("what", choices=["downtime", "prepare", "goodput"])
+    sp.add_argument("--out", required=True)
+    sp.add_argument("--traces", default=str(DEFAULT_TRACES),
+                    help="the folder of p3-trace.csv and g4dn-trace.csv (default: the repository's traces/bamboo)")
+    sp.add_argument("--model", default="14b", help="goodput: the model")
+    sp.add_argument("--gpus", type=int, default=32, help="goodput: the regimes' GPUs")
+    sp.add_argument("--seeds", type=int, default=5, help="goodput: runs of each regime")
+    sp.set_defaults(fn=_project)
