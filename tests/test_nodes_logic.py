@@ -249,3 +249,31 @@ def test_a_registration_under_a_known_name_is_the_same_agent_only_from_the_same_
     assert RemoteNode("node1", 0, 1, "vm").same_agent("vm", 42)  # (unknown pid, from an older journal)
     assert RemoteNode.restored({**n.record(), "agent_pid": 41}).agent_pid == 41
     assert n.running() == []
+
+
+def test_a_lost_node_that_registers_again_during_its_fail_stop_leaves_its_processes_found():
+    """The controller's own registration (``NodeMembership._register``) of a node declared lost,
+    under its name, while the fail-stop of its ranks is handled: the newcomer is a new node with
+    slots of its own; the old one's processes are still found, named and killed (before, the old
+    node left the job's table and the fail-stop died on a KeyError, and the job with it)."""
+    from types import SimpleNamespace
+
+    from liver.controller.membership import NodeMembership
+    from liver.protocol.agent import Register
+
+    nodes = Nodes()
+    a = nodes.add(lambda base: RemoteNode("a", base, 2, "vm-a", agent_pid=10))
+    nodes.add(lambda base: RemoteNode("b", base, 2, "vm-b", agent_pid=20))
+    for proc, slot in ((0, 0), (1, 1), (2, 2), (3, 3)):
+        nodes.start(proc, slot, "start", 0)
+    lost = a.mark_lost()  # (the controller's loop, at agent_timeout_s)
+    ctl = SimpleNamespace(nodes=nodes, cfg=SimpleNamespace(controller=SimpleNamespace(agent_timeout_s=5.0)),
+                          _noticed=set(), _joined=[], base_spec={}, starter_spec=lambda: {},
+                          phase_log=lambda *a, **kw: None)
+    reply = NodeMembership._register(ctl, Register(node="a", slots=2, host="vm-a", pid=11))  # the endpoint's thread
+    new = nodes.nodes["a"]
+    assert new is not a and reply.slot_base == new.slot_base == 4 and ctl._joined == ["a"]
+    # the fail-stop over the old node's processes, after the newcomer registered
+    assert [nodes.where(w.proc) for w in lost] == ["a", "a"] and nodes.node_of(1) is a
+    nodes.kill(0)
+    assert nodes.log_tail(0) == "" and nodes.free_slots() == [4, 5]  # the old slots are not offered again

@@ -89,7 +89,7 @@ class NodeMembership:
                                          f"{old.slots} slots and runs processes; allowed: a name of its own, or "
                                          f"this one once the old agent is declared lost "
                                          f"(controller.agent_timeout_s={self.cfg.controller.agent_timeout_s:g})")
-                    self.nodes.nodes.pop(msg.node)
+                    self.nodes.retire(msg.node)
                     self._noticed.discard(msg.node)  # (a notice to the old node is not the new one's)
                 node = self.nodes.add(lambda base: RemoteNode(msg.node, base, msg.slots, msg.host, agent_pid=msg.pid))
                 for r in msg.workers:  # processes of a generation it was declared lost from

@@ -192,10 +192,12 @@ class RemoteNode:
 
 
 class Nodes:
-    """Every node of the job, by name, in the order they came."""
+    """Every node of the job, by name, in the order they came; and the nodes a node of the same
+    name replaced (``retire``), whose slots and processes are still looked up."""
 
     def __init__(self) -> None:
         self.nodes: dict[str, Node] = {}
+        self.retired: list[Node] = []  # replaced by a node of their name: their slots stay theirs
         self.workers: dict[int, Worker] = {}
         self._next_proc = 0
         self._next_slot = 0
@@ -220,9 +222,16 @@ class Nodes:
     def slots(self) -> list[int]:
         return [s for n in self.up() for s in range(n.slot_base, n.slot_base + n.slots)]
 
+    def retire(self, name: str) -> None:
+        """A node declared lost (or gone empty) whose name registers again: the newcomer is a new
+        node with slots of its own; the old one's slots and processes (a fail-stop over them may be
+        under way) are still found here."""
+        with self.lock:
+            self.retired.append(self.nodes.pop(name))
+
     def node_of(self, slot: int) -> Node:
         with self.lock:
-            for n in self.nodes.values():
+            for n in [*self.nodes.values(), *self.retired]:
                 if n.slot_base <= slot < n.slot_base + n.slots:
                     return n
         raise KeyError(f"slot {slot} is on no node of the job")
