@@ -277,3 +277,46 @@ def test_a_lost_node_that_registers_again_during_its_fail_stop_leaves_its_proces
     assert [nodes.where(w.proc) for w in lost] == ["a", "a"] and nodes.node_of(1) is a
     nodes.kill(0)
     assert nodes.log_tail(0) == "" and nodes.free_slots() == [4, 5]  # the old slots are not offered again
+
+
+def test_a_resumed_controller_withdraws_what_the_dead_one_announced_after_its_journal():
+    """The controller died between announcing a generation (its spec, the ranks' wish) and its
+    journal's next write: the one resumed from that journal withdraws it, never uses its number
+    again, tells the ranks nothing is wanted, and stops the processes started for it; one that the
+    ranks committed (not seen: a switch takes Prepare's seconds) is a loud error, not a guess."""
+    from pathlib import Path
+    from types import SimpleNamespace
+
+    import torch.distributed as dist
+
+    from liver.controller.base import ControllerError
+    from liver.controller.live import LiveController
+    from liver.controller.membership import NodeMembership
+    from liver.controller.phases import Phase
+    from liver.protocol.agent import Register
+    from liver.protocol.store import COMMIT, WITHDRAW, decide, decided
+
+    store, said = dist.HashStore(), []
+    for g in (1, 2):
+        store.set(f"gen/{g}", "{}")
+    ctl = SimpleNamespace(store=store, gen=0, phase=Phase.STABLE, run_dir=Path("/nonexistent"),
+                          _wish=lambda: said.append("nothing wanted"), phase_log=lambda what, **kw: said.append(what))
+    LiveController._forget_unjournaled(ctl)
+    assert ctl.gen == 2 and decided(store, 1) == decided(store, 2) == WITHDRAW
+    assert said == ["nothing wanted", "cancelled", "cancelled"]
+    store.set("gen/3", "{}")
+    assert decide(store, 3, COMMIT) == COMMIT
+    with pytest.raises(ControllerError, match="generation 3 was committed"):
+        LiveController._forget_unjournaled(ctl)
+
+    nodes = Nodes()
+    n = nodes.add(lambda base: RemoteNode("n", base, 2, "vm", agent_pid=5))
+    nodes.start(0, 0, "start", 0)
+    n.resumed = True  # (restored from the journal: proc 0 only)
+    reg = SimpleNamespace(nodes=nodes, cfg=None, _noticed=set(), _joined=[], base_spec={}, starter_spec=lambda: {},
+                          phase_log=lambda *a, **kw: None)
+    NodeMembership._register(reg, Register(node="n", slots=2, host="vm", pid=5, done=1, workers=(
+        Running(proc=0, slot=0, role="start", generation=0, pid=100),
+        Running(proc=7, slot=1, role="joiner", generation=1, pid=101))))  # (started after the journal)
+    assert n.workers[7].returncode == KILLED and n.workers[0].returncode is None
+    assert nodes.new_proc_ids(1) == [8]  # its number is not used again

@@ -19,7 +19,7 @@ from liver.topology import ParallelConfig
 
 from liver.cli import main
 from liver.controller.endpoint import request
-from liver.controller.report import DROPPED
+from liver.controller.outcome import Outcome, outcome_of
 
 
 def liver(run_dir: Path, *args: str) -> dict:
@@ -29,6 +29,8 @@ def liver(run_dir: Path, *args: str) -> dict:
     rc = main(["run", "--run-dir", str(run_dir), "--digest", "--set", "timeline=false", *args])
     report = json.loads((run_dir / "report.json").read_text())
     report["rc"] = rc
+    for e in report["events"]:  # what became of each event is a value (liver/controller/outcome.py)
+        assert outcome_of(e).value == e["outcome"], e
     return report
 
 
@@ -295,7 +297,7 @@ def test_a_deadline_no_handoff_meets_drops_leaving_replicas_at_once(tmp_path):
     assert rec["event"]["kind"] == "scale-in" and rec["path"] == "drop", rec
     assert rec["leaving_hold_only_replicas"] is True and rec["bytes_off_leaving"] == 0
     assert rec["predicted_handoff_s"] * 1.5 > 0.5 and rec["predicted_from"] == "model (cpu)"
-    assert rec["status"] == DROPPED and rec["deadline_met"] is True
+    assert outcome_of(rec) is Outcome.DROPPED and rec["deadline_met"] is True
     assert rec["lost_steps"] == 0 and rec["digest_equal"] is True and rec["new"] == "tp1pp1dp2", rec
     assert rep["steps"][-1]["step"] == 20 and rep["steps"][-1]["parallel"] == "tp1pp1dp2"
     assert all(not p["alive"] for p in procs(tmp_path / "run"))

@@ -47,12 +47,13 @@ def bench_handoffs(args: argparse.Namespace) -> int:
 
 def bench_nodes(args: argparse.Namespace) -> int:
     from liver.bench.nodes import run
+    from liver.controller.outcome import Outcome
 
     result = run(args)
     for e in result["events"]:
         print(f"{e['event']} {e['old']} -> {e['new']} ({e['node']}): live {e['downtime_live_s']}, restart "
               f"{e['downtime_restart_s']} s; digest equal {e['digest_equal_live']}/{e['digest_equal_restart']}")
-    ok = all(e["digest_equal_live"] and e["status_live"] == "done" for e in result["events"])
+    ok = all(e["digest_equal_live"] and e["outcome_live"] == Outcome.DONE.value for e in result["events"])
     return 0 if ok and len(result["events"]) == 2 else 1
 
 

@@ -142,7 +142,7 @@ def run(args) -> dict[str, Any]:
     result: dict[str, Any] = {**info, "steady_overhead_by_kind": by_kind, "wall_live_s": live["wall_s"],
                               "digests_equal": all(e.get("digest_equal") for e in live["events"])}
     if any(c is None for c in cuts) or args.live_only:
-        keys = ("old", "new", "status", "downtime_s", "transfer_s", "prepare_s", "prepare_cpu_s", "joiner_cpu_s",
+        keys = ("old", "new", "outcome", "status", "downtime_s", "transfer_s", "prepare_s", "prepare_cpu_s", "joiner_cpu_s",
                 "steady_overhead", "steps_preparing", "digest_equal", "deadline_met", "peak_extra_bytes")
         result.update(live_only=True, events=[{"event": e["event"]["kind"], **{k: e.get(k) for k in keys}}
                                               for e in live["events"]])

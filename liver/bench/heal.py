@@ -22,7 +22,7 @@ from typing import Any
 
 from liver.config.jobfile import build
 from liver.controller.job import run_job
-from liver.controller.report import HEALED
+from liver.controller.outcome import Outcome, outcome_of
 
 MODEL = {"num_layers": 8, "hidden_size": 256, "num_heads": 8, "ffn_size": 1024, "vocab_size": 8192, "seq_len": 64}
 """About 13M parameters (with AdamW state, ~150 MiB of training state): the size torchft's figure
@@ -59,7 +59,7 @@ def _once(mode: str, run_dir: Path, kill_at: int, steps: int, ckpt_every: int) -
     t.join(900)
     rep = box["report"]
     (rec,) = [e for e in rep["events"] if e["event"]["kind"] == "fail-stop"]
-    if (rec["status"] == HEALED) != (mode == "heal"):
+    if (outcome_of(rec) is Outcome.HEALED) != (mode == "heal"):
         raise RuntimeError(f"{mode}: the fail-stop was {rec['status']!r}; see {run_dir}")
     step_s = statistics.median(s["step_s"] for s in rep["steps"])
     stall = rec.get("downtime_s")

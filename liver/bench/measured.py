@@ -9,6 +9,8 @@ import tomllib
 from pathlib import Path
 from typing import Any, Callable
 
+from liver.controller.outcome import Outcome, outcome_of
+
 ROOT = Path(__file__).resolve().parents[2]
 BEGIN, END = "<!-- measured:begin (liver bench measured --write) -->", "<!-- measured:end -->"
 
@@ -175,8 +177,9 @@ def _join_vs_torchft(d: dict[str, Any]) -> list[str]:
             f"{lv['lost_steps']:g} and {tf['lost_steps']:g} steps lost."]
 
 
-def _recovery_kind(status: str) -> str:
-    return "heal" if status.startswith("healed") else "drop" if "no handoff fits" in status else "rollback"
+def _recovery_kind(row: dict[str, Any]) -> str:
+    out = outcome_of(row)
+    return "heal" if out is Outcome.HEALED else "drop" if out is Outcome.DROPPED else "rollback"
 
 
 def _soak(rows: list[dict[str, Any]]) -> list[str]:
@@ -193,7 +196,7 @@ def _soak(rows: list[dict[str, Any]]) -> list[str]:
         replays = d.get("restart_replays")
         if replays is not None:
             out[-1] += (f" Restart replays of {len(replays)} recoveries ("
-                        + ", ".join(f"{_recovery_kind(r['status'])} {r['old']} -> {r['new']} at step {r['restored_step']}"
+                        + ", ".join(f"{_recovery_kind(r)} {r['old']} -> {r['new']} at step {r['restored_step']}"
                                     for r in replays)
                         + f"): {sum(r['equal'] for r in replays)} equal bit for bit over the "
                         f"{sum(r['steps_compared'] for r in replays)} steps after them.")

@@ -27,7 +27,7 @@ from liver.controller.endpoint import request
 from liver.engine.interface import absolute_engine_path
 from liver.topology.presets import PRESETS
 
-KEYS = ("old", "new", "status", "downtime_s", "switch_s", "transfer_s", "prepare_s", "digest_equal",
+KEYS = ("old", "new", "outcome", "status", "downtime_s", "switch_s", "transfer_s", "prepare_s", "digest_equal",
         "deadline_met", "peak_extra_bytes", "save_s", "load_s", "process_start_s")
 
 
@@ -160,8 +160,8 @@ def run(args) -> dict[str, Any]:
                          "downtime_live_s": a["downtime_s"], "downtime_restart_s": b["downtime_s"],
                          "ratio": b["downtime_s"] / a["downtime_s"] if a["downtime_s"] and b["downtime_s"] else None,
                          "digest_equal_live": a["digest_equal"], "digest_equal_restart": b["digest_equal"],
-                         "deadline_met_live": a["deadline_met"], "status_live": a["status"],
-                         "status_restart": b["status"]}
+                         "deadline_met_live": a["deadline_met"], "outcome_live": a["outcome"],
+                         "status_live": a["status"], "outcome_restart": b["outcome"], "status_restart": b["status"]}
                         for a, b in zip(live["events"], restart["events"])]
     (out / "nodes.json").write_text(json.dumps(result, indent=1))
     return result

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from liver.config.jobfile import build, read
+from liver.controller.outcome import Outcome, outcome_of
 from liver.bench.scenarios import back_and_forth
 from liver.controller import report
 from liver.controller.job import run_job
@@ -91,7 +92,7 @@ def _once(name: str, first: str, action: str, mode: str, steps: int, calm: int, 
                  "controller": {"mode": mode, "endpoint": False, "end_after_events": steps}})
     rep = run_job(cfg, events, run_dir, {"scenario": name})
     for e in rep["events"]:
-        if e["status"] != "done" or "downtime_s" not in e:
+        if outcome_of(e) is not Outcome.DONE or "downtime_s" not in e:
             raise RuntimeError(f"{name} ({mode}): event {e['status']}; see {run_dir}")
     mine = rep["events"][0::2]
     med = lambda k: statistics.median(e[k] for e in mine) if all(e.get(k) is not None for e in mine) else None  # noqa: E731

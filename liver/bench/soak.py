@@ -41,8 +41,7 @@ from liver.config.jobfile import build
 from liver.controller import target
 from liver.controller.endpoint import request
 from liver.controller.job import run_job
-from liver.controller.metrics import outcome
-from liver.controller.report import DROPPED, HEALED
+from liver.controller.outcome import WITHOUT_CHECKPOINT, Outcome, outcome_of
 
 ACTIONS = {  # action -> weight
     "scale-out": 4, "scale-in": 2, "notice": 4, "reshape": 3, "kill": 3, "hang": 1, "withdraw": 1, "bad": 1,
@@ -177,11 +176,11 @@ def check(report: dict[str, Any], ckpt_every: int) -> dict[str, Any]:
     mismatched = [i for i, e in enumerate(events) if e.get("digest_equal") is False]
     unknown = [i for i, e in enumerate(events) if e in handled and e.get("digest_equal") is None]
     fails = [e for e in events if e["event"]["kind"] == "fail-stop"]
-    rollbacks = [e for e in events if e.get("status") == "recovered"]
+    rollbacks = [e for e in events if outcome_of(e) is Outcome.RECOVERED]
     lost = sum(e.get("lost_steps") or 0 for e in events)
     rerun = len(steps) - len(set(steps))
-    over = [i for i, e in enumerate(events) if (e.get("status") in (HEALED, DROPPED) and (e.get("lost_steps") or 0) > 1)
-            or (e.get("status") == "recovered" and e["lost_steps"] > 2 * ckpt_every)]
+    over = [i for i, e in enumerate(events) if (outcome_of(e) in WITHOUT_CHECKPOINT and (e.get("lost_steps") or 0) > 1)
+            or (outcome_of(e) is Outcome.RECOVERED and e["lost_steps"] > 2 * ckpt_every)]
     return {
         "handoffs_and_recoveries": len(handled), "digest_equal": len(handled) - len(mismatched) - len(unknown),
         "digest_different": mismatched, "digest_unknown": unknown,
@@ -195,7 +194,7 @@ def check(report: dict[str, Any], ckpt_every: int) -> dict[str, Any]:
     }
 
 
-RECOVERED = ("recovered", HEALED, DROPPED)
+RECOVERED = (Outcome.RECOVERED, Outcome.HEALED, Outcome.DROPPED)
 
 
 def _replay_plan(rec: dict[str, Any], steps: list[dict[str, Any]], ckpt_dir: Path, k: int) -> dict[str, Any] | None:
@@ -242,14 +241,14 @@ def replay(rec: dict[str, Any], plan: dict[str, Any], slots: int, run_dir: Path)
 
     want = [row(x) for x in plan["after"]]
     got = [row(x) for x in rep["steps"] if x["step"] in {w[0] for w in want}][-len(want):]
-    return {"status": rec["status"], "old": rec["old"], "new": rec["new"], "restored_step": s,
+    return {"outcome": outcome_of(rec).value, "status": rec["status"], "old": rec["old"], "new": rec["new"], "restored_step": s,
             "replayed_from_checkpoint": c, "steps_compared": len(want), "equal": got == want}
 
 
 def replays(report: dict[str, Any], run_dir: Path, slots: int, sample: int, rng: random.Random,
             k: int = 3) -> list[dict[str, Any]]:
     """Restart replays of up to ``sample`` of the soak's recoveries (drawn by ``rng``)."""
-    plans = [(r, p) for r in report["events"] if r.get("status") in RECOVERED and r.get("generation") is not None
+    plans = [(r, p) for r in report["events"] if outcome_of(r) in RECOVERED and r.get("generation") is not None
              and r.get("restored_step") is not None
              and (p := _replay_plan(r, report["steps"], run_dir / "ckpt", k)) is not None]
     out = []
@@ -311,7 +310,7 @@ def run(events: int = 100, seed: int = 1, slots: int = 4, ckpt_every: int = 5, r
                            f"see {run_dir} (driver.json: the actions)")
     rep = box["report"]
     evs = rep["events"]
-    by_outcome = Counter(f"{e['event']['kind']}: {outcome(e.get('status', ''))}" for e in evs)
+    by_outcome = Counter(f"{e['event']['kind']}: {outcome_of(e).value}" for e in evs)
     downtime: dict[str, Any] = {}
     for kind in sorted({e["event"]["kind"] for e in evs}):
         downtime[kind] = _quantiles([e["downtime_s"] for e in evs if e["event"]["kind"] == kind and "downtime_s" in e])

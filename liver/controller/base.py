@@ -35,6 +35,7 @@ from liver.controller.endpoint import ControlEndpoint
 from liver.controller.watch import ProgressWatch
 from liver.controller.leaving import choose_leaving
 from liver.controller.events import Event, parse_action
+from liver.controller.outcome import Outcome, outcome_of, settle
 from liver.controller.phases import Phase, Trigger, advance
 from liver.controller.records import Handling, first, least, new_record
 from liver.protocol import store as protocol
@@ -207,6 +208,7 @@ class Controller(NodeMembership):
                                        load_from=start, kind="start")
                 if start is not None:
                     self.records.append({"event": {"kind": "start", "source": "checkpoint.start_from"},
+                                         "outcome": Outcome.RESUMED.value,
                                          "status": "resumed from an earlier run's checkpoint", "checkpoint": start,
                                          "restored_step": saved_step(start), "generation": self.gen,
                                          "new": parallel.short(), "t_event": time.time()})
@@ -245,17 +247,17 @@ class Controller(NodeMembership):
                 self.store.set(storehost.STOP_KEY, "1")
         why = "interrupted (Ctrl-C)" if self.interrupted else "training ended"
         if self.current is not None:
-            self.current.record["status"] = f"not completed: {why} in phase {self.phase.value}"
+            settle(self.current.record, Outcome.NOT_COMPLETED, f"not completed: {why} in phase {self.phase.value}")
             self.records.append(self.current.record)
         for ev in self.queue:
-            self.records.append({"event": ev.to_dict(), "status": f"not reached: {why}"})
+            self.records.append(settle({"event": ev.to_dict()}, Outcome.NOT_REACHED, f"not reached: {why}"))
         return {"mode": self.mode, "records": self.records, "wall_s": time.time() - self.started_at,
                 "interrupted": self.interrupted}
 
     def _recovery_digests(self) -> None:
         """The state digest each recovery started from, as its new generation's ranks reported it."""
         for rec in self.records:
-            if rec.get("status") == "recovered" or str(rec.get("status")).startswith("resumed"):
+            if outcome_of(rec) in (Outcome.RECOVERED, Outcome.RESUMED):
                 procs = list(GenerationSpec.fetch(self.store, rec["generation"]).procs)
                 starts = self._collect(rec["generation"], procs, StartReport) or {}
                 rec["digest_after"] = first(starts.values(), "digest_after")
@@ -298,7 +300,7 @@ class Controller(NodeMembership):
             self.queue.clear()
             self.queue.extend(rest)
             gone = events[position - 1]
-        self.records.append({"event": gone.to_dict(), "status": "withdrawn before it was handled"})
+        self.records.append(settle({"event": gone.to_dict()}, Outcome.WITHDRAWN, "withdrawn before it was handled"))
         return {"withdrawn": gone.describe(), "queued": len(rest)}
 
     def status(self) -> dict[str, Any]:
@@ -387,7 +389,7 @@ class Controller(NodeMembership):
                                               ends)
 
     def _refuse(self, ev: Event, e: ValueError) -> None:
-        self.records.append({"event": ev.to_dict(), "status": f"refused: {e}"})
+        self.records.append(settle({"event": ev.to_dict()}, Outcome.REFUSED, f"refused: {e}"))
         self.phase_log("refused", event=ev.describe(), error=str(e))
 
     # ---- generations ---------------------------------------------------------------------
@@ -647,18 +649,20 @@ class Controller(NodeMembership):
                 if preempted:
                     raise ValueError("its deadline passed")
                 self.validate(ev, n)
-                self.current.record["status"] = "interrupted by a fail-stop; re-queued"
+                settle(self.current.record, Outcome.REQUEUED, "interrupted by a fail-stop; re-queued")
                 self.queue.appendleft(ev)
             except ValueError:
-                self.current.record["status"] = ("deadline missed: the leaving processes were stopped at the deadline "
-                                                  "and the job recovered on the others" if preempted else
-                                                  "superseded by the fail-stop recovery")
+                settle(self.current.record, *((Outcome.DEADLINE_MISSED, "deadline missed: the leaving processes were "
+                                               "stopped at the deadline and the job recovered on the others")
+                                              if preempted else
+                                              (Outcome.SUPERSEDED, "superseded by the fail-stop recovery")))
             self.records.append(self.current.record)
             self.current = None
         self.go(Trigger.FAIL_STOP)
         self._start_generation(parallel, sorted(survivors), ck["path"] if ck else None, "recover")
         rec = {"event": {"kind": "fail-stop", "source": self._dead(dead)},
-               "status": "recovered", "generation": self.gen, "old_generation": old_generation,
+               "outcome": Outcome.RECOVERED.value, "status": "recovered", "generation": self.gen,
+               "old_generation": old_generation,
                "old": old.short(), "new": parallel.short(),
                "failed_at_step": failed_step, "restored_step": ck["step"] if ck else 0,
                "lost_steps": failed_step - (ck["step"] if ck else 0), "checkpoint": ck["path"] if ck else None,
@@ -730,12 +734,13 @@ class Controller(NodeMembership):
         """Every process of the job killed or its node lost: the newest checkpoint stands; the job
         waits for GPUs to come back (a scale-out, a node registering) and resumes from it."""
         if self.current is not None:
-            self.current.record["status"] = "superseded: every GPU of the job is gone"
+            settle(self.current.record, Outcome.SUPERSEDED, "superseded: every GPU of the job is gone")
             self.records.append(self.current.record)
             self.current = None
         self.go(Trigger.FAIL_STOP)
         ck = self._newest_checkpoint()
         self.records.append({"event": {"kind": "fail-stop", "source": self._dead(dead)},
+                             "outcome": Outcome.SUSPENDED.value,
                              "status": "suspended: every process of the job is gone; waiting for GPUs",
                              "old_generation": self.active.generation, "old": self.active.parallel.short(),
                              "failed_at_step": failed_step, "restored_step": ck["step"] if ck else 0,
@@ -759,8 +764,8 @@ class Controller(NodeMembership):
                 ev = None  # (nothing queued, or the head's time has not come)
         if ev is None:
             if not self.queue and self.cfg.controller.end_after_events is not None and not self.remote:
-                self.records.append({"event": {"kind": "end", "source": "controller"},
-                                     "status": "ended with no GPU: nothing queued would bring one back"})
+                self.records.append(settle({"event": {"kind": "end", "source": "controller"}}, Outcome.ENDED,
+                                           "ended with no GPU: nothing queued would bring one back"))
                 self.go(Trigger.END)
             return
         if ev.kind == "scale-out":
@@ -776,7 +781,8 @@ class Controller(NodeMembership):
         self.suspended = None
         self.go(Trigger.RESUME)
         self._start_generation(tgt, free[: ev.gpus], s["path"], "resume")
-        self.records.append({"event": ev.to_dict(), "status": "resumed from the state on disk", "gpus": ev.gpus,
+        self.records.append({"event": ev.to_dict(), "outcome": Outcome.RESUMED.value,
+                             "status": "resumed from the state on disk", "gpus": ev.gpus,
                              "arrived": ev.arrived, "t_event": now, "generation": self.gen, "old": s["parallel"],
                              "new": tgt.short(), "checkpoint": s["path"], "restored_step": s["step"],
                              "suspended_s": now - s["since"], "lost_steps": s["at_step"] - s["step"]})
@@ -791,10 +797,10 @@ class Controller(NodeMembership):
             return self.t_start + ev.at_time
         return time.time()
 
-    def _close(self, status: str, trigger: Trigger) -> None:
+    def _close(self, outcome: Outcome, trigger: Trigger, says: str | None = None) -> None:
         h = self.current
         rec = h.record
-        rec["status"] = status
+        settle(rec, outcome, says)
         rec["t_done"] = time.time()
         # the controller loop's CPU time from the event to its end (its routine polling included)
         rec["controller_cpu_s"] = time.thread_time() - h.cpu0

@@ -13,13 +13,14 @@ from typing import Any
 
 from liver.agent.node import Worker
 from liver.host.priority import this_thread
-from liver.controller.base import Controller, forked_workers
+from liver.controller.base import Controller, ControllerError, forked_workers
 from liver.controller.decisions import NoticeAction, ScaleInPath, on_notice, scale_in_path
 from liver.controller.events import Event
+from liver.controller.outcome import DROPPED_SAYS, HEALED_SAYS, Outcome, outcome_of, settle
 from liver.controller.phases import PENDING, Phase, Trigger
 from liver.controller.records import switch_metrics
 from liver import logs
-from liver.controller import heal, report, target
+from liver.controller import heal, target
 from liver.controller.records import first
 from liver.engine.digest import combine
 from liver.protocol.messages import Failure, GenerationSpec, Stalled, SwitchReport, beat_key, read_if
@@ -52,7 +53,9 @@ class LiveController(Controller):
     def _resume_phase(self) -> None:
         """Back after a restart: a pending generation no rank committed yet is withdrawn and its
         event queued again first (its joiners stopped: they prepared for a controller that is
-        gone); one that was committed is switching, and is watched to its end as before."""
+        gone); one that was committed is switching, and is watched to its end as before.
+        Generations announced after the journal's last write are withdrawn first (``_forget_unjournaled``)."""
+        self._forget_unjournaled()
         if self.phase not in PENDING:
             return
         g, h = self.pending.generation, self.current
@@ -64,13 +67,35 @@ class LiveController(Controller):
         for p in h.leaving:
             self.nodes.workers[p].leaving = False
         h.record["attempts"][-1]["cancelled"] = "the controller restarted"
-        h.record["status"] = "interrupted by a controller restart; queued again"
+        settle(h.record, Outcome.REQUEUED, "interrupted by a controller restart; queued again")
         self.records.append(h.record)
         with self.lock:
             self.queue.appendleft(h.event)
         self.current, self.pending = None, None
         self.go(Trigger.CANCEL)
         self.phase_log("cancelled", generation=g, why="the controller restarted; its event is queued again")
+
+    def _forget_unjournaled(self) -> None:
+        """The controller that died may have announced a generation (its spec in the store, its
+        wish to the ranks) after its journal's last write: each is withdrawn, so that no rank
+        commits it, and its number is not used again (a rank that prepared it would take a new
+        generation of that number for the one it prepared); with no event pending, the ranks are
+        told that nothing is wanted."""
+        stale, g = [], self.gen + 1
+        while self.store.check([f"gen/{g}"]):
+            if decide(self.store, g, WITHDRAW) != WITHDRAW:  # (a switch takes Prepare's seconds: not seen)
+                raise ControllerError(f"generation {g} was committed by the ranks after the journal's last write; "
+                                      f"this controller cannot go on from {self.run_dir / 'journal.pkl'}")
+            stale.append(g)
+            g += 1
+        if not stale:
+            return
+        self.gen = stale[-1]
+        if self.phase not in PENDING:
+            self._wish()
+        for g in stale:
+            self.phase_log("cancelled", generation=g, why="announced by the controller that died after its journal's "
+                                                          "last write; withdrawn")
 
     def run(self) -> dict[str, Any]:
         """The loop in a thread of its own at low CPU priority while nothing is due (``_loop_priority``):
@@ -137,8 +162,8 @@ class LiveController(Controller):
                 self.records.append(rec)
                 return
             if missed is not None:  # (its record is written: it says how the job went on after all)
-                missed.record["status"] = ("deadline missed: the leaving processes were stopped at the deadline and "
-                                           "the job recovered on the others from the checkpoint")
+                settle(missed.record, Outcome.DEADLINE_MISSED, "deadline missed: the leaving processes were stopped at "
+                       "the deadline and the job recovered on the others from the checkpoint")
                 return super()._fail_stop(dead, preempted, named=missed.target)
         super()._fail_stop(dead, preempted)
 
@@ -163,11 +188,11 @@ class LiveController(Controller):
         for p in h.leaving:
             self.nodes.workers[p].leaving = False
         if preempted:
-            h.record["status"] = ("deadline missed: the leaving processes were stopped at the deadline and the "
-                                  "survivors healed from their replicas")
+            settle(h.record, Outcome.DEADLINE_MISSED, "deadline missed: the leaving processes were stopped at the "
+                   "deadline and the survivors healed from their replicas")
             self._missed = h
         else:
-            h.record["status"] = "interrupted by a fail-stop; re-queued"
+            settle(h.record, Outcome.REQUEUED, "interrupted by a fail-stop; re-queued")
             with self.lock:
                 self.queue.appendleft(h.event)
         self.records.append(h.record)
@@ -229,7 +254,7 @@ class LiveController(Controller):
         if all(r.hashes is not None for r in stalled.values()):
             before = combine(specs, [r.hashes for r in stalled.values()], next(iter(stalled.values())).scalars)
         rec = {"event": {"kind": "fail-stop", "source": self._dead(dead)},
-               "status": report.HEALED, "generation": self.gen,
+               "outcome": Outcome.HEALED.value, "status": HEALED_SAYS, "generation": self.gen,
                "old_generation": old.generation, "old": old.parallel.short(), "new": parallel.short(),
                "failed_at_step": failed_step, "restored_step": step, "lost_steps": max(0, failed_step - step),
                # steps the survivors completed that the lost rank 0 had not logged yet (trained, kept)
@@ -316,7 +341,7 @@ class LiveController(Controller):
         """This job's slowest handoff without cold processes so far (prepare + switch), else the
         simulator's calibrated model of one, for the machine's profile: (seconds, which)."""
         past = [r["prepare_s"] + r["switch_s"] for r in self.records
-                if r.get("status") == "done" and not r.get("joiners") and "switch_s" in r]
+                if outcome_of(r) is Outcome.DONE and not r.get("joiners") and "switch_s" in r]
         if past:
             return max(past), "measured"
         from liver.sim import costs, profile
@@ -339,13 +364,13 @@ class LiveController(Controller):
         rec.update(t_stopped=stopped, deadline_met=stopped <= h.deadline_at, t_done=time.time())
         self.current = None
         if healed is None:
-            rec["status"] = ("recovered: the leaving processes were stopped before the deadline; the survivors "
-                             "could not go on from their own state, so from the checkpoint (next record)")
+            settle(rec, Outcome.RECOVERED, "recovered: the leaving processes were stopped before the deadline; the "
+                   "survivors could not go on from their own state, so from the checkpoint (next record)")
             self.records.append(rec)
             return Controller._fail_stop(self, gone, named=h.target)
         rec.update({k: healed[k] for k in ("generation", "new", "failed_at_step", "restored_step", "lost_steps",
                                            "steps_unlogged", "heal_s", "bytes_moved", "digest_before", "digest_after")},
-                   status=report.DROPPED)
+                   outcome=Outcome.DROPPED.value, status=DROPPED_SAYS)
         self.records.append(rec)
 
     def _launch(self) -> None:
@@ -478,14 +503,14 @@ class LiveController(Controller):
         self._wish()
         if action is NoticeAction.MERGE:  # still a scale-out, to fewer GPUs
             h.event.gpus, h.event.parallel = head.gpus, head.parallel
-            self.records.append({**notice, "status": f"merged into the pending scale-out (now to {head.gpus})"})
+            self.records.append(settle({**notice}, Outcome.MERGED, f"merged into the pending scale-out (now to {head.gpus})"))
             return self._cancel(f"scale-in notice to {head.gpus} GPUs", replan=True)
         self._cancel(f"scale-in notice to {head.gpus} GPUs", replan=False)
         if action is NoticeAction.DROP_THEN_BEGIN:
             self._begin(head)
         else:
-            self.records.append({**notice, "status": "done: the job already has that many GPUs once the pending "
-                                 "scale-out is dropped"})
+            self.records.append(settle({**notice}, Outcome.DONE, "done: the job already has that many GPUs once the "
+                                       "pending scale-out is dropped"))
 
     def _cancel(self, why: str, replan: bool) -> None:
         """The pending generation went stale and its withdrawal holds: drop it (the Active World
@@ -507,7 +532,7 @@ class LiveController(Controller):
                 raise ValueError(why)
             fresh = self._handling(ev)
         except ValueError as e:
-            return self._close(f"cancelled: {why}; {e}" if replan else f"cancelled: {why}", Trigger.CANCEL)
+            return self._close(Outcome.CANCELLED, Trigger.CANCEL, f"cancelled: {why}; {e}" if replan else f"cancelled: {why}")
         h.target, h.leaving, h.join_slots, h.forced = fresh.target, fresh.leaving, fresh.join_slots, False
         h.record["new"], h.record["gpus"] = fresh.target.short(), ev.gpus
         self.go(Trigger.REPLAN)
@@ -554,5 +579,5 @@ class LiveController(Controller):
         if all(w.returncode is not None for w in leaving) or time.time() - h.record["switch_end"] > 30:
             for w in leaving:
                 self.nodes.kill(w.proc)
-            self._close("done", Trigger.CLEANED)
+            self._close(Outcome.DONE, Trigger.CLEANED)
             self.phase_log("cleanup", generation=self.active.generation)

@@ -15,6 +15,7 @@ from liver.controller import journal, storehost, target
 from liver.controller.decisions import join_total
 from liver.controller.events import Event
 from liver.controller.nodes import RemoteNode
+from liver.controller.outcome import Outcome, settle
 from liver.controller.phases import Phase
 from liver.protocol.agent import Register, Registered, Sync, SyncReply
 
@@ -81,7 +82,12 @@ class NodeMembership:
             if isinstance(old, RemoteNode) and not old.lost and old.slots == msg.slots and \
                     old.same_agent(msg.host, msg.pid):
                 node = old  # the same agent, back (it lost its controller, or a reply)
+                known = set(node.workers)
                 node.reconcile(msg.workers, msg.done)
+                for r in msg.workers:  # started by a controller that died, after its journal's last write:
+                    self.nodes.skip_proc(r.proc)  # its generation is withdrawn (and its number never reused)
+                    if r.proc not in known:
+                        node.kill(r.proc)
             else:
                 if old is not None:  # declared lost before, or gone empty: it comes back as a new node
                     if not isinstance(old, RemoteNode) or (not old.lost and old.running()):
@@ -153,7 +159,7 @@ class NodeMembership:
             if held:
                 self.queue.appendleft(ev)  # (ahead of anything queued: the provider does not wait)
             else:
-                self.records.append({"event": ev.to_dict(), "status": "done: the node held no rank"})
+                self.records.append(settle({"event": ev.to_dict()}, Outcome.DONE, "done: the node held no rank"))
 
     def _node_joined(self, name: str) -> None:
         n_now = self._projected_gpus()

@@ -11,6 +11,8 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING, Any, Iterator
 
+from liver.controller.outcome import outcome_of
+
 try:  # (a GPU image without it: the job runs, /metrics says what is missing)
     from prometheus_client import CollectorRegistry, generate_latest
     from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
@@ -24,11 +26,6 @@ if TYPE_CHECKING:
 # seconds: a live switch is tens of milliseconds to a second, a restart tens of seconds
 DOWNTIME_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
 PREPARE_BUCKETS = (0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
-
-
-def outcome(status: str) -> str:
-    """A record's status, as one label value: its first word ("done", "refused", "cancelled", ...)."""
-    return status.split(":")[0].split(" ")[0] if status else "unknown"
 
 
 def _histogram(name: str, doc: str, values: list[float], buckets: tuple[float, ...]) -> HistogramMetricFamily:
@@ -92,7 +89,7 @@ class Metrics:
         ev = CounterMetricFamily("liver_events", "events handled, by kind and outcome", labels=["kind", "outcome"])
         counts: dict[tuple[str, str], int] = {}
         for r in records:
-            key = (r.get("event", {}).get("kind", "?"), outcome(r.get("status", "")))
+            key = (r.get("event", {}).get("kind", "?"), outcome_of(r).value)
             counts[key] = counts.get(key, 0) + 1
         for (kind, out), n in sorted(counts.items()):
             ev.add_metric([kind, out], n)

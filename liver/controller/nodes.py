@@ -28,6 +28,11 @@ class Node(Protocol):
     notice: Any     # a preemption notice it received (its slots are going), or None
 
     def free_slots(self) -> list[int]: ...
+    def skip_proc(self, proc: int) -> None:
+        """A process id in use (an agent reported it): new ones come after it."""
+        with self.lock:
+            self._next_proc = max(self._next_proc, proc + 1)
+
     def start(self, proc: int, slot: int, role: str, generation: int) -> Worker: ...
     def poll(self) -> list[Worker]: ...
     def kill(self, proc: int) -> None: ...
@@ -66,6 +71,11 @@ class RemoteNode:
         with self.cond:
             busy = {w.slot for w in self.workers.values() if w.returncode is None}
         return [s for s in range(self.slot_base, self.slot_base + self.slots) if s not in busy]
+
+    def skip_proc(self, proc: int) -> None:
+        """A process id in use (an agent reported it): new ones come after it."""
+        with self.lock:
+            self._next_proc = max(self._next_proc, proc + 1)
 
     def start(self, proc: int, slot: int, role: str, generation: int) -> Worker:
         with self.cond:
@@ -244,6 +254,11 @@ class Nodes:
             ids = list(range(self._next_proc, self._next_proc + n))
             self._next_proc += n
             return ids
+
+    def skip_proc(self, proc: int) -> None:
+        """A process id in use (an agent reported it): new ones come after it."""
+        with self.lock:
+            self._next_proc = max(self._next_proc, proc + 1)
 
     def start(self, proc: int, slot: int, role: str, generation: int) -> Worker:
         w = self.node_of(slot).start(proc, slot, role, generation)

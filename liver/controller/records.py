@@ -9,6 +9,7 @@ from typing import Any
 
 from liver.config.fields import to_dict
 from liver.controller.events import Event
+from liver.controller.outcome import Outcome
 from liver.protocol.messages import SwitchReport
 from liver.topology import ParallelConfig
 
@@ -51,7 +52,7 @@ def new_record(ev: Event, arrived: float, old: ParallelConfig, new: ParallelConf
     """``arrived``: when its trigger happened (a step's end, a trace time, a request's arrival):
     its deadline counts from there; ``t_event``: when the controller took it."""
     now = time.time()
-    return {"event": ev.to_dict(), "status": "started", "gpus": ev.gpus, "arrived": arrived,
+    return {"event": ev.to_dict(), "outcome": Outcome.STARTED.value, "status": "started", "gpus": ev.gpus, "arrived": arrived,
             "t_triggered": arrived, "t_taken": now, "taken_after_trigger_s": now - arrived,
             "deadline_at": arrived + ev.deadline_s if ev.deadline_s is not None else None,
             "old": old.short(), "new": new.short(), "old_generation": old_generation,

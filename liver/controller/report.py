@@ -19,10 +19,7 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-
-HEALED = "healed from the surviving replicas"  # a fail-stop's record, where no checkpoint was needed
-#: a scale-in no handoff could meet in time, whose leaving ranks were replicas (path "drop")
-DROPPED = "done: no handoff fits the deadline; the leaving replicas were stopped and the survivors went on from their own state"
+from liver.controller.outcome import SETTLED, WITHOUT_CHECKPOINT, outcome_of
 
 
 def read_steps(run_dir: Path) -> list[dict[str, Any]]:
@@ -202,7 +199,7 @@ def build(run_dir: Path, result: dict[str, Any], meta: dict[str, Any]) -> dict[s
     events = []
     for rec in result["records"]:
         rec = {k: v for k, v in rec.items() if not k.startswith("_") and k != "plan"}
-        if rec.get("status") in ("done", "recovered", HEALED, DROPPED):
+        if outcome_of(rec) in SETTLED:
             rec.update(downtime(steps, rec))
         if rec.get("restored_step") is not None and rec.get("failed_at_step") is not None:
             rec.update(_failed_at(steps, rec))
@@ -255,7 +252,7 @@ def summary(report: dict[str, Any]) -> str:
         pr = f"{e['prepare_s']:.2f}s" if "prepare_s" in e else "-"
         mv = f"{e['bytes_moved'] / 2**20:.1f}MiB" if "bytes_moved" in e else "-"
         status = e["status"]
-        if e.get("lost_steps") is not None and e["status"] in (HEALED, DROPPED):
+        if e.get("lost_steps") is not None and outcome_of(e) in WITHOUT_CHECKPOINT:
             status += f" (no rollback: on from step {e['restored_step']}, {e['lost_steps']} steps lost)"
         elif e.get("lost_steps") and e.get("restored_step") is not None:
             status += f" (rolled back {e['lost_steps']} steps to step {e['restored_step']})"

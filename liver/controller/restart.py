@@ -12,6 +12,7 @@ from typing import Any
 from liver.agent import starters
 from liver.controller.base import Controller, forked_workers
 from liver.controller.events import Event
+from liver.controller.outcome import Outcome
 from liver.controller.phases import Phase, Trigger
 from liver.controller.records import first, least
 from liver.protocol.messages import Saved, StartReport, StopReport, read_if
@@ -96,7 +97,7 @@ class RestartController(Controller):
         # model's state on disk at a time; off the critical path)
         threading.Thread(target=shutil.rmtree, args=(rec["checkpoint"],), kwargs={"ignore_errors": True},
                          daemon=True).start()
-        self._close("done", Trigger.STARTED)
+        self._close(Outcome.DONE, Trigger.STARTED)
         self.phase_log("start", generation=self.gen, load_s=round(rec["load_s"], 4))
 
 

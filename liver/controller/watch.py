@@ -9,6 +9,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from liver.controller.outcome import Outcome
 from liver.protocol.messages import Progress
 
 
@@ -42,7 +43,8 @@ class ProgressWatch:
         msg = (f"loss {p.loss} at step {p.step} (generation {p.generation}): not finite; "
                + ("the job ends here (controller.stop_on_nonfinite_loss)" if self.stop_on_nonfinite
                   else "training goes on"))
-        return Finding({"event": {"kind": "non-finite-loss", "source": f"step {p.step}"}, "status": msg,
+        return Finding({"event": {"kind": "non-finite-loss", "source": f"step {p.step}"},
+                        "outcome": (Outcome.ESCALATED if self.stop_on_nonfinite else Outcome.REPORTED).value, "status": msg,
                         "step": p.step, "generation": p.generation, "t_event": time.time()},
                        msg, error=True, stop=self.stop_on_nonfinite)
 
@@ -61,6 +63,7 @@ class ProgressWatch:
         msg = (f"checkpoint failed ({p.checkpoint_failures} in a row) at step {p.step}: {p.checkpoint_error}; "
                f"{stands}")
         return Finding({"event": {"kind": "checkpoint-failed", "source": f"step {p.step}"},
+                        "outcome": (Outcome.ESCALATED if escalated else Outcome.REPORTED).value,
                         "status": "escalated: " + msg if escalated else msg, "step": p.step,
                         "failures_in_a_row": p.checkpoint_failures, "error": p.checkpoint_error,
                         "checkpoint_step": p.checkpoint_step, "t_event": time.time()},

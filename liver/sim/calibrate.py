@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from liver.controller.outcome import Outcome, outcome_of
 from liver.sim.profile import CALIBRATION, GB, H200_CLUSTER
 from liver.topology import ParallelConfig
 
@@ -240,7 +241,7 @@ def held_out(results: Path) -> list[Event]:
         if not d.get("live_only") or not d.get("gpus") or not rep.exists():
             continue
         model = _preset(f, d)
-        recs = [e for e in json.loads(rep.read_text())["events"] if e.get("status") == "done"]
+        recs = [e for e in json.loads(rep.read_text())["events"] if outcome_of(e) is Outcome.DONE]
         history = replay(model, [(_par(e["old"]), _par(e["new"])) for e in recs])
         for e, (kinds, first_nccl) in zip(recs, history):
             events.append(Event(source=f"{f.parent.name}:{e['event']['kind']}:{e['old']}->{e['new']}",
