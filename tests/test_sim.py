@@ -108,11 +108,9 @@ def test_trace_and_schedule_sources_refuse_bad_input_with_file_and_line(tmp_path
 
 
 def test_a_spot_trace_becomes_changes_with_its_notice():
-    start, changes = sources.from_trace(Path(__file__).parent.parent.parent / "shared" / "traces" / "bamboo" /
-                                        "p3-trace.csv", 8, notice_s=120, hours=8) \
-        if (Path(__file__).parent.parent.parent / "shared").exists() else (None, None)
-    if start is None:
-        pytest.skip("no ../shared/traces here")
+    from liver.sim.commands import DEFAULT_TRACES  # (the repository's copy: on every clone)
+
+    start, changes = sources.from_trace(DEFAULT_TRACES / "p3-trace.csv", 8, notice_s=120, hours=8)
     assert start % 8 == 0 and all(c.gpus % 8 == 0 for c in changes)
     assert all((c.notice_s == 120) == (c.gpus < prev) for c, prev in zip(changes, [start] + [c.gpus for c in changes]))
 
