@@ -82,7 +82,7 @@ class LiveController(Controller):
         generation of that number for the one it prepared); with no event pending, the ranks are
         told that nothing is wanted."""
         stale, g = [], self.gen + 1
-        while self.store.check([f"gen/{g}"]):
+        while self.store.check([GenerationSpec.key_of(g)]):
             if decide(self.store, g, WITHDRAW) != WITHDRAW:  # (a switch takes Prepare's seconds: not seen)
                 raise ControllerError(f"generation {g} was committed by the ranks after the journal's last write; "
                                       f"this controller cannot go on from {self.run_dir / 'journal.pkl'}")

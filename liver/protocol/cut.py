@@ -1,5 +1,5 @@
 """The consistent cut: every rank of the Active World takes the same decision at an iteration
-boundary, from one small all-reduce. Only rank 0 reads the controller's wish (once per boundary);
+boundary, from one small all-reduce. Only rank 0 brings the controller's wish (the latest its courier holds);
 every rank adds its own readiness, so the result is the same everywhere."""
 
 from __future__ import annotations

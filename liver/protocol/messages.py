@@ -59,11 +59,15 @@ class GenerationSpec:
 
     @property
     def key(self) -> str:
-        return f"gen/{self.generation}"
+        return self.key_of(self.generation)
+
+    @staticmethod
+    def key_of(g: int) -> str:
+        return f"gen/{g}"
 
     @staticmethod
     def fetch(store: dist.Store, g: int) -> "GenerationSpec":
-        return read(store, f"gen/{g}", GenerationSpec)
+        return read(store, GenerationSpec.key_of(g), GenerationSpec)
 
     def publish(self, store: dist.Store) -> None:
         write(store, self.key, self)
@@ -71,7 +75,8 @@ class GenerationSpec:
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Wish:
-    """The controller's wish, read by rank 0 at every boundary (``ctl``): prepare ``wanted``
+    """The controller's wish (``publish``), the latest of which rank 0 brings to every boundary
+    (its courier holds it: ``runtime.courier``): prepare ``wanted``
     (0: nothing), finish preparing ``force`` in the foreground (a deadline), restart mode's stop
     after step ``stop_at``, the job's end after step ``end_at`` (0: none of these)."""
 
