@@ -76,3 +76,14 @@ def test_a_broken_store_surfaces_at_the_next_wish_read(tmp_path):
 def test_the_step_line_flags_a_non_finite_loss():
     assert "NON-FINITE LOSS" in step_line(Progress(step=3, generation=1, loss=float("nan"), step_s=0.1, time=0.0,
                                                    parallel="tp1pp1dp1", grad_norm=1.0))
+
+
+def test_drain_does_not_wait_on_a_posting_thread_whose_store_is_gone(tmp_path):
+    s = dist.TCPStore("127.0.0.1", 0, 1, True, timeout=timedelta(seconds=5), wait_for_workers=False)
+    c = Courier(_connect(s), 0, tmp_path / "steps.jsonl")
+    del s  # the controller's store is gone: the next write fails and the posting thread ends
+    c.post(Post(_record(1), to_store=True))
+    time.sleep(0.6)  # (its heartbeat, due every 0.5 s, has failed by now)
+    t0 = time.time()
+    c.drain(timeout_s=10.0)
+    assert time.time() - t0 < 2.0

@@ -64,6 +64,7 @@ class Courier:
         self._wish_error: BaseException | None = None
         self._wish_known = threading.Event()
         self._steps = None
+        self._posting_gone = False  # its store went away (the job is ending): nothing more goes out
         self._peak, self._peak_at = 0.0, 0.0
         threading.Thread(target=self._posting, args=(protocol.run_store(connect()),), name="liver-post",
                          daemon=True).start()
@@ -83,10 +84,12 @@ class Courier:
         return self._wish
 
     def drain(self, timeout_s: float = 10.0) -> None:
-        """Returns once every record posted so far is out (or after ``timeout_s``)."""
-        done = threading.Event()
+        """Returns once every record posted so far is out (or after ``timeout_s``, or at once when
+        the posting thread has ended: nothing would take them)."""
+        done, end = threading.Event(), time.time() + timeout_s
         self._out.put(done)
-        done.wait(timeout_s)
+        while not done.wait(0.05) and not self._posting_gone and time.time() < end:
+            pass
 
     # ---- its threads -------------------------------------------------------------------------
     def _posting(self, store: dist.Store) -> None:
@@ -103,6 +106,7 @@ class Courier:
                     store.set(key, repr(time.time()))
                     beat = time.time()
             except RuntimeError:  # the controller is gone: the job is ending
+                self._posting_gone = True
                 if isinstance(item, threading.Event):
                     item.set()
                 return
