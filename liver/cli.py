@@ -18,7 +18,7 @@ from liver.sim import commands as sim_commands
 
 DEFAULT_EVENTS = """\
 # the embedded schedule of `liver run` (and `make demo`): one event per line, see
-# liver/controller/events.py for the grammar; "step +N": N steps after the event before it ended
+# liver/policy/events.py for the grammar; "step +N": N steps after the event before it ended
 at step 6: scale-out 4                 # two cold processes join; the controller picks tp,pp,dp
 at step +6: reshape 2,2,1              # same four processes, new layout
 at step +6: scale-in 2 deadline 20s    # preemption notice for two GPUs
@@ -92,7 +92,7 @@ def _resume(args: argparse.Namespace) -> int:
 def _run(args: argparse.Namespace) -> int:
     from liver.controller import report as rep
     from liver.controller.admission import check_schedule
-    from liver.controller.events import parse_schedule, parse_schedule_text, parse_trace
+    from liver.policy.events import parse_schedule, parse_schedule_text, parse_trace
     from liver.controller.job import run_job
 
     from liver import logs

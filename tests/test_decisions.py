@@ -1,20 +1,21 @@
-"""The controller's decisions besides its phases (controller/decisions.py), over every input."""
+"""The controller's decisions besides its phases (liver/policy/decisions.py), over every input."""
 
 from hypothesis import given, strategies as st
 
 import pytest
 
-from liver.controller.decisions import (PATH_MARGIN, EndState, NoticeAction, ScaleInPath, job_finished, on_notice,
-                                       scale_in_path)
+from liver.policy.decisions import (PATH_MARGIN, EndState, NoticeAction, ScaleInPath, job_finished, on_notice,
+                                    scale_in_path)
+from liver.policy.events import EventKind
 
-KINDS = [None, "scale-out", "scale-in", "reshape"]
+KINDS = [None, *EventKind]
 
 
 @given(pending=st.sampled_from(KINDS), notice=st.sampled_from(KINDS), gpus=st.integers(1, 9), active=st.integers(1, 9),
        deadline=st.booleans())
 def test_a_notice_cuts_short_only_a_pending_scale_out(pending, notice, gpus, active, deadline):
     a = on_notice(pending, notice, gpus, active, deadline)
-    if pending != "scale-out" or notice != "scale-in" or not deadline:
+    if pending is not EventKind.SCALE_OUT or notice is not EventKind.SCALE_IN or not deadline:
         assert a is NoticeAction.WAIT  # any other event (a scale-in without a deadline too) waits its turn
     elif gpus > active:
         assert a is NoticeAction.MERGE  # still more than the job has: a smaller scale-out
@@ -66,7 +67,7 @@ def test_the_end_during_a_preparation_is_the_active_worlds_alone():
        step=st.integers(0, 60), step_s=st.floats(0.001, 5), late=st.floats(0, 200))
 def test_a_trigger_counts_from_when_it_happened_not_from_when_the_controller_looked(at_step, at_time, step, step_s,
                                                                                       late):
-    from liver.controller.decisions import trigger_time
+    from liver.policy.decisions import trigger_time
     t_start, step_end = 1000.0, 1000.0 + step * step_s
     now = step_end + late  # the controller looks late (starved)
     t = trigger_time(at_step, at_time, step, step_end, step_s, t_start, now)
@@ -86,12 +87,12 @@ class Ev:
         self.kind, self.deadline_s, self.due = kind, deadline_s, due
 
 
-@given(st.lists(st.tuples(st.sampled_from(["scale-out", "scale-in", "reshape"]), st.booleans(), st.booleans()),
+@given(st.lists(st.tuples(st.sampled_from(list(EventKind)), st.booleans(), st.booleans()),
                 max_size=8))
 def test_the_next_event_is_the_due_head_else_a_due_notice_wherever_it_waits(items):
     """In order, except that a notice (a scale-in with a deadline) whose trigger happened never
     waits behind an event whose trigger has not: the provider takes the GPUs at its deadline."""
-    from liver.controller.decisions import next_event, next_notice
+    from liver.policy.decisions import next_event, next_notice
     queue = [Ev(k, 30.0 if d else None, due) for k, d, due in items]
     i = next_event(queue, lambda e: e.due)
     notices = [j for j, e in enumerate(queue) if e.kind == "scale-in" and e.deadline_s is not None and e.due]
@@ -103,7 +104,7 @@ def test_the_next_event_is_the_due_head_else_a_due_notice_wherever_it_waits(item
 
 
 def test_a_step_triggers_exact_time_is_taken_from_the_recent_step_ends_where_the_record_has_it():
-    from liver.controller.decisions import trigger_time
+    from liver.policy.decisions import trigger_time
     ends = {5: 100.25, 6: 100.5, 7: 101.75}
     assert trigger_time(5, None, 7, 101.75, 0.01, 90.0, 130.0, ends) == 100.25  # not 101.73 estimated back
     assert trigger_time(4, None, 7, 101.75, 0.5, 90.0, 130.0, ends) == 101.75 - 3 * 0.5

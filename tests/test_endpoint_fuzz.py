@@ -13,8 +13,8 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 
 from liver.controller.admission import admit, without
 from liver.controller.endpoint import MAX_BODY_BYTES, ControlEndpoint, new_token, request
-from liver.controller.events import parse_action
-from liver.controller.target import Hardware
+from liver.policy.events import parse_action
+from liver.policy.target import Hardware
 from liver.engine.reference import ADAPTER
 from liver.topology import JobConfig, ModelConfig, TrainConfig
 
@@ -33,12 +33,12 @@ class Job:
 
     def submit(self, action: str) -> dict:
         ev = parse_action(action.strip(), "http")
-        admit(ev, self.queue[-1].gpus if self.queue else 2, 4, ADAPTER, JOB, Hardware())
+        admit(ev, self.queue[-1].gpus if self.queue else 2, 4, ADAPTER, JOB, Hardware.named("h200"))
         self.queue.append(ev)
         return {"accepted": ev.describe(), "position": len(self.queue)}
 
     def withdraw(self, position: int) -> dict:
-        self.queue = without(self.queue, position, 2, 4, ADAPTER, JOB, Hardware())
+        self.queue = without(self.queue, position, 2, 4, ADAPTER, JOB, Hardware.named("h200"))
         return {"queued": len(self.queue)}
 
     def end(self, after: int) -> dict:

@@ -5,9 +5,9 @@ from pathlib import Path
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from liver.controller.events import EventError, parse_schedule, parse_trace
+from liver.policy.events import EventError, parse_schedule, parse_trace
 from liver.engine.reference import ADAPTER
-from liver.controller.target import Hardware, candidates, choose, state_bytes_per_rank
+from liver.policy.target import ACTIVATIONS, Hardware, candidates, choose, state_bytes
 from liver.topology import JobConfig, ModelConfig, ParallelConfig, TrainConfig
 
 TRACES = str(Path(__file__).resolve().parent.parent / "traces" / "bamboo")  # MIT, from the Bamboo project
@@ -116,20 +116,20 @@ def test_target_choice_is_valid_and_best_by_its_own_estimate(gpus):
     cands = candidates(ADAPTER, JOB, gpus)
     if not cands:
         with pytest.raises(ValueError, match=f"gpus={gpus}"):
-            choose(ADAPTER, JOB, gpus)
+            choose(ADAPTER, JOB, gpus, Hardware.named("h200"))
         return
-    c = choose(ADAPTER, JOB, gpus)
+    c = choose(ADAPTER, JOB, gpus, Hardware.named("h200"))
     assert c.world_size == gpus
     ADAPTER.layout(JOB, c)
 
 
 def test_target_choice_respects_memory():
-    need = {c.parallel.short(): state_bytes_per_rank(ADAPTER, JOB, c) for c in candidates(ADAPTER, JOB, 4)}
+    need = {c.parallel.short(): state_bytes(ADAPTER, JOB, c) * ACTIVATIONS for c in candidates(ADAPTER, JOB, 4)}
     limit = sorted(need.values())[0]
-    c = choose(ADAPTER, JOB, 4, Hardware(memory_bytes=limit))
+    c = choose(ADAPTER, JOB, 4, Hardware.named("h200", memory_bytes=limit))
     assert need[c.short()] <= limit
     with pytest.raises(ValueError, match="no configuration fits memory_bytes"):
-        choose(ADAPTER, JOB, 4, Hardware(memory_bytes=limit - 1))
+        choose(ADAPTER, JOB, 4, Hardware.named("h200", memory_bytes=limit - 1))
 
 
 def test_warm_mode_auto_resolves_by_backend_and_bad_values_are_refused():
@@ -148,7 +148,7 @@ def test_the_control_endpoint_refuses_hostile_requests_in_json(tmp_path):
     import json as _json
 
     from liver.controller.endpoint import ControlEndpoint, request
-    from liver.controller.events import parse_action
+    from liver.policy.events import parse_action
 
     queued = []
     ep = ControlEndpoint(lambda a: queued.append(parse_action(a, "http")) or {"accepted": a}, lambda: {"ok": 1},
@@ -192,7 +192,7 @@ def test_withdrawing_a_queued_event_keeps_the_rest_valid_or_changes_nothing(coun
     """Any queue of scale events, any position: either the rest of the queue is admitted again in
     order (and returned without it), or the withdrawal is refused naming the event it would break."""
     from liver.controller.admission import admit, without
-    from liver.controller.events import Event
+    from liver.policy.events import Event
 
     queue, n = [], now
     for c in counts:  # a valid queue: each event changes the count from the one before it
@@ -205,7 +205,7 @@ def test_withdrawing_a_queued_event_keeps_the_rest_valid_or_changes_nothing(coun
     position = data.draw(st.integers(0, len(queue) + 1))
     before = list(queue)
     try:
-        rest = without(queue, position, now, 8, ADAPTER, JOB, Hardware())
+        rest = without(queue, position, now, 8, ADAPTER, JOB, Hardware.named("h200"))
     except ValueError as e:
         assert "position=" in str(e) or "would leave" in str(e)
         assert queue == before  # nothing withdrawn
@@ -213,7 +213,7 @@ def test_withdrawing_a_queued_event_keeps_the_rest_valid_or_changes_nothing(coun
     assert 1 <= position <= len(queue) and rest == before[:position - 1] + before[position:]
     n = now
     for ev in rest:  # what remains is admitted in order
-        admit(ev, n, 8, ADAPTER, JOB, Hardware())
+        admit(ev, n, 8, ADAPTER, JOB, Hardware.named("h200"))
         n = ev.gpus
 
 
@@ -240,7 +240,7 @@ def test_the_endpoint_lists_and_withdraws_queued_events(tmp_path):
 
 
 def test_a_relative_step_trigger_counts_from_the_end_of_the_event_before_it():
-    from liver.controller.events import parse_schedule_text
+    from liver.policy.events import parse_schedule_text
     evs = parse_schedule_text("at step 4: scale-out 4\nat step +6: scale-in 2 deadline 30s\n", "s")
     assert (evs[0].at_step, evs[0].after_previous) == (4, None)
     assert (evs[1].at_step, evs[1].after_previous, evs[1].deadline_s) == (None, 6, 30.0)

@@ -10,7 +10,7 @@ from hypothesis import assume, given, settings, strategies as st
 
 from liver.controller import heal
 from liver.controller.leaving import choose_leaving
-from liver.controller.target import Hardware, choose
+from liver.policy.target import Hardware, choose
 from liver.engine.reference import ADAPTER
 from liver.planner.plan import plan_transfer
 from liver.topology import ParallelConfig
@@ -48,7 +48,7 @@ def test_replicas_leave_where_they_can_else_the_fewest_bytes(i, data):
     slots = data.draw(st.permutations(range(n)))
     slot_of = {p: s for p, s in zip(procs, slots)}.__getitem__
     try:
-        new = ADAPTER.layout(JOB, choose(ADAPTER, JOB, n - k, Hardware(profile="cpu")))
+        new = ADAPTER.layout(JOB, choose(ADAPTER, JOB, n - k, Hardware.named("cpu")))
     except ValueError:  # no layout of the model for n - k GPUs: the event would be refused before
         assume(False)
 

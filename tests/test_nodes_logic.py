@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from liver.agent.node import Worker
 from liver.config.fields import from_dict, to_dict
-from liver.controller.decisions import join_total
+from liver.policy.decisions import join_total
 from liver.controller.nodes import Nodes, RemoteNode
 from liver.planner.nodes import tp_groups_split, tp_within_nodes
 from liver.protocol.agent import KILLED, NODE_LOST, Exited, Notice, Running, Sync, SyncReply

@@ -1,10 +1,10 @@
-"""An event's outcome (liver/controller/outcome.py): a value every reader compares; the sentence
+"""An event's outcome (liver/policy/outcome.py): a value every reader compares; the sentence
 beside it is for people."""
 
 import json
 from pathlib import Path
 
-from liver.controller.outcome import DROPPED_SAYS, HEALED_SAYS, SETTLED, Outcome, outcome_of, settle
+from liver.policy.outcome import DROPPED_SAYS, HEALED_SAYS, SETTLED, Outcome, outcome_of, settle
 
 RESULTS = Path(__file__).resolve().parent.parent / "bench" / "results"
 FINDINGS = ("non-finite-loss", "checkpoint-failed")

@@ -19,7 +19,7 @@ from liver.topology import ParallelConfig
 
 from liver.cli import main
 from liver.controller.endpoint import request
-from liver.controller.outcome import Outcome, outcome_of
+from liver.policy.outcome import Outcome, outcome_of
 
 
 def liver(run_dir: Path, *args: str) -> dict:
@@ -29,7 +29,7 @@ def liver(run_dir: Path, *args: str) -> dict:
     rc = main(["run", "--run-dir", str(run_dir), "--digest", "--set", "timeline=false", *args])
     report = json.loads((run_dir / "report.json").read_text())
     report["rc"] = rc
-    for e in report["events"]:  # what became of each event is a value (liver/controller/outcome.py)
+    for e in report["events"]:  # what became of each event is a value (liver/policy/outcome.py)
         assert outcome_of(e).value == e["outcome"], e
     return report
 

@@ -12,10 +12,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from liver.controller.events import EventError
-from liver.sim import calibrate, costs, engine, sources, validate
+from liver.policy.events import EventError
+from liver.engine.reference import ADAPTER
+from liver.policy import costs, target
+from liver.sim import calibrate, engine, sources, validate
 from liver.sim.models import SIM_MODELS, sim_model
-from liver.sim.profile import PROFILES, load
+from liver.policy.profile import PROFILES, load
 from liver.topology import ParallelConfig
 
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -44,7 +46,7 @@ def test_runs_keep_their_invariants(model, gpus, interval, notice, seed, profile
 @pytest.mark.parametrize("gpus", [16, 64, 256])
 def test_live_downtime_never_above_restart_and_every_phase_positive(profile, model, gpus):
     job, prof = sim_model(model), load(profile)
-    a, b = costs.best_up_to(job, gpus, prof), costs.best_up_to(job, gpus - prof.node_size, prof)
+    a, b = _best(job, gpus, prof), _best(job, gpus - prof.node_size, prof)
     if a is None or b is None:
         pytest.skip("the model does not fit")
     for old, new in ((a, b), (b, a)):
@@ -56,11 +58,16 @@ def test_live_downtime_never_above_restart_and_every_phase_positive(profile, mod
         assert min(h.boot_s, h.mock_s, h.groups_s, h.plan_s, h.build_s, h.switch_s, h.transfer_s, h.first_step_s) >= 0
 
 
+def _best(job, gpus, prof):
+    """What the simulator (and the controller) runs on up to ``gpus`` GPUs of ``prof``."""
+    return target.best_up_to(ADAPTER, job, gpus, target.Hardware.of(prof))
+
+
 def test_the_step_time_falls_as_gpus_are_added_and_the_presets_span_1b_to_175b():
     prof = load("h200")
     assert round(SIM_MODELS["1b"].model.num_params() / 1e9) == 1 and round(SIM_MODELS["175b"].model.num_params() / 1e9) == 175
     job = sim_model("14b")
-    times = [costs.step_time(job, costs.best_up_to(job, n, prof), prof) for n in (8, 16, 32, 64)]
+    times = [costs.step_time(job, _best(job, n, prof), prof) for n in (8, 16, 32, 64)]
     assert times == sorted(times, reverse=True)
 
 
@@ -78,15 +85,15 @@ def test_a_fail_stop_without_replicas_loses_the_work_since_the_checkpoint():
     (16, ["dropped"], 16),         # as many: dropped, nothing else to do
 ])
 def test_a_notice_during_a_scale_outs_prepare_is_taken_as_the_controller_takes_it(notice_to, kinds, final):
-    """A scale-out 16 -> 32 whose Prepare a notice cuts short (liver.controller.decisions.on_notice):
+    """A scale-out 16 -> 32 whose Prepare a notice cuts short (liver.policy.decisions.on_notice):
     no event waits behind the other, none becomes a fail-stop."""
     job, prof = sim_model("7b"), load("h200")
-    h = costs.live(job, costs.best_up_to(job, 16, prof).parallel, costs.best_up_to(job, 32, prof).parallel, prof)
+    h = costs.live(job, _best(job, 16, prof).parallel, _best(job, 32, prof).parallel, prof)
     assert h.prepare_s > 2.0  # (the notice below comes 1 s into it)
     changes = [sources.Change(100.0, 32), sources.Change(161.0, notice_to, notice_s=60.0)]
     out = engine.simulate(job, prof, "live", 16, changes, 0.5)
     assert [e["kind"] for e in out.events] == kinds, out.events
-    assert out.events[-1]["config"] == costs.best_up_to(job, final, prof).parallel.short(), out.events
+    assert out.events[-1]["config"] == _best(job, final, prof).parallel.short(), out.events
     assert out.events[0].get("merged", False) == (notice_to == 24)
 
 
@@ -170,7 +177,7 @@ def test_the_cpu_step_model_chooses_near_the_fastest_measured_configuration():
 
 
 def _layouts(job, sizes=(1, 2, 4, 8, 16)):
-    return [c for n in sizes for c in costs.candidates(job, n)]
+    return [c for n in sizes for c in target.candidates(ADAPTER, job, n)]
 
 
 def test_the_collective_groups_are_the_layouts_own_process_sets():

@@ -11,7 +11,7 @@ import signal
 import pytest
 
 from liver.cli import main
-from liver.controller.events import parse_trace
+from liver.policy.events import parse_trace
 from test_run import background, check_continuous, liver, procs, replays_as_restart, wait_for
 
 

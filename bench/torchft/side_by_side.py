@@ -147,7 +147,7 @@ def liver_join_once(run_dir: Path, at: int, steps: int) -> dict[str, Any]:
     """LiveR's scale-out 1 -> 2 data-parallel replicas at step ``at`` (a cold joiner on the second
     slot), on ``liver bench heal``'s job; the stall measured from the step log as torchft's."""
     from liver.bench.heal import _steps, job_config
-    from liver.controller.events import parse_schedule_text
+    from liver.policy.events import parse_schedule_text
     from liver.controller.job import run_job
 
     run_dir.mkdir(parents=True, exist_ok=True)

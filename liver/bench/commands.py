@@ -47,7 +47,7 @@ def bench_handoffs(args: argparse.Namespace) -> int:
 
 def bench_nodes(args: argparse.Namespace) -> int:
     from liver.bench.nodes import run
-    from liver.controller.outcome import Outcome
+    from liver.policy.outcome import Outcome
 
     result = run(args)
     for e in result["events"]:

@@ -23,7 +23,7 @@ from typing import Any
 from liver.bench.scenarios import Scenario
 from liver.config.jobfile import build, override
 from liver.controller import report as rep
-from liver.controller.events import parse_schedule_text
+from liver.policy.events import parse_schedule_text
 from liver.controller.job import run_job
 from liver.engine.interface import absolute_engine_path
 from liver.topology.presets import PRESETS

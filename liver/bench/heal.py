@@ -22,7 +22,7 @@ from typing import Any
 
 from liver.config.jobfile import build
 from liver.controller.job import run_job
-from liver.controller.outcome import Outcome, outcome_of
+from liver.policy.outcome import Outcome, outcome_of
 
 MODEL = {"num_layers": 8, "hidden_size": 256, "num_heads": 8, "ffn_size": 1024, "vocab_size": 8192, "seq_len": 64}
 """About 13M parameters (with AdamW state, ~150 MiB of training state): the size torchft's figure

@@ -9,7 +9,7 @@ import tomllib
 from pathlib import Path
 from typing import Any, Callable
 
-from liver.controller.outcome import Outcome, outcome_of
+from liver.policy.outcome import Outcome, outcome_of
 
 ROOT = Path(__file__).resolve().parents[2]
 BEGIN, END = "<!-- measured:begin (liver bench measured --write) -->", "<!-- measured:end -->"

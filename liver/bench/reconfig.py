@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from liver.config.jobfile import build, read
-from liver.controller.outcome import Outcome, outcome_of
+from liver.policy.outcome import Outcome, outcome_of
 from liver.bench.scenarios import back_and_forth
 from liver.controller import report
 from liver.controller.job import run_job

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from liver.controller.events import Event, parse_schedule_text
+from liver.policy.events import Event, parse_schedule_text
 from liver.topology import ParallelConfig
 
 

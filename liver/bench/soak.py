@@ -38,10 +38,10 @@ from typing import Any
 
 from liver import logs
 from liver.config.jobfile import build
-from liver.controller import target
+from liver.policy import target
 from liver.controller.endpoint import request
 from liver.controller.job import run_job
-from liver.controller.outcome import WITHOUT_CHECKPOINT, Outcome, outcome_of
+from liver.policy.outcome import WITHOUT_CHECKPOINT, Outcome, outcome_of
 
 ACTIONS = {  # action -> weight
     "scale-out": 4, "scale-in": 2, "notice": 4, "reshape": 3, "kill": 3, "hang": 1, "withdraw": 1, "bad": 1,
@@ -217,7 +217,7 @@ def _replay_plan(rec: dict[str, Any], steps: list[dict[str, Any]], ckpt_dir: Pat
 
 def replay(rec: dict[str, Any], plan: dict[str, Any], slots: int, run_dir: Path) -> dict[str, Any]:
     """The restart replay of one recovery (``_replay_plan``): equal or not, and what was compared."""
-    from liver.controller.events import parse_schedule_text
+    from liver.policy.events import parse_schedule_text
     from liver.topology import ParallelConfig
 
     old, new = ParallelConfig.from_short(rec["old"]), ParallelConfig.from_short(rec["new"])

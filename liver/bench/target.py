@@ -1,7 +1,7 @@
 """``liver bench target``: whether the controller's target choice is right, by measurement. For
 each process count and model shape, every valid configuration trains on CPU processes (gloo) for
 a few steps, one run each; its median step time (the first steps left out) is set against the one
-the controller chooses for that count (``liver.controller.target.choose``): the chosen one's
+the controller chooses for that count (``liver.policy.target.choose``): the chosen one's
 time over the fastest measured."""
 
 from __future__ import annotations
@@ -13,19 +13,15 @@ from pathlib import Path
 from typing import Any
 
 from liver.config import RunConfig
-from liver.controller import report, target
+from liver.controller import report
+from liver.policy import target
 from liver.controller.admission import hardware_of
 from liver.controller.job import run_job
-from liver.topology.presets import preset
+from liver.topology.presets import TARGET_SHAPES, target_shape
 
 # two shapes: the demo's (4 layers, 4 heads) and one of 7 layers and 8 heads (tp up to 8)
-SHAPES = {"tiny": ("tiny", {}), "tiny8-7layers": ("tiny8", {"num_layers": 7})}
-
-
-def job_of(shape: str):
-    name, model = SHAPES[shape]
-    job = preset(name)
-    return replace(job, model=replace(job.model, **model))
+SHAPES = TARGET_SHAPES
+job_of = target_shape
 
 
 def measure(shape: str, par, steps: int, run_dir: Path) -> float:

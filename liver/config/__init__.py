@@ -15,7 +15,7 @@ from dataclasses import dataclass, field, replace
 from liver.agent.config import AgentConfig
 from liver.checkpoint.config import CheckpointConfig
 from liver.controller.config import ControllerConfig
-from liver.controller.events import EventsConfig
+from liver.policy.events import EventsConfig
 from liver.runtime.config import PrepareConfig
 from liver.engine.interface import DEFAULT_ENGINE, EngineAdapter, absolute_engine_path, load_adapter
 from liver.topology import JobConfig, ParallelConfig

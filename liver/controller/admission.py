@@ -9,8 +9,8 @@ from __future__ import annotations
 from typing import Iterable
 
 from liver.config import RunConfig
-from liver.controller import target
-from liver.controller.events import Event, EventError
+from liver.policy import target
+from liver.policy.events import Event, EventError, EventKind
 from liver.engine.interface import EngineAdapter
 from liver.topology import JobConfig, ParallelConfig
 
@@ -19,8 +19,8 @@ def hardware_of(cfg: RunConfig) -> target.Hardware:
     """What the target choice assumes of a GPU: the calibrated profile of the job's backend
     (CPU processes on gloo), its memory limit from ``controller.memory_gib``."""
     gib = cfg.controller.memory_gib
-    return target.Hardware(profile="cpu" if cfg.backend == "gloo" else "h200",
-                           memory_bytes=gib * 2**30 if gib is not None else None)
+    return target.Hardware.named("cpu" if cfg.backend == "gloo" else "h200",
+                                 memory_bytes=gib * 2**30 if gib is not None else None)
 
 
 def admit(ev: Event, n_before: int, usable_slots: int, adapter: EngineAdapter, job: JobConfig,
@@ -28,15 +28,15 @@ def admit(ev: Event, n_before: int, usable_slots: int, adapter: EngineAdapter, j
     """The target of ``ev`` for a job that will have ``n_before`` GPUs when it comes (None for a
     scale-in to 0: no configuration, the job waits on disk); EventError (a ValueError) naming the
     source, the field and what is allowed."""
-    if n_before == 0 and ev.kind != "scale-out":
+    if n_before == 0 and ev.kind is not EventKind.SCALE_OUT:
         raise EventError(f"{ev.source}: {ev.describe()}: the job will have no GPU then; allowed a scale-out")
-    if ev.kind == "scale-out" and ev.gpus <= n_before:
+    if ev.kind is EventKind.SCALE_OUT and ev.gpus <= n_before:
         raise EventError(f"{ev.source}: scale-out {ev.gpus}: the job will have {n_before} GPUs; "
                          "allowed a larger total")
-    if ev.kind == "scale-in" and ev.gpus >= n_before:
+    if ev.kind is EventKind.SCALE_IN and ev.gpus >= n_before:
         raise EventError(f"{ev.source}: scale-in {ev.gpus}: the job will have {n_before} GPUs; "
                          "allowed a smaller total")
-    if ev.kind == "reshape" and ev.gpus != n_before:
+    if ev.kind is EventKind.RESHAPE and ev.gpus != n_before:
         raise EventError(f"{ev.source}: reshape {ev.parallel.short()}: tp*pp*dp={ev.gpus} but the job "
                          f"will have {n_before} GPUs; a reshape keeps the GPU count")
     if ev.gpus > usable_slots:

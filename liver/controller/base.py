@@ -28,14 +28,15 @@ from liver.agent import starters
 from liver.checkpoint.periodic import latest, saved_step
 from liver.config import RunConfig
 from liver.config.fields import to_dict
-from liver.controller import storehost, target
+from liver.controller import storehost
+from liver.policy import target
 from liver.controller.admission import admit, hardware_of, without
-from liver.controller.decisions import EndState, job_finished, next_event, next_notice, trigger_time
+from liver.policy.decisions import EndState, job_finished, next_event, next_notice, trigger_time
 from liver.controller.endpoint import ControlEndpoint
 from liver.controller.watch import ProgressWatch
 from liver.controller.leaving import choose_leaving
-from liver.controller.events import Event, parse_action
-from liver.controller.outcome import Outcome, outcome_of, settle
+from liver.policy.events import Event, EventKind, parse_action
+from liver.policy.outcome import Outcome, outcome_of, settle
 from liver.controller.phases import Phase, Trigger, advance
 from liver.controller.records import Handling, first, least, new_record
 from liver.protocol import store as protocol
@@ -171,7 +172,7 @@ class Controller(NodeMembership):
         up = self.nodes.up()
         if len(up) < 2:
             return self._hardware
-        return replace(self._hardware, node_slots=min(n.slots for n in up))
+        return self._hardware.with_nodes(min(n.slots for n in up))
 
     def go(self, trigger: Trigger) -> None:
         """The one way the phase changes (``phases.TRANSITIONS``)."""
@@ -266,8 +267,7 @@ class Controller(NodeMembership):
     # ---- events --------------------------------------------------------------------------
     def submit(self, action: str) -> dict[str, Any]:
         """From the control endpoint: validate against the GPUs the job will have, then queue."""
-        ev = parse_action(action.strip(), "http")
-        ev.arrived = time.time()
+        ev = replace(parse_action(action.strip(), "http"), arrived=time.time())
         with self.lock:
             self.validate(ev, self._projected_gpus())
             self.queue.append(ev)
@@ -337,7 +337,7 @@ class Controller(NodeMembership):
         """Refuse (ValueError naming the field) what cannot be done; returns the target. A
         scale-out reports capacity: the slots of processes lost earlier count (it begins by
         taking them back), else a slot lost once on a node that is up could never be used again."""
-        capacity = len(self.nodes.slots()) if ev.kind == "scale-out" else self.capacity()
+        capacity = len(self.nodes.slots()) if ev.kind is EventKind.SCALE_OUT else self.capacity()
         return admit(ev, n_before, capacity, self.adapter, self.job, self.hardware)
 
     def _due(self, notices_only: bool = False) -> tuple[int, Event] | None:
@@ -381,12 +381,12 @@ class Controller(NodeMembership):
                 if ev.after_previous is not None and ev.at_step is None:
                     if i > 0 or self.current is not None or self.phase is not Phase.STABLE:
                         continue  # (``step +N``: counted from the end of the event before it)
-                    ev.at_step = p.step + ev.after_previous
+                    ev = self.queue[i] = replace(ev, at_step=p.step + ev.after_previous)
                 if ev.arrived is None:
                     if ends is None and p.ends:  # (parsed only when an event waits for its trigger)
                         ends = {int(k): t for k, t in p.ends.items()}
-                    ev.arrived = trigger_time(ev.at_step, ev.at_time, p.step, p.time, p.step_s, self.t_start, now,
-                                              ends)
+                    self.queue[i] = replace(ev, arrived=trigger_time(ev.at_step, ev.at_time, p.step, p.time, p.step_s,
+                                                                     self.t_start, now, ends))
 
     def _refuse(self, ev: Event, e: ValueError) -> None:
         self.records.append(settle({"event": ev.to_dict()}, Outcome.REFUSED, f"refused: {e}"))
@@ -394,31 +394,31 @@ class Controller(NodeMembership):
 
     # ---- generations ---------------------------------------------------------------------
     def _handling(self, ev: Event) -> Handling:
-        """The event's target, its processes and its record (refused: ValueError)."""
+        """The event's target, its processes and its record (refused: ValueError); its ``event``
+        is ``ev`` as far as it now applies (a node's notice: the GPUs its node leaves)."""
         old = self.active
         n_old = len(old.procs)
         if ev.node is not None:  # a node's notice: its ranks leave, however many it holds by now
             on_node = [p for p in old.procs if self.nodes.node_of(self.slot_of[p]).name == ev.node]
             if not on_node:
                 raise ValueError(f"{ev.source}: node {ev.node} holds no rank of the job any more")
-            ev.gpus = n_old - len(on_node)
-            if ev.parallel is not None and ev.parallel.world_size != ev.gpus:
-                ev.parallel = None
+            gpus = n_old - len(on_node)
+            ev = replace(ev, gpus=gpus, parallel=ev.parallel if ev.parallel and ev.parallel.world_size == gpus else None)
         tgt = self.validate(ev, n_old)
         old_layout, new_layout = self.adapter.layout(self.job, old.parallel), self.adapter.layout(self.job, tgt)
-        if ev.kind == "reshape" and (new_layout.tp, new_layout.pp, new_layout.dp, new_layout.layers_per_stage) \
+        if ev.kind is EventKind.RESHAPE and (new_layout.tp, new_layout.pp, new_layout.dp, new_layout.layers_per_stage) \
                 == (old_layout.tp, old_layout.pp, old_layout.dp, old_layout.layers_per_stage):
             raise ValueError(f"{ev.source}: reshape {tgt.short()}: the job already runs {tgt.short()}")
         h = Handling(event=ev, record=new_record(ev, self._arrival(ev), old.parallel, tgt, old.generation, self.step),
                      target=tgt)
-        if ev.kind == "scale-out":
+        if ev.kind is EventKind.SCALE_OUT:
             free = [s for s in self.nodes.free_slots() if s not in self.lost_slots]
             if len(free) < ev.gpus - n_old:
                 raise ValueError(f"{ev.source}: scale-out {ev.gpus}: only {len(free)} free slots")
             h.join_slots = free[: ev.gpus - n_old]
-        elif ev.kind == "scale-in" and ev.node is not None:
+        elif ev.kind is EventKind.SCALE_IN and ev.node is not None:
             h.leaving = on_node
-        elif ev.kind == "scale-in":  # replicas where they can go, else the fewest bytes (``leaving.py``)
+        elif ev.kind is EventKind.SCALE_IN:  # replicas where they can go, else the fewest bytes (``leaving.py``)
             a, job = self.adapter, self.job
             chosen = choose_leaving(a.view(job, old_layout), old.procs, n_old - ev.gpus, a.state_specs(job),
                                     self.slot_of.__getitem__,
@@ -756,8 +756,8 @@ class Controller(NodeMembership):
         with self.lock:
             ev = self.queue[0] if self.queue else None
             if ev is not None and ev.arrived is None:
-                ev.arrived = time.time() if ev.at_step is not None else \
-                    trigger_time(None, ev.at_time, 0, 0.0, 0.0, self.t_start, time.time())
+                ev = self.queue[0] = replace(ev, arrived=time.time() if ev.at_step is not None else
+                                             trigger_time(None, ev.at_time, 0, 0.0, 0.0, self.t_start, time.time()))
             if ev is not None and ev.arrived is not None:
                 self.queue.popleft()
             else:
@@ -768,7 +768,7 @@ class Controller(NodeMembership):
                                            "ended with no GPU: nothing queued would bring one back"))
                 self.go(Trigger.END)
             return
-        if ev.kind == "scale-out":
+        if ev.kind is EventKind.SCALE_OUT:
             self.lost_slots.clear()  # the event reports capacity
         try:
             tgt = self.validate(ev, 0)

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from liver.controller.decisions import JOIN_POLICIES
 
 MODES = ("live", "restart", "restart-forked")
+
+
+JOIN_POLICIES = ("now", "better", "never")  # controller.on_join (``liver.policy.decisions.join_total``)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -10,7 +10,7 @@ from liver.config import RunConfig
 from liver.controller import report as rep
 from liver.controller.admission import check_schedule
 from liver.controller.modes import CONTROLLERS
-from liver.controller.events import Event
+from liver.policy.events import Event
 
 
 def run_job(cfg: RunConfig, events: list[Event], run_dir: Path, meta: dict[str, Any] | None = None,

@@ -8,19 +8,21 @@ holds and neither side waits to learn it.
 from __future__ import annotations
 
 import threading
+from dataclasses import replace
 import time
 from typing import Any
 
 from liver.agent.node import Worker
 from liver.host.priority import this_thread
 from liver.controller.base import Controller, ControllerError, forked_workers
-from liver.controller.decisions import NoticeAction, ScaleInPath, on_notice, scale_in_path
-from liver.controller.events import Event
-from liver.controller.outcome import DROPPED_SAYS, HEALED_SAYS, Outcome, outcome_of, settle
+from liver.policy.decisions import NoticeAction, ScaleInPath, on_notice, scale_in_path
+from liver.policy.events import Event, EventKind
+from liver.policy.outcome import DROPPED_SAYS, HEALED_SAYS, Outcome, outcome_of, settle
 from liver.controller.phases import PENDING, Phase, Trigger
 from liver.controller.records import switch_metrics
 from liver import logs
-from liver.controller import heal, target
+from liver.controller import heal
+from liver.policy import costs, target
 from liver.controller.records import first
 from liver.engine.digest import combine
 from liver.protocol.messages import Failure, GenerationSpec, Stalled, SwitchReport, beat_key, read_if
@@ -45,10 +47,6 @@ class LiveController(Controller):
         self._missed = None  # the scale-in whose missed deadline the next heal completes
         self._idle: bool | None = None  # the loop thread's priority: idle, normal, or never set (None)
         super().__init__(*args, **kw)
-        from liver.sim import costs, profile  # (imported now: a notice's path is decided in milliseconds)
-
-        profile.load(self.hardware.profile)
-        del costs
 
     def _resume_phase(self) -> None:
         """Back after a restart: a pending generation no rank committed yet is withdrawn and its
@@ -301,16 +299,16 @@ class LiveController(Controller):
 
     # ---- starting a handoff ----------------------------------------------------------------
     def _begin(self, ev: Event) -> None:
-        if ev.kind == "scale-in" and ev.gpus == 0:
+        if ev.kind is EventKind.SCALE_IN and ev.gpus == 0:
             return self._suspend_begin(ev)  # every GPU goes: the state to disk, the job waits
-        if ev.kind == "scale-out":
+        if ev.kind is EventKind.SCALE_OUT:
             self.lost_slots.clear()  # the event reports capacity: slots lost earlier may be back
         try:
             h = self._handling(ev)
         except ValueError as e:
             return self._refuse(ev, e)
         self.current = h
-        if ev.kind == "scale-in" and ev.deadline_s is not None:
+        if ev.kind is EventKind.SCALE_IN and ev.deadline_s is not None:
             path = self._path(h)
             if path is ScaleInPath.DROP:
                 return self._drop(h)
@@ -344,11 +342,9 @@ class LiveController(Controller):
                 if outcome_of(r) is Outcome.DONE and not r.get("joiners") and "switch_s" in r]
         if past:
             return max(past), "measured"
-        from liver.sim import costs, profile
-
-        model = costs.live(self.job, old, new, profile.load(self.hardware.profile), plan=costs.work(plan),
-                           share=self.cfg.prepare.companion_share)
-        return model.prepare_s + model.downtime_s, f"model ({self.hardware.profile})"
+        hw = self.hardware
+        model = costs.live(self.job, old, new, hw.costs, plan=costs.work(plan), share=self.cfg.prepare.companion_share)
+        return model.prepare_s + model.downtime_s, f"model ({hw.profile.name})"
 
     def _drop(self, h) -> None:
         """No handoff fits and the leaving ranks hold only replicas: they stop now (their GPUs are
@@ -386,7 +382,7 @@ class LiveController(Controller):
         spec = GenerationSpec(generation=self.gen, parallel=h.target, procs=tuple(plan.placement),
                               nodes=self.node_names(plan.placement),
                               old_generation=old.generation, old_parallel=old.parallel,
-                              old_procs=old.procs, kind=h.event.kind)
+                              old_procs=old.procs, kind=h.event.kind.value)
         publish_plan(self.store, self.gen, plan)  # before the spec: a worker that sees one finds both
         spec.publish(self.store)
         rec.update(generation=self.gen, plan_s=time.perf_counter() - t0, bytes_moved=plan.bytes_moved,
@@ -408,7 +404,7 @@ class LiveController(Controller):
         for p in h.leaving:
             self.nodes.workers[p].leaving = True
         self._wish(wanted=self.gen, force=self.gen if h.forced else 0)
-        self.phase_log("prepare", generation=self.gen, event=h.event.kind, old=rec["old"], new=rec["new"],
+        self.phase_log("prepare", generation=self.gen, event=h.event.kind.value, old=rec["old"], new=rec["new"],
                        joiners=h.joiners, leaving=h.leaving, bytes_moved=plan.bytes_moved)
 
     # ---- while it prepares -----------------------------------------------------------------
@@ -502,7 +498,7 @@ class LiveController(Controller):
             return self._committed()
         self._wish()
         if action is NoticeAction.MERGE:  # still a scale-out, to fewer GPUs
-            h.event.gpus, h.event.parallel = head.gpus, head.parallel
+            h.event = replace(h.event, gpus=head.gpus, parallel=head.parallel)
             self.records.append(settle({**notice}, Outcome.MERGED, f"merged into the pending scale-out (now to {head.gpus})"))
             return self._cancel(f"scale-in notice to {head.gpus} GPUs", replan=True)
         self._cancel(f"scale-in notice to {head.gpus} GPUs", replan=False)
@@ -523,18 +519,17 @@ class LiveController(Controller):
         h.record["attempts"][-1]["cancelled"] = why
         self.phase_log("cancelled", generation=self.pending.generation, why=why)
         ev = h.event
-        if replan and ev.kind == "scale-out":
-            ev.gpus = min(ev.gpus, self.capacity())
-            if ev.parallel is not None and ev.parallel.world_size != ev.gpus:
-                ev.parallel = None  # the named configuration no longer fits: the controller chooses
+        if replan and ev.kind is EventKind.SCALE_OUT:
+            gpus = min(ev.gpus, self.capacity())  # (a named configuration that no longer fits: the controller chooses)
+            ev = replace(ev, gpus=gpus, parallel=ev.parallel if ev.parallel and ev.parallel.world_size == gpus else None)
         try:
             if not replan:
                 raise ValueError(why)
             fresh = self._handling(ev)
         except ValueError as e:
             return self._close(Outcome.CANCELLED, Trigger.CANCEL, f"cancelled: {why}; {e}" if replan else f"cancelled: {why}")
-        h.target, h.leaving, h.join_slots, h.forced = fresh.target, fresh.leaving, fresh.join_slots, False
-        h.record["new"], h.record["gpus"] = fresh.target.short(), ev.gpus
+        h.event, h.target, h.leaving, h.join_slots, h.forced = fresh.event, fresh.target, fresh.leaving, fresh.join_slots, False
+        h.record["new"], h.record["gpus"] = fresh.target.short(), fresh.event.gpus
         self.go(Trigger.REPLAN)
         self._launch()
 

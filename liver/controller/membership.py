@@ -11,11 +11,12 @@ from typing import Any
 from liver import logs
 from liver.agent.node import Worker
 from liver.config.fields import from_dict, to_dict
-from liver.controller import journal, storehost, target
-from liver.controller.decisions import join_total
-from liver.controller.events import Event
+from liver.controller import journal, storehost
+from liver.policy import target
+from liver.policy.decisions import join_total
+from liver.policy.events import Event, EventKind
 from liver.controller.nodes import RemoteNode
-from liver.controller.outcome import Outcome, settle
+from liver.policy.outcome import Outcome, settle
 from liver.controller.phases import Phase
 from liver.protocol.agent import Register, Registered, Sync, SyncReply
 
@@ -151,9 +152,9 @@ class NodeMembership:
     def _node_notice(self, n: RemoteNode) -> None:
         held = [p for p in self.active.procs if self.nodes.node_of(self.slot_of[p]) is n] \
             if self.active and self.suspended is None else []
-        ev = Event(kind="scale-in", gpus=len(self.active.procs) - len(held) if self.active else 0,
-                   deadline_s=n.notice.deadline_s, source=f"node {n.name} ({n.notice.source})", node=n.name)
-        ev.arrived = time.time()
+        ev = Event(kind=EventKind.SCALE_IN, gpus=len(self.active.procs) - len(held) if self.active else 0,
+                   deadline_s=n.notice.deadline_s, source=f"node {n.name} ({n.notice.source})", node=n.name,
+                   arrived=time.time())
         self.phase_log("notice", node=n.name, source=n.notice.source, deadline_s=n.notice.deadline_s, procs=held)
         with self.lock:
             if held:
@@ -175,8 +176,7 @@ class NodeMembership:
         if total is None:
             self.phase_log("node-idle", node=name, policy=self.cfg.controller.on_join, gpus=n_now)
             return
-        ev = Event(kind="scale-out", gpus=total, source=f"node {name} joined")
-        ev.arrived = time.time()
+        ev = Event(kind=EventKind.SCALE_OUT, gpus=total, source=f"node {name} joined", arrived=time.time())
         with self.lock:
             self.queue.append(ev)
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING, Any, Iterator
 
-from liver.controller.outcome import outcome_of
+from liver.policy.outcome import outcome_of
 
 try:  # (a GPU image without it: the job runs, /metrics says what is missing)
     from prometheus_client import CollectorRegistry, generate_latest

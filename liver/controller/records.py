@@ -8,8 +8,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from liver.config.fields import to_dict
-from liver.controller.events import Event
-from liver.controller.outcome import Outcome
+from liver.policy.events import Event
+from liver.policy.outcome import Outcome
 from liver.protocol.messages import SwitchReport
 from liver.topology import ParallelConfig
 

@@ -19,7 +19,7 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-from liver.controller.outcome import SETTLED, WITHOUT_CHECKPOINT, outcome_of
+from liver.policy.outcome import SETTLED, WITHOUT_CHECKPOINT, outcome_of
 
 
 def read_steps(run_dir: Path) -> list[dict[str, Any]]:

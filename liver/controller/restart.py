@@ -11,8 +11,8 @@ from typing import Any
 
 from liver.agent import starters
 from liver.controller.base import Controller, forked_workers
-from liver.controller.events import Event
-from liver.controller.outcome import Outcome
+from liver.policy.events import Event, EventKind
+from liver.policy.outcome import Outcome
 from liver.controller.phases import Phase, Trigger
 from liver.controller.records import first, least
 from liver.protocol.messages import Saved, StartReport, StopReport, read_if
@@ -21,6 +21,11 @@ from liver.runtime import preload
 
 class RestartController(Controller):
     mode = "restart"
+    JOURNALED = Controller.JOURNALED + ("_announced_at",)
+
+    def __init__(self, *args: Any, **kw: Any) -> None:
+        self._announced_at: int | None = None  # the step the workers were told ahead to stop after
+        super().__init__(*args, **kw)
 
     @staticmethod
     def starter(backend: str, engine: str) -> dict[str, Any]:
@@ -31,10 +36,10 @@ class RestartController(Controller):
             with self.lock:
                 head = self.queue[0] if self.queue else None
                 if head is not None and head.at_step is not None and head.at_step > self.step \
-                        and not head.announced:
+                        and self._announced_at != head.at_step:
                     # a step trigger is known ahead: stop exactly after that step
                     self._wish(stop_at=head.at_step)
-                    head.announced = True
+                    self._announced_at = head.at_step
                 due = self._due()
                 ev = self._take(due[0]) if due is not None else None
             if ev is not None:
@@ -45,9 +50,11 @@ class RestartController(Controller):
             self._watch_start()
 
     def _begin(self, ev: Event) -> None:
-        if ev.kind == "scale-in" and ev.gpus == 0:
+        announced = ev.at_step is not None and ev.at_step == self._announced_at  # (the workers stop after it)
+        self._announced_at = None
+        if ev.kind is EventKind.SCALE_IN and ev.gpus == 0:
             return self._suspend_begin(ev)  # every GPU goes: the state to disk, the job waits
-        if ev.kind == "scale-out":
+        if ev.kind is EventKind.SCALE_OUT:
             self.lost_slots.clear()  # the event reports capacity: slots lost earlier may be back
         try:
             h = self._handling(ev)
@@ -55,12 +62,12 @@ class RestartController(Controller):
             self._wish()
             return self._refuse(ev, e)
         self.current = h
-        if not ev.announced:
+        if not announced:
             self._wish(stop_at=self.step + 1)
         for p in h.leaving:
             self.nodes.workers[p].leaving = True
         self.go(Trigger.STOP)
-        self.phase_log("stop", event=ev.kind, old=h.record["old"], new=h.record["new"])
+        self.phase_log("stop", event=ev.kind.value, old=h.record["old"], new=h.record["new"])
 
     def _watch_stop(self) -> None:
         g = self.active.generation

@@ -9,7 +9,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from liver.controller.outcome import Outcome
+from liver.policy.outcome import Outcome
 from liver.protocol.messages import Progress
 
 

@@ -8,7 +8,7 @@ parameter by a stated rule: a median of per-event ratios, or least squares on th
 per parameter). ``held_out`` reads the live-only runs the fit leaves out; ``fit_cpu`` fits the
 CPU processes' step times (the controller's target choice on this machine).
 
-    liver sim calibrate [--results bench/results] [--out liver/sim/calibration.json] [--check]
+    liver sim calibrate [--results bench/results] [--out liver/policy/calibration.json] [--check]
 """
 
 from __future__ import annotations
@@ -20,8 +20,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from liver.controller.outcome import Outcome, outcome_of
-from liver.sim.profile import CALIBRATION, GB, H200_CLUSTER
+from liver.policy.outcome import Outcome, outcome_of
+from liver.policy.profile import CALIBRATION, GB, H200_CLUSTER
 from liver.topology import ParallelConfig
 
 PEAK_BF16 = {"H200": 989e12, "H100": 989e12, "A100": 312e12, "A800": 312e12}
@@ -151,7 +151,7 @@ def replay(model: str, run: list[tuple[ParallelConfig, ParallelConfig]]) -> list
     communicator keeps its connections across the generations that share it), and whether its
     processes had run any NCCL collective before. Survivors keep their ranks, the last ranks
     leave, joiners are new processes after them."""
-    from liver.sim import costs
+    from liver.policy import costs
     from liver.topology.presets import PRESETS
 
     job = PRESETS[model]
@@ -263,7 +263,7 @@ def _median(xs: list[float], what: str) -> float:
 
 def profile_of(v: dict[str, float], name: str = "fit"):
     """A ``Profile`` with the fitted values ``v`` (what the cost model says with them)."""
-    from liver.sim.profile import Profile
+    from liver.policy.profile import Profile
 
     return Profile(name=name, **v)
 
@@ -282,14 +282,14 @@ def _lsq(xs: list[list[float]], ys: list[float]) -> list[float]:
 
 def state_gb(e: Event) -> float:
     """A rank's state on the new generation (GB), as the cost model counts it (``costs.rank_state_bytes``)."""
-    from liver.sim import costs
+    from liver.policy import costs
 
     return costs.rank_state_bytes(e.job, costs.layout(e.job, e.new)) / GB
 
 
 def fit(events: list[Event], steps: list[Step], direct: dict[str, float]) -> tuple[dict[str, float], dict[str, str]]:
     """The profile's values, and where each came from."""
-    from liver.sim import costs
+    from liver.policy import costs
 
     v: dict[str, float] = {}
     src: dict[str, str] = {}
@@ -405,8 +405,8 @@ def _nnls(xs: list[list[float]], ys: list[float]) -> list[float]:
 
 def cpu_samples(path: Path) -> list[tuple[str, int, Any, float]]:
     """(shape, processes, layout, measured step time) of ``liver bench target``'s JSON."""
-    from liver.bench.target import job_of
-    from liver.sim.costs import layout
+    from liver.topology.presets import target_shape as job_of
+    from liver.policy.costs import layout
 
     out = []
     for r in json.loads(path.read_text())["rows"]:
@@ -417,7 +417,7 @@ def cpu_samples(path: Path) -> list[tuple[str, int, Any, float]]:
 
 
 def fit_cpu(samples) -> tuple[dict[str, float], dict[str, str]]:
-    from liver.bench.target import job_of
+    from liver.topology.presets import target_shape as job_of
 
     xs = [_cpu_features(job_of(shape), lay, CPU_CORES) for shape, _, lay, _ in samples]
     coef = _nnls(xs, [t for *_, t in samples])

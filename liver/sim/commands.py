@@ -27,7 +27,7 @@ def _print_rows(rows: list[dict], as_json: bool, line) -> int:
 def _run(args: argparse.Namespace) -> int:
     engine, sources = _simulator()
     from liver.sim.models import sim_model
-    from liver.sim.profile import load
+    from liver.policy.profile import load
 
     job, prof = sim_model(args.model), load(args.profile)
     if args.trace:
@@ -46,8 +46,10 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def _calibrate(args: argparse.Namespace) -> int:
+    from liver.policy.profile import CALIBRATION
     from liver.sim import calibrate
 
+    args.out = args.out or str(CALIBRATION)
     if args.check:
         ok = calibrate.check(Path(args.results), Path(args.out))
         print(f"{args.out}: " + (f"what {args.results} gives" if ok else "out of date (liver sim calibrate)"))
@@ -103,7 +105,7 @@ def bench_sim_speed(args: argparse.Namespace) -> int:
 
     engine, sources = _simulator()
     from liver.sim.models import sim_model
-    from liver.sim.profile import load
+    from liver.policy.profile import load
 
     start, changes = sources.from_trace(args.trace, args.gpus_per_node, hours=8)
     job, prof = sim_model(args.model), load("h200")
@@ -136,9 +138,9 @@ def add_parsers(sub) -> None:
     sr.add_argument("--policy", default="all", help="live, restart-storage, restart-memory, dp-only, all")
     sr.add_argument("--json", action="store_true")
     sr.set_defaults(fn=_run)
-    sc2 = ssub.add_parser("calibrate", help="fit the H200 profile to bench/results (writes liver/sim/calibration.json)")
+    sc2 = ssub.add_parser("calibrate", help="fit the H200 profile to bench/results (writes liver/policy/calibration.json)")
     sc2.add_argument("--results", default="bench/results")
-    sc2.add_argument("--out", default=str(Path(__file__).parent / "calibration.json"))
+    sc2.add_argument("--out", default=None, help="default: liver/policy/calibration.json")
     sc2.add_argument("--check", action="store_true", help="only check that the file is what the results give")
     sc2.set_defaults(fn=_calibrate)
     sv = ssub.add_parser("validate", help="leave-one-out: each measured event against the fit of the others")

@@ -21,9 +21,12 @@ from typing import Any, Iterator
 
 import simpy
 
-from liver.controller.decisions import NoticeAction, on_notice
-from liver.sim import costs
-from liver.sim.profile import Profile
+from liver.engine.interface import EngineAdapter
+from liver.engine.reference import ADAPTER
+from liver.policy import costs, target
+from liver.policy.decisions import NoticeAction, on_notice
+from liver.policy.events import EventKind
+from liver.policy.profile import Profile
 from liver.sim.sources import Change
 from liver.topology import JobConfig, Layout
 
@@ -60,21 +63,24 @@ class Sim:
     """One run: ``start_gpus`` at time 0, then ``changes``, for ``hours``."""
 
     def __init__(self, job: JobConfig, prof: Profile, policy: "Policy", start_gpus: int, changes: list[Change],
-                 hours: float, ckpt_interval_s: float = 1800.0, overhead: float = 0.002) -> None:
+                 hours: float, ckpt_interval_s: float = 1800.0, overhead: float = 0.002,
+                 adapter: EngineAdapter = ADAPTER) -> None:
         self.job, self.prof, self.policy = job, prof, policy
+        self.adapter, self.hw = adapter, target.Hardware.of(prof)  # (the controller's target choice, on them)
         self.changes, self.end = sorted(changes, key=lambda c: c.t), hours * 3600
         self.avail = start_gpus
         self.ckpt_interval_s, self.overhead = ckpt_interval_s, overhead
         self.out = Outcome(policy.name, self.end)
         self.layout: Layout | None = policy.first(self, start_gpus)
         self._ckpt = (0.0, 0.0, 0.0)  # (time, useful, samples) at the last checkpoint
-        self._step: dict[Layout, float] = {}
 
     # ---- time ------------------------------------------------------------------------------
     def step_s(self, lay: Layout) -> float:
-        if lay not in self._step:
-            self._step[lay] = costs.step_time(self.job, lay, self.prof)
-        return self._step[lay]
+        return target.step_time(self.job, lay, self.hw)
+
+    def best(self, gpus: int) -> Layout | None:
+        """What the controller would run on the most of ``gpus`` GPUs that any layout can use."""
+        return target.best_up_to(self.adapter, self.job, gpus, self.hw)
 
     def train(self, env: simpy.Environment, dt: float, rate: float = 1.0) -> Iterator[Any]:
         """``dt`` of training (at ``rate`` of full speed: a preparation beside it), or idling when
@@ -155,7 +161,7 @@ class Sim:
         t, n, total = 0.0, self.avail, 0.0
         for c in self.changes + [Change(self.end, 0)]:
             end = min(c.t, self.end)
-            lay = costs.best_up_to(self.job, n, self.prof)
+            lay = self.best(n)
             if lay is not None and end > t:
                 total += (end - t) / self.step_s(lay) * self.job.train.global_batch
             t, n = end, c.gpus
@@ -168,10 +174,10 @@ class Policy:
     name = "?"
 
     def first(self, sim: Sim, gpus: int) -> Layout | None:
-        return costs.best_up_to(sim.job, gpus, sim.prof)
+        return sim.best(gpus)
 
     def target(self, sim: Sim, gpus: int) -> Layout | None:
-        return costs.best_up_to(sim.job, gpus, sim.prof)
+        return sim.best(gpus)
 
     def handle(self, sim: Sim, env: simpy.Environment, c: Change) -> Iterator[Any]:
         """One change, from when the job learns of it (a loss with notice: the notice)."""
@@ -235,11 +241,11 @@ class Live(Policy):
 
     def _cut_short(self, sim: Sim, env: simpy.Environment, c: Change, cut: tuple[float, Change]) -> Iterator[Any]:
         """A notice during a scale-out's Prepare, as the controller takes it
-        (``liver.controller.decisions.on_notice``): nothing was committed, so the scale-out is
+        (``liver.policy.decisions.on_notice``): nothing was committed, so the scale-out is
         re-planned to the notice's total (merged), or dropped and the notice handled next."""
         at, nxt = cut
         yield from sim.train(env, max(0.0, at - env.now), 1 - sim.overhead)  # preparing until the notice
-        action = on_notice("scale-out", "scale-in", nxt.gpus, sim.layout.size)
+        action = on_notice(EventKind.SCALE_OUT, EventKind.SCALE_IN, nxt.gpus, sim.layout.size)
         sim.avail = c.gpus
         if action is NoticeAction.DROP_THEN_BEGIN:  # the notice is the next change handled
             sim.record(env, "dropped", reason=f"notice to {nxt.gpus} GPUs")
@@ -329,13 +335,13 @@ class DataParallelOnly(Policy):
     def first(self, sim: Sim, gpus: int) -> Layout | None:
         """The most elastic start: the smallest TP x PP whose state fits (the most replicas to
         lose), the fastest of those on the most replicas the GPUs and the batch allow."""
-        job, prof = sim.job, sim.prof
+        job, a = sim.job, sim.adapter
         for size in range(1, gpus + 1):
-            pairs = {(c.tp, c.pp) for n in range(size, gpus + 1, size) for c in costs.candidates(job, n)
-                     if c.tp * c.pp == size and costs.rank_state_bytes(job, c) * 1.25 <= prof.memory_bytes}
+            pairs = {(c.tp, c.pp) for n in range(size, gpus + 1, size) for c in target.candidates(a, job, n)
+                     if c.tp * c.pp == size and target.fits(a, job, c, sim.hw)}
             if pairs:
                 opts = [lay for pair in sorted(pairs) if (lay := self._most(sim, gpus, pair)) is not None]
-                lay = max(opts, key=lambda c: (c.size, -costs.step_time(job, c, prof)))
+                lay = max(opts, key=lambda c: (c.size, -sim.step_s(c)))
                 self.keep = (lay.tp, lay.pp)
                 return lay
         self.keep = None
@@ -344,7 +350,7 @@ class DataParallelOnly(Policy):
     def _most(self, sim: Sim, gpus: int, pair: tuple[int, int]) -> Layout | None:
         tp, pp = pair
         for dp in range(gpus // (tp * pp), 0, -1):
-            lay = costs.best(sim.job, dp * tp * pp, sim.prof, keep_tp_pp=pair)
+            lay = target.best(sim.adapter, sim.job, dp * tp * pp, sim.hw, keep_tp_pp=pair)
             if lay is not None:
                 return lay
         return None

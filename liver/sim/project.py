@@ -16,9 +16,11 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-from liver.sim import costs, engine, sources
+from liver.engine.reference import ADAPTER
+from liver.policy import costs, target
+from liver.policy.profile import PROFILES, load
+from liver.sim import engine, sources
 from liver.sim.models import sim_model
-from liver.sim.profile import PROFILES, load
 
 MODELS = ("7b", "14b", "30b", "70b", "175b")
 SIZES = (64, 128, 256, 512, 1024)
@@ -30,11 +32,12 @@ def _cases():
     is lost: None where none fits)."""
     for pname in PROFILES:
         prof = load(pname)
+        hw = target.Hardware.of(prof)
         for m in MODELS:
             job = sim_model(m)
             for g in SIZES:
-                yield (pname, prof, m, job, g, costs.best_up_to(job, g, prof),
-                       costs.best_up_to(job, g - prof.node_size, prof))
+                yield (pname, prof, m, job, g, target.best_up_to(ADAPTER, job, g, hw),
+                       target.best_up_to(ADAPTER, job, g - prof.node_size, hw))
 
 
 def downtime(out: Path) -> dict[str, Any]:

@@ -10,7 +10,7 @@ import random
 from dataclasses import dataclass
 from pathlib import Path
 
-from liver.controller.events import EventError, parse_schedule, trace_counts
+from liver.policy.events import EventError, EventKind, parse_schedule, trace_counts
 
 
 @dataclass(frozen=True)
@@ -46,10 +46,10 @@ def from_schedule(path: str | Path, gpus: int) -> list[Change]:
     for ev in parse_schedule(path):
         if ev.at_time is None:
             raise EventError(f"{ev.source}: the simulator takes time triggers (at Ts:), not steps")
-        if ev.kind == "reshape":
+        if ev.kind is EventKind.RESHAPE:
             raise EventError(f"{ev.source}: reshape: the simulator's policies choose their configurations")
         notice = ev.deadline_s or 0.0
-        out.append(Change(ev.at_time + notice, ev.gpus, notice if ev.kind == "scale-in" else 0.0))
+        out.append(Change(ev.at_time + notice, ev.gpus, notice if ev.kind is EventKind.SCALE_IN else 0.0))
     return out
 
 

@@ -18,14 +18,14 @@ from pathlib import Path
 from typing import Any
 
 from liver.sim.calibrate import Event, Step, cpu_samples, fit, fit_cpu, profile_of
-from liver.sim.profile import CALIBRATION
+from liver.policy.profile import CALIBRATION
 from liver.topology import ParallelConfig
 
 
 def predict(e: Event, v: dict[str, float]) -> dict[str, float]:
     """What the simulator's cost model (``costs.live``, ``costs.restart``) with the fitted values
     says of a measured event, on its own machine (one node), given the run's history."""
-    from liver.sim import costs
+    from liver.policy import costs
 
     prof = profile_of(v)
     h = costs.live(e.job, e.old, e.new, prof, kinds=e.kinds,
@@ -51,7 +51,7 @@ def noise_floor(events: list[Event]) -> dict[str, float]:
 
 def moves(e: Event) -> bool:
     """Whether the event's plan sends or copies anything (else it has no transfer to predict)."""
-    from liver.sim import costs
+    from liver.policy import costs
 
     w = costs.plan_work(e.job, e.old, e.new)
     return bool(w.io_bytes or w.copy_bytes)
@@ -139,7 +139,7 @@ def validate_steps(steps: list[Step], v: dict[str, float]) -> dict[str, Any]:
     """Each measured step against ``costs.step_time`` with the fitted values: the one-GPU steps are
     the fit's (the sustained share of the peak and its width); the two-GPU ones (TP and DP over
     NVLink) are held out."""
-    from liver.sim import costs
+    from liver.policy import costs
     from liver.topology.presets import PRESETS
 
     prof = profile_of(v)
@@ -177,7 +177,7 @@ def validate_dcp(paths: list[Path], v: dict[str, float]) -> dict[str, Any]:
     directly on one GPU (``liver bench dcp``: one rank, its whole state to local disk and
     /dev/shm), a held-out check; and the step-time model against its one-GPU steps: of the
     presets' shapes (the fit's are the handoff runs'), and, held out, of shapes beyond them."""
-    from liver.sim import costs
+    from liver.policy import costs
     from liver.topology.presets import PRESETS
 
     prof, one = profile_of(v), ParallelConfig()
@@ -222,9 +222,9 @@ def validate_dcp(paths: list[Path], v: dict[str, float]) -> dict[str, Any]:
 def check_choice(samples, values: dict[str, float]) -> list[dict[str, Any]]:
     """For each (shape, processes): the configuration the model with ``values`` chooses, and its
     measured step time over the fastest measured."""
-    from liver.bench.target import job_of
-    from liver.sim.costs import step_time
-    from liver.sim.profile import Profile
+    from liver.topology.presets import target_shape as job_of
+    from liver.policy.costs import step_time
+    from liver.policy.profile import Profile
 
     h200 = json.loads(CALIBRATION.read_text())["profiles"]["h200"]["values"] if CALIBRATION.exists() else {}
     prof = Profile(name="cpu", **{**h200, **values}) if h200 else None

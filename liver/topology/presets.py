@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from liver.topology.config import JobConfig, ModelConfig, TrainConfig
 
 PRESETS: dict[str, JobConfig] = {
@@ -26,6 +28,16 @@ PRESETS: dict[str, JobConfig] = {
                     train=TrainConfig(global_batch=16, micro_batch=2, warmup_steps=2, lr=3e-4, min_lr=3e-5),
                     compute_dtype="bfloat16"),
 }
+
+
+# the target-choice bench's model shapes (``liver bench target``, and the CPU profile fitted to it)
+TARGET_SHAPES = {"tiny": ("tiny", {}), "tiny8-7layers": ("tiny8", {"num_layers": 7})}
+
+
+def target_shape(shape: str) -> JobConfig:
+    name, model = TARGET_SHAPES[shape]
+    job = PRESETS[name]
+    return replace(job, model=replace(job.model, **model))
 
 
 def preset(name: str) -> JobConfig:

@@ -55,5 +55,15 @@ class ReferenceAdapter(EngineAdapter):
                 n += box_numel(b) * (4 + (compute + 4 if s.kind == "param" else 0))
         return n
 
+    def max_rank_bytes(self, job: JobConfig, layout: Layout) -> int:
+        """The largest of ``rank_bytes`` over the ranks, a stage at a time: every rank of a stage
+        holds an even TP slice of its tensors (``view``), whatever its TP and DP coordinates."""
+        compute = _COMPUTE_BYTES[job.compute_dtype]
+        stages = [0] * layout.pp
+        for s in _specs(job):
+            n = s.numel // (layout.tp if s.shard_dim is not None else 1)
+            stages[layout.stage_of_layer(s.layer)] += n * (4 + (compute + 4 if s.kind == "param" else 0))
+        return max(stages)
+
 
 ADAPTER = ReferenceAdapter()

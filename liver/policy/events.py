@@ -15,15 +15,28 @@ Everything is checked before training starts; an error names the file, the line 
 
 from __future__ import annotations
 
+import enum
 import math
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from liver.topology import ParallelConfig
 
-KINDS = ("scale-out", "scale-in", "reshape")
+
+
+class EventKind(enum.StrEnum):
+    """What an event asks for. A value, compared by identity; its text (``str``) is what a
+    schedule says and a report records."""
+
+    SCALE_OUT = "scale-out"   # more GPUs in total
+    SCALE_IN = "scale-in"     # fewer (with a deadline: a preemption notice)
+    RESHAPE = "reshape"       # the same GPUs, another configuration
+    START = "start"           # a trace's first count: the job's GPUs at its start (not handled as an event)
+
+
+KINDS = (EventKind.SCALE_OUT, EventKind.SCALE_IN, EventKind.RESHAPE)  # what a schedule line may ask for
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -47,9 +60,13 @@ class EventsConfig:
             raise ValueError(f"events.notice_s={self.notice_s!r}: allowed 0 or more seconds")
 
 
-@dataclass
+@dataclass(frozen=True, kw_only=True, slots=True)
 class Event:
-    kind: str                              # scale-out | scale-in | reshape
+    """One event, as it was asked for and as far as the controller has placed it in time. Frozen:
+    what the controller learns of it later (its trigger's time, the GPUs a node's notice leaves)
+    makes a new value (``dataclasses.replace``) where it is kept."""
+
+    kind: EventKind
     gpus: int | None = None                # total GPUs after the event
     parallel: ParallelConfig | None = None  # the requested configuration, if named
     at_step: int | None = None
@@ -57,13 +74,15 @@ class Event:
     deadline_s: float | None = None        # scale-in: seconds from the notice until the GPUs go
     source: str = ""                       # file:line, "http", ...
     arrived: float | None = None           # wall time it reached the job (control endpoint)
-    announced: bool = False                # restart mode: its stop step was published ahead
     node: str | None = None                # scale-in: the node whose ranks leave (its notice)
     after_previous: int | None = None      # ``step +N``: N steps after the event before it ended
                                            # (``at_step`` is set then)
 
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "kind", EventKind(self.kind))
+
     def describe(self) -> str:
-        what = self.kind + (f" {self.gpus}" if self.gpus is not None and self.kind != "reshape" else "")
+        what = str(self.kind) + (f" {self.gpus}" if self.gpus is not None and self.kind is not EventKind.RESHAPE else "")
         if self.parallel is not None:
             what += f" as {self.parallel.short()}"
         if self.deadline_s is not None:
@@ -71,7 +90,7 @@ class Event:
         return what
 
     def to_dict(self) -> dict[str, Any]:
-        return {"kind": self.kind, "gpus": self.gpus,
+        return {"kind": self.kind.value, "gpus": self.gpus,
                 "parallel": self.parallel.short() if self.parallel else None,
                 "at_step": self.at_step, "at_time": self.at_time, "deadline_s": self.deadline_s,
                 "source": self.source, **({"node": self.node} if self.node else {}),
@@ -93,21 +112,21 @@ def parse_action(text: str, where: str) -> Event:
     if not words or words[0] not in KINDS:
         shown = (words[0] if words else text)[:40]
         raise EventError(f"{where}: action {shown!r}: allowed {', '.join(KINDS)}")
-    kind, rest = words[0], words[1:]
-    ev = Event(kind=kind, source=where)
+    kind, rest = EventKind(words[0]), words[1:]
+    parallel: ParallelConfig | None = None
+    deadline_s: float | None = None
     try:
-        if kind == "reshape":
+        if kind is EventKind.RESHAPE:
             if len(rest) != 1:
                 raise EventError(f"{where}: 'reshape' takes one configuration tp,pp,dp, got {' '.join(rest)!r}")
-            ev.parallel = ParallelConfig.parse(rest[0])
-            ev.gpus = ev.parallel.world_size
-            return ev
-        least = 0 if kind == "scale-in" else 1  # (scale-in 0: every GPU goes; the job waits on disk)
+            parallel = ParallelConfig.parse(rest[0])
+            return Event(kind=kind, gpus=parallel.world_size, parallel=parallel, source=where)
+        least = 0 if kind is EventKind.SCALE_IN else 1  # (scale-in 0: every GPU goes; the job waits on disk)
         if not rest or not rest[0].isdigit() or len(rest[0]) > 6 or int(rest[0]) < least:
             got = rest[0] if rest else "nothing"
             raise EventError(f"{where}: {kind} needs the total GPU count after the event (an integer from {least} "
                              f"to 999999), got {got if len(got) <= 20 else got[:20] + '...'!r}")
-        ev.gpus = int(rest[0])
+        gpus = int(rest[0])
         i = 1
         while i < len(rest):
             key = rest[i]
@@ -115,24 +134,24 @@ def parse_action(text: str, where: str) -> Event:
                 raise EventError(f"{where}: {key!r} needs a value")
             val = rest[i + 1]
             if key == "as":
-                ev.parallel = ParallelConfig.parse(val)
-                if ev.parallel.world_size != ev.gpus:
-                    raise EventError(f"{where}: as {val}: tp*pp*dp={ev.parallel.world_size} but the event "
-                                     f"leaves {ev.gpus} GPUs")
-            elif key == "deadline" and kind == "scale-in":
+                parallel = ParallelConfig.parse(val)
+                if parallel.world_size != gpus:
+                    raise EventError(f"{where}: as {val}: tp*pp*dp={parallel.world_size} but the event "
+                                     f"leaves {gpus} GPUs")
+            elif key == "deadline" and kind is EventKind.SCALE_IN:
                 m = re.fullmatch(r"(\d+(?:\.\d+)?)s", val)
                 if not m or float(m.group(1)) <= 0:
                     raise EventError(f"{where}: deadline {val!r}: allowed a positive duration like 30s")
-                ev.deadline_s = float(m.group(1))
+                deadline_s = float(m.group(1))
             else:
-                allowed = "'as', 'deadline'" if kind == "scale-in" else "'as'"
+                allowed = "'as', 'deadline'" if kind is EventKind.SCALE_IN else "'as'"
                 raise EventError(f"{where}: option {key!r} of {kind}: allowed {allowed}")
             i += 2
     except ValueError as e:
         if isinstance(e, EventError):
             raise
         raise EventError(f"{where}: {e}") from None
-    return ev
+    return Event(kind=kind, gpus=gpus, parallel=parallel, deadline_s=deadline_s, source=where)
 
 
 def read_text(path: str | Path, what: str) -> str:
@@ -172,11 +191,11 @@ def parse_schedule_text(text: str, path: str) -> list[Event]:
                              f"'at Ts: ACTION'")
         ev = parse_action(m.group("action"), where)
         if m.group("rel"):
-            ev.after_previous = int(m.group("step"))
+            ev = replace(ev, after_previous=int(m.group("step")))
         elif m.group("step") is not None:
-            ev.at_step = int(m.group("step"))
+            ev = replace(ev, at_step=int(m.group("step")))
         else:
-            ev.at_time = float(m.group("time"))
+            ev = replace(ev, at_time=float(m.group("time")))
         events.append(ev)
     return events
 
@@ -238,10 +257,10 @@ def parse_trace(path: str | Path, *, slots: int, compress: float, notice_s: floa
         if c == current:
             continue
         if c > current:
-            events.append(Event(kind="scale-out", gpus=c, at_time=t, source=f"{path}@{t * compress:.0f}s"))
+            events.append(Event(kind=EventKind.SCALE_OUT, gpus=c, at_time=t, source=f"{path}@{t * compress:.0f}s"))
         else:  # the notice comes notice_s before the node goes, but not before the previous event
             at = max(t - notice_s / compress, events[-1].at_time if events else 0.0)
-            events.append(Event(kind="scale-in", gpus=c, at_time=at, deadline_s=t - at,
+            events.append(Event(kind=EventKind.SCALE_IN, gpus=c, at_time=at, deadline_s=t - at,
                                 source=f"{path}@{t * compress:.0f}s"))
         current = c
-    return [Event(kind="start", gpus=local[0][1], at_time=0.0, source=f"{path}:start")] + events
+    return [Event(kind=EventKind.START, gpus=local[0][1], at_time=0.0, source=f"{path}:start")] + events

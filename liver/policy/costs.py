@@ -21,7 +21,7 @@ import math
 from dataclasses import dataclass
 
 from liver.runtime.config import PrepareConfig
-from liver.sim.profile import GB, Profile
+from liver.policy.profile import GB, Profile
 from liver.topology import JobConfig, Layout, ParallelConfig
 
 
@@ -61,40 +61,6 @@ def step_time(job: JobConfig, lay: Layout, prof: Profile) -> float:
     dp_bytes = 0.0 if lay.dp == 1 else 2 * (lay.dp - 1) / lay.dp * 2 * m.num_params() / (lay.tp * lay.pp)
     dp_bw = prof.intra_bw if not spans_nodes(lay.size, prof) else prof.inter_bw
     return compute * bubble + tp_bytes / tp_bw + (1 - prof.dp_overlap) * dp_bytes / dp_bw + rounds
-
-
-def candidates(job: JobConfig, gpus: int) -> list[Layout]:
-    out = []
-    for tp in (1, 2, 4, 8, 16):
-        if gpus % tp or job.model.num_heads % tp or job.model.ffn_size % tp:
-            continue
-        for pp in range(1, min(gpus // tp, job.model.num_layers) + 1):
-            if (gpus // tp) % pp:
-                continue
-            try:
-                out.append(layout(job, ParallelConfig(tp=tp, pp=pp, dp=gpus // (tp * pp))))
-            except ValueError:
-                continue
-    return out
-
-
-def best(job: JobConfig, gpus: int, prof: Profile, keep_tp_pp: tuple[int, int] | None = None) -> Layout | None:
-    """The fastest configuration for ``gpus`` whose state fits with a quarter to spare (for
-    activations), or None. ``keep_tp_pp``: only those with this TP and PP (data-parallel-only)."""
-    fit = [c for c in candidates(job, gpus) if rank_state_bytes(job, c) * 1.25 <= prof.memory_bytes
-           and (keep_tp_pp is None or (c.tp, c.pp) == keep_tp_pp)]
-    return min(fit, key=lambda c: (step_time(job, c, prof), c.pp, c.tp), default=None)
-
-
-@functools.lru_cache(maxsize=65536)
-def best_up_to(job: JobConfig, gpus: int, prof: Profile) -> Layout | None:
-    """The best configuration on the most of ``gpus`` that any configuration can use (a count the
-    batch or the shapes do not divide leaves a few GPUs idle), or None."""
-    for n in range(gpus, 0, -1):
-        lay = best(job, n, prof)
-        if lay is not None:
-            return lay
-    return None
 
 
 def rank_state_bytes(job: JobConfig, lay: Layout) -> float:

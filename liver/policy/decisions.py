@@ -8,6 +8,9 @@ import enum
 from dataclasses import dataclass
 from typing import Callable
 
+from liver.controller.config import JOIN_POLICIES
+from liver.policy.events import EventKind
+
 
 class NoticeAction(enum.Enum):
     WAIT = "wait"            # nothing to do now (no notice, or nothing pending it could cut short)
@@ -16,13 +19,13 @@ class NoticeAction(enum.Enum):
     DROP = "drop"            # the scale-out is dropped; the job already has the notice's total
 
 
-def on_notice(pending_kind: str | None, notice_kind: str | None, notice_gpus: int, active_gpus: int,
+def on_notice(pending_kind: EventKind | None, notice_kind: EventKind | None, notice_gpus: int, active_gpus: int,
               deadline: bool = True) -> NoticeAction:
     """A scale-in notice (one with a ``deadline``) that comes while a generation is pending: it must
     not wait behind a scale-out that has not switched (the provider takes the GPUs at the
     deadline). Nothing pending was committed, so dropping it loses nothing. Any other event,
     a scale-in without a deadline too, waits its turn: events are handled in order."""
-    if notice_kind != "scale-in" or pending_kind != "scale-out" or not deadline:
+    if notice_kind is not EventKind.SCALE_IN or pending_kind is not EventKind.SCALE_OUT or not deadline:
         return NoticeAction.WAIT
     if notice_gpus > active_gpus:
         return NoticeAction.MERGE
@@ -72,7 +75,6 @@ def job_finished(s: EndState) -> bool:
     return s.step >= last and all(c == 0 for c in s.active_exit_codes)
 
 
-JOIN_POLICIES = ("now", "better", "never")
 
 
 def join_total(policy: str, n_now: int, capacity: int, step_time: Callable[[int], float | None]) -> int | None:
@@ -113,9 +115,9 @@ def trigger_time(at_step: int | None, at_time: float | None, step: int, step_end
     return now
 
 
-def is_notice(kind: str, deadline_s: float | None) -> bool:
+def is_notice(kind: EventKind, deadline_s: float | None) -> bool:
     """A scale-in with a deadline: the provider takes the GPUs then, whatever else is queued."""
-    return kind == "scale-in" and deadline_s is not None
+    return kind is EventKind.SCALE_IN and deadline_s is not None
 
 
 def next_event(queue: list, triggered: Callable[[object], bool]) -> int | None:

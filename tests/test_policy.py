@@ -1,0 +1,74 @@
+"""The policy is one: the controller's admission and the simulator's policies choose the same
+configuration for the same job and GPUs (``liver.policy.target``), over random jobs, counts and
+memory limits."""
+
+from dataclasses import replace
+
+from hypothesis import assume, given, settings, strategies as st
+
+from liver.controller.admission import admit
+from liver.engine.reference import ADAPTER
+from liver.policy import target
+from liver.policy.events import Event, EventKind
+from liver.policy.profile import load
+from liver.sim import engine
+from liver.topology import JobConfig, ModelConfig, TrainConfig
+
+
+@st.composite
+def jobs(draw) -> JobConfig:
+    heads = draw(st.sampled_from([1, 2, 3, 4, 6, 8, 12, 16]))
+    head_dim = draw(st.sampled_from([8, 16, 64, 128]))
+    micro = draw(st.sampled_from([1, 2, 4]))
+    return JobConfig(model=ModelConfig(num_layers=draw(st.integers(1, 12)), hidden_size=heads * head_dim,
+                                       num_heads=heads, ffn_size=heads * head_dim * draw(st.sampled_from([2, 3, 4])),
+                                       vocab_size=draw(st.sampled_from([256, 1000, 32000])),
+                                       seq_len=draw(st.sampled_from([32, 2048]))),
+                     train=TrainConfig(global_batch=micro * draw(st.integers(1, 16)), micro_batch=micro),
+                     compute_dtype=draw(st.sampled_from(["float32", "bfloat16"])))
+
+
+@settings(max_examples=150, deadline=None)
+@given(job=jobs(), gpus=st.integers(1, 24), before=st.integers(1, 24), profile=st.sampled_from(["h200", "cpu"]),
+       memory=st.one_of(st.none(), st.floats(1e5, 1e10)))
+def test_the_controller_and_the_simulator_choose_the_same_configuration(job, gpus, before, profile, memory):
+    assume(gpus != before)
+    prof = load(profile)
+    prof = prof.replace(memory_bytes=memory) if memory is not None else prof.replace(memory_bytes=float("inf"))
+    hw = target.Hardware.of(prof)
+    kind = EventKind.SCALE_OUT if gpus > before else EventKind.SCALE_IN
+    try:
+        chosen = admit(Event(kind=kind, gpus=gpus, source="test"), before, 64, ADAPTER, job, hw)
+    except ValueError:
+        chosen = None  # the controller refuses: no configuration of exactly these GPUs fits
+    sim = engine.Sim(job, prof, engine.Live(), before, [], 1.0)
+    projected = engine.Live().target(sim, gpus)
+    if chosen is not None:
+        assert projected is not None and projected.parallel == chosen
+    elif projected is not None:  # the simulator runs on fewer of them (a count nothing divides)
+        assert projected.size < gpus
+        assert target.best(ADAPTER, job, gpus, hw) is None
+
+
+@settings(max_examples=60, deadline=None)
+@given(job=jobs(), gpus=st.integers(1, 16))
+def test_the_choice_is_the_fastest_fitting_candidate_by_the_cost_model(job, gpus):
+    hw = target.Hardware.named("h200")
+    cands = target.candidates(ADAPTER, job, gpus)
+    assume(cands)
+    chosen = ADAPTER.layout(job, target.choose(ADAPTER, job, gpus, hw))
+    assert round(target.step_time(job, chosen, hw), 12) == min(round(target.step_time(job, c, hw), 12) for c in cands)
+    # a memory limit between two candidates' needs drops the larger one, never the smaller
+    need = sorted({target.state_bytes(ADAPTER, job, c) for c in cands})
+    limited = replace(hw, memory_bytes=need[0] * target.ACTIVATIONS)
+    small = ADAPTER.layout(job, target.choose(ADAPTER, job, gpus, limited))
+    assert target.state_bytes(ADAPTER, job, small) == need[0]
+
+
+def test_the_reference_engines_largest_rank_is_counted_rank_by_rank_alike():
+    """``max_rank_bytes`` (a stage at a time) is the largest ``rank_bytes`` over every rank."""
+    job = JobConfig(model=ModelConfig(num_layers=5, hidden_size=64, num_heads=4, ffn_size=128, vocab_size=256,
+                                      seq_len=32), train=TrainConfig(global_batch=8, micro_batch=2))
+    for gpus in (1, 2, 4, 6, 8):
+        for c in target.candidates(ADAPTER, job, gpus):
+            assert ADAPTER.max_rank_bytes(job, c) == max(ADAPTER.rank_bytes(job, c, r) for r in range(c.size))
