@@ -76,12 +76,12 @@ def _resume(args: argparse.Namespace) -> int:
     state = journal.read(run_dir)
     if state["mode"] != "live":
         raise ValueError(f"--resume {run_dir}: a {state['mode']!r} job cannot be resumed (only live mode's)")
-    if state["phase"] is Phase.ENDED:
+    s = state["state"]
+    if s.phase is Phase.ENDED:
         raise ValueError(f"--resume {run_dir}: that job ended")
     cfg = state["cfg"]
     logs.setup()
-    print(f"liver controller --resume: generation {state['gen']}, phase {state['phase'].value}, "
-          f"{len(state['queue'])} queued, nodes {', '.join(n['name'] for n in state['nodes'])}; run dir {run_dir}",
+    print(f"liver controller --resume: generation {s.gen}, phase {s.phase.value}, {len(s.queue)} queued, nodes {', '.join(n['name'] for n in state['nodes'])}; run dir {run_dir}",
           flush=True)
     report = run_job(cfg, [], run_dir, {"model": cfg.preset, "events_source": "resumed", "nodes": 0},
                      local_node=False, resume=state)

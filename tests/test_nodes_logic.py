@@ -14,6 +14,7 @@ from liver.agent.node import Worker
 from liver.config.fields import from_dict, to_dict
 from liver.policy.decisions import join_total
 from liver.controller.nodes import Nodes, RemoteNode
+from liver.controller.state import ControllerState
 from liver.planner.nodes import tp_groups_split, tp_within_nodes
 from liver.protocol.agent import KILLED, NODE_LOST, Exited, Notice, Running, Sync, SyncReply
 from liver.topology import ParallelConfig
@@ -268,11 +269,11 @@ def test_a_lost_node_that_registers_again_during_its_fail_stop_leaves_its_proces
         nodes.start(proc, slot, "start", 0)
     lost = a.mark_lost()  # (the controller's loop, at agent_timeout_s)
     ctl = SimpleNamespace(nodes=nodes, cfg=SimpleNamespace(controller=SimpleNamespace(agent_timeout_s=5.0)),
-                          _noticed=set(), _joined=[], base_spec={}, starter_spec=lambda: {},
+                          state=ControllerState(), base_spec={}, starter_spec=lambda: {},
                           phase_log=lambda *a, **kw: None)
     reply = NodeMembership._register(ctl, Register(node="a", slots=2, host="vm-a", pid=11))  # the endpoint's thread
     new = nodes.nodes["a"]
-    assert new is not a and reply.slot_base == new.slot_base == 4 and ctl._joined == ["a"]
+    assert new is not a and reply.slot_base == new.slot_base == 4 and ctl.state.joined == ["a"]
     # the fail-stop over the old node's processes, after the newcomer registered
     assert [nodes.where(w.proc) for w in lost] == ["a", "a"] and nodes.node_of(1) is a
     nodes.kill(0)
@@ -299,10 +300,10 @@ def test_a_resumed_controller_withdraws_what_the_dead_one_announced_after_its_jo
     store, said = dist.HashStore(), []
     for g in (1, 2):
         store.set(f"gen/{g}", "{}")
-    ctl = SimpleNamespace(store=store, gen=0, phase=Phase.STABLE, run_dir=Path("/nonexistent"),
+    ctl = SimpleNamespace(store=store, state=ControllerState(gen=0, phase=Phase.STABLE), run_dir=Path("/nonexistent"),
                           _wish=lambda: said.append("nothing wanted"), phase_log=lambda what, **kw: said.append(what))
     LiveController._forget_unjournaled(ctl)
-    assert ctl.gen == 2 and decided(store, 1) == decided(store, 2) == WITHDRAW
+    assert ctl.state.gen == 2 and decided(store, 1) == decided(store, 2) == WITHDRAW
     assert said == ["nothing wanted", "cancelled", "cancelled"]
     store.set("gen/3", "{}")
     assert decide(store, 3, COMMIT) == COMMIT
@@ -313,7 +314,7 @@ def test_a_resumed_controller_withdraws_what_the_dead_one_announced_after_its_jo
     n = nodes.add(lambda base: RemoteNode("n", base, 2, "vm", agent_pid=5))
     nodes.start(0, 0, "start", 0)
     n.resumed = True  # (restored from the journal: proc 0 only)
-    reg = SimpleNamespace(nodes=nodes, cfg=None, _noticed=set(), _joined=[], base_spec={}, starter_spec=lambda: {},
+    reg = SimpleNamespace(nodes=nodes, cfg=None, state=ControllerState(), base_spec={}, starter_spec=lambda: {},
                           phase_log=lambda *a, **kw: None)
     NodeMembership._register(reg, Register(node="n", slots=2, host="vm", pid=5, done=1, workers=(
         Running(proc=0, slot=0, role="start", generation=0, pid=100),

@@ -39,6 +39,7 @@ from liver.policy.events import Event, EventKind, parse_action
 from liver.policy.outcome import Outcome, outcome_of, settle
 from liver.controller.phases import Phase, Trigger, advance
 from liver.controller.records import Handling, first, least, new_record
+from liver.controller.state import ControllerState
 from liver.protocol import store as protocol
 from liver.protocol.agent import NODE_LOST
 from liver.protocol.messages import (M, GenerationSpec, Progress, Saved, StartReport, Wish, beat_key, read,
@@ -89,10 +90,6 @@ class Controller(NodeMembership):
         """One pass of the mode's handling of the current event."""
         raise NotImplementedError
 
-    JOURNALED = ("gen", "active", "slot_of", "lost_slots", "phase", "current", "progress", "t_start", "end_at",
-                 "records", "started_at", "_joined", "_noticed", "_end_requested", "_ending", "suspended",
-                 "_suspending")
-
     def __init__(self, cfg: RunConfig, events: list[Event], run_dir: Path, token: str | None = None,
                  local_node: bool = True, resume: dict[str, Any] | None = None) -> None:
         """``cfg`` with its slots set (``RunConfig.with_slots``); ``token``: the control endpoint's
@@ -133,33 +130,16 @@ class Controller(NodeMembership):
                                                   starters.make(self.starter_spec()),
                                                   quiet=cfg.agent.quiet,
                                                   cores=cores.per_slot(cfg.slots, cores.available()) if bind else None))
-        self.queue: collections.deque[Event] = collections.deque(events)
-        self.lock = threading.Lock()
-        self.records: list[dict[str, Any]] = []
-        self.gen = -1
-        self.active: GenerationSpec | None = None
-        self.slot_of: dict[int, int] = {}
-        self.lost_slots: set[int] = set()
-        self.phase = Phase.STABLE
-        self.current: Handling | None = None  # the event being handled
-        self.progress: Progress | None = None
-        self.t_start: float | None = None
+        self.lock = threading.Lock()  # (the state, between the loop and the endpoint's threads)
+        self.state = ControllerState(queue=collections.deque(events))  # (what the journal saves)
         self.interrupted = False  # the caller was interrupted (Ctrl-C): stop the job
-        self.end_at = 0  # set when the job ends early (end_after_events)
         self.endpoint: ControlEndpoint | None = None
-        self.started_at = time.time()
-        self._last_phase_t = self.started_at
+        self._last_phase_t = self.state.started_at
         self._hang_checked = 0.0
-        self._joined: list[str] = []    # nodes that registered, their slots not yet offered
-        self._noticed: set[str] = set()  # nodes whose notice was queued
-        self._end_requested: int | None = None  # POST /end: steps from the next stable step
-        self._ending = False
         self.resumed = resume is not None
         self._url: str | None = None  # the endpoint's, where it was before (a resumed controller)
         self._journaled: tuple | None = None
         self._alive_said = 0.0
-        self.suspended: dict[str, Any] | None = None  # no GPU: where the state is, since when (``_suspend``)
-        self._suspending = False  # a scale-in to 0 saves the state before it suspends
         self._stashed: list[Worker] = []  # exits a wait saw first, for the loop (``_polled``)
         self.watch = ProgressWatch(cfg.controller.stop_on_nonfinite_loss, cfg.checkpoint.escalate_after)
         if resume is not None:
@@ -176,15 +156,15 @@ class Controller(NodeMembership):
 
     def go(self, trigger: Trigger) -> None:
         """The one way the phase changes (``phases.TRANSITIONS``)."""
-        self.phase = advance(self.phase, trigger)
+        self.state.phase = advance(self.state.phase, trigger)
 
     @property
     def finished(self) -> bool:
-        return self.phase is Phase.ENDED
+        return self.state.phase is Phase.ENDED
 
     @property
     def step(self) -> int:
-        return self.progress.step if self.progress else 0
+        return self.state.progress.step if self.state.progress else 0
 
     # ---- the loop ------------------------------------------------------------------------
     def run(self) -> dict[str, Any]:
@@ -198,7 +178,7 @@ class Controller(NodeMembership):
             logs.PHASES.info(f"control endpoint {self.endpoint.url} (token in {self.run_dir / 'control.json'})")
         try:
             if self.resumed:
-                self.phase_log("resumed", phase=self.phase.value, queued=len(self.queue),
+                self.phase_log("resumed", phase=self.state.phase.value, queued=len(self.state.queue),
                                nodes=list(self.nodes.nodes))
                 self._resume_phase()
             else:
@@ -208,30 +188,30 @@ class Controller(NodeMembership):
                 self._start_generation(parallel, slots=self.nodes.free_slots()[: self.cfg.gpus],
                                        load_from=start, kind="start")
                 if start is not None:
-                    self.records.append({"event": {"kind": "start", "source": "checkpoint.start_from"},
+                    self.state.records.append({"event": {"kind": "start", "source": "checkpoint.start_from"},
                                          "outcome": Outcome.RESUMED.value,
                                          "status": "resumed from an earlier run's checkpoint", "checkpoint": start,
-                                         "restored_step": saved_step(start), "generation": self.gen,
+                                         "restored_step": saved_step(start), "generation": self.state.gen,
                                          "new": parallel.short(), "t_event": time.time()})
             while not self.finished and not self.interrupted:
                 # one round trip a tick once the key exists (it is never deleted)
-                self.progress = read(self.store, Progress.KEY, Progress) if self.progress \
+                self.state.progress = read(self.store, Progress.KEY, Progress) if self.state.progress \
                     else read_if(self.store, Progress.KEY, Progress)
-                if self.progress and self.t_start is None:
-                    self.t_start = self.progress.time
+                if self.state.progress and self.state.t_start is None:
+                    self.state.t_start = self.state.progress.time
                 self._stamp_triggers()
                 self._watch_progress()
                 self._hung()
                 self._watch_nodes()
                 self._exits(self._polled())
                 if not self.finished:
-                    if self.phase is Phase.SUSPENDED:
+                    if self.state.phase is Phase.SUSPENDED:
                         self._while_suspended()
-                    elif self._suspending:
+                    elif self.state.suspending:
                         self._watch_suspend()
                     else:
                         self.tick()
-                    if self.phase is Phase.STABLE:
+                    if self.state.phase is Phase.STABLE:
                         self._maybe_end()
                 self._journal()
                 time.sleep(0.01)
@@ -247,17 +227,17 @@ class Controller(NodeMembership):
             if self.store_pid is not None:  # the job is over: its store goes too
                 self.store.set(storehost.STOP_KEY, "1")
         why = "interrupted (Ctrl-C)" if self.interrupted else "training ended"
-        if self.current is not None:
-            settle(self.current.record, Outcome.NOT_COMPLETED, f"not completed: {why} in phase {self.phase.value}")
-            self.records.append(self.current.record)
-        for ev in self.queue:
-            self.records.append(settle({"event": ev.to_dict()}, Outcome.NOT_REACHED, f"not reached: {why}"))
-        return {"mode": self.mode, "records": self.records, "wall_s": time.time() - self.started_at,
+        if self.state.current is not None:
+            settle(self.state.current.record, Outcome.NOT_COMPLETED, f"not completed: {why} in phase {self.state.phase.value}")
+            self.state.records.append(self.state.current.record)
+        for ev in self.state.queue:
+            self.state.records.append(settle({"event": ev.to_dict()}, Outcome.NOT_REACHED, f"not reached: {why}"))
+        return {"mode": self.mode, "records": self.state.records, "wall_s": time.time() - self.state.started_at,
                 "interrupted": self.interrupted}
 
     def _recovery_digests(self) -> None:
         """The state digest each recovery started from, as its new generation's ranks reported it."""
-        for rec in self.records:
+        for rec in self.state.records:
             if outcome_of(rec) in (Outcome.RECOVERED, Outcome.RESUMED):
                 procs = list(GenerationSpec.fetch(self.store, rec["generation"]).procs)
                 starts = self._collect(rec["generation"], procs, StartReport) or {}
@@ -270,8 +250,8 @@ class Controller(NodeMembership):
         ev = replace(parse_action(action.strip(), "http"), arrived=time.time())
         with self.lock:
             self.validate(ev, self._projected_gpus())
-            self.queue.append(ev)
-            return {"accepted": ev.describe(), "position": len(self.queue)}
+            self.state.queue.append(ev)
+            return {"accepted": ev.describe(), "position": len(self.state.queue)}
 
     def end_after(self, steps: int) -> dict[str, Any]:
         """From the control endpoint: the job ends ``steps`` steps from the latest one (an event in
@@ -279,57 +259,57 @@ class Controller(NodeMembership):
         if not 0 <= steps <= 10**9:
             raise ValueError(f"after={steps!r}: allowed 0 to 1000000000 steps")
         with self.lock:
-            self._end_requested = steps
+            self.state.end_requested = steps
         return {"ending": True, "after_steps": steps, "step": self.step}
 
     def queued(self) -> dict[str, Any]:
         """The events waiting, in the order they will be handled (the one in flight apart)."""
         with self.lock:
-            return {"in_flight": self.current.event.describe() if self.current else None,
+            return {"in_flight": self.state.current.event.describe() if self.state.current else None,
                     "queued": [{"position": i + 1, "event": ev.describe(), "source": ev.source}
-                               for i, ev in enumerate(self.queue)]}
+                               for i, ev in enumerate(self.state.queue)]}
 
     def withdraw(self, position: int) -> dict[str, Any]:
         """From the control endpoint: take a queued event back (the one in flight cannot be)."""
         with self.lock:
-            n_now = self.current.record["gpus"] if self.current else len(self.active.procs) if self.active \
+            n_now = self.state.current.record["gpus"] if self.state.current else len(self.state.active.procs) if self.state.active \
                 else self.cfg.gpus
-            events = list(self.queue)
+            events = list(self.state.queue)
             rest = without(events, position, n_now, self.capacity(), self.adapter, self.job,
                            self.hardware)
-            self.queue.clear()
-            self.queue.extend(rest)
+            self.state.queue.clear()
+            self.state.queue.extend(rest)
             gone = events[position - 1]
-        self.records.append(settle({"event": gone.to_dict()}, Outcome.WITHDRAWN, "withdrawn before it was handled"))
+        self.state.records.append(settle({"event": gone.to_dict()}, Outcome.WITHDRAWN, "withdrawn before it was handled"))
         return {"withdrawn": gone.describe(), "queued": len(rest)}
 
     def status(self) -> dict[str, Any]:
-        p = self.progress
-        return {"mode": self.mode, "phase": self.phase.value, "generation": self.gen,
-                "parallel": to_dict(self.active.parallel) if self.active else None,
-                "step": self.step, "queued": len(self.queue), "nodes": self.node_table(),
+        p = self.state.progress
+        return {"mode": self.mode, "phase": self.state.phase.value, "generation": self.state.gen,
+                "parallel": to_dict(self.state.active.parallel) if self.state.active else None,
+                "step": self.step, "queued": len(self.state.queue), "nodes": self.node_table(),
                 "checkpoint": {"step": p.checkpoint_step, "failures_in_a_row": p.checkpoint_failures,
                                "error": p.checkpoint_error} if p is not None else None}
 
     def node_table(self) -> list[dict[str, Any]]:
         """Each node: its slots, whether it is up, and the active ranks it holds (rank, process)."""
-        ranks = list(enumerate(self.active.procs)) if self.active else []
+        ranks = list(enumerate(self.state.active.procs)) if self.state.active else []
         with self.nodes.lock:
             nodes = list(self.nodes.nodes.values())
         return [{"node": n.name, "up": not n.lost, "notice": n.notice is not None,
                  "slots": list(range(n.slot_base, n.slot_base + n.slots)),
-                 "ranks": [(r, p) for r, p in ranks if n.slot_base <= self.slot_of.get(p, -1) < n.slot_base + n.slots]}
+                 "ranks": [(r, p) for r, p in ranks if n.slot_base <= self.state.slot_of.get(p, -1) < n.slot_base + n.slots]}
                 for n in nodes]
 
     def capacity(self) -> int:
         """The slots the job can use now: those of its nodes that are up, less those lost."""
-        return len([s for s in self.nodes.slots() if s not in self.lost_slots])
+        return len([s for s in self.nodes.slots() if s not in self.state.lost_slots])
 
     def _projected_gpus(self) -> int:
-        n = 0 if self.suspended is not None else len(self.active.procs) if self.active else self.cfg.gpus
-        if self.current is not None:
-            n = self.current.record["gpus"]
-        for ev in self.queue:
+        n = 0 if self.state.suspended is not None else len(self.state.active.procs) if self.state.active else self.cfg.gpus
+        if self.state.current is not None:
+            n = self.state.current.record["gpus"]
+        for ev in self.state.queue:
             n = ev.gpus
         return n
 
@@ -344,62 +324,62 @@ class Controller(NodeMembership):
         """The queued event to handle next and its position (``decisions.next_event``: the head
         once triggered, else a triggered notice wherever it waits); ``notices_only``: the first
         triggered notice. Called with the lock held."""
-        if not self.queue or self._ending:  # (an operator's end: no new event begins)
+        if not self.state.queue or self.state.ending:  # (an operator's end: no new event begins)
             return None
         if any(isinstance(n, RemoteNode) and n.resumed for n in self.nodes.up()):
             return None  # a controller that came back: not before its nodes said what they run
-        if self.progress is None or self.active is None or self.progress.generation != self.active.generation:
+        if self.state.progress is None or self.state.active is None or self.state.progress.generation != self.state.active.generation:
             return None  # the Active World has not trained a step yet (it starts, or recovers)
-        queue = list(self.queue)
+        queue = list(self.state.queue)
         i = (next_notice if notices_only else next_event)(queue, lambda ev: ev.arrived is not None)
         return (i, queue[i]) if i is not None else None
 
     def _take(self, i: int) -> Event:
-        ev = self.queue[i]
-        del self.queue[i]
+        ev = self.state.queue[i]
+        del self.state.queue[i]
         return ev
 
     def _watch_progress(self) -> None:
         """Said and recorded once each (``watch.py``): a non-finite loss (ending the job there where
         asked), a failed periodic checkpoint."""
-        for f in self.watch.see(self.progress):
+        for f in self.watch.see(self.state.progress):
             (logs.PHASES.error if f.error else logs.PHASES.warning)(f.message)
-            self.records.append(f.record)
-            if f.stop and not self.end_at:
-                self.end_at, self._ending = max(1, self.progress.step), True
+            self.state.records.append(f.record)
+            if f.stop and not self.state.end_at:
+                self.state.end_at, self.state.ending = max(1, self.state.progress.step), True
                 self._wish()
 
     def _stamp_triggers(self) -> None:
         """Each queued event whose trigger happened gets its time (``decisions.trigger_time``),
         once: its deadline and its record's ``t_triggered`` count from there."""
-        p = self.progress
-        if p is None or self.active is None or p.generation != self.active.generation:
+        p = self.state.progress
+        if p is None or self.state.active is None or p.generation != self.state.active.generation:
             return
         now, ends = time.time(), None
         with self.lock:
-            for i, ev in enumerate(self.queue):
+            for i, ev in enumerate(self.state.queue):
                 if ev.after_previous is not None and ev.at_step is None:
-                    if i > 0 or self.current is not None or self.phase is not Phase.STABLE:
+                    if i > 0 or self.state.current is not None or self.state.phase is not Phase.STABLE:
                         continue  # (``step +N``: counted from the end of the event before it)
-                    ev = self.queue[i] = replace(ev, at_step=p.step + ev.after_previous)
+                    ev = self.state.queue[i] = replace(ev, at_step=p.step + ev.after_previous)
                 if ev.arrived is None:
                     if ends is None and p.ends:  # (parsed only when an event waits for its trigger)
                         ends = {int(k): t for k, t in p.ends.items()}
-                    self.queue[i] = replace(ev, arrived=trigger_time(ev.at_step, ev.at_time, p.step, p.time, p.step_s,
-                                                                     self.t_start, now, ends))
+                    self.state.queue[i] = replace(ev, arrived=trigger_time(ev.at_step, ev.at_time, p.step, p.time, p.step_s,
+                                                                     self.state.t_start, now, ends))
 
     def _refuse(self, ev: Event, e: ValueError) -> None:
-        self.records.append(settle({"event": ev.to_dict()}, Outcome.REFUSED, f"refused: {e}"))
+        self.state.records.append(settle({"event": ev.to_dict()}, Outcome.REFUSED, f"refused: {e}"))
         self.phase_log("refused", event=ev.describe(), error=str(e))
 
     # ---- generations ---------------------------------------------------------------------
     def _handling(self, ev: Event) -> Handling:
         """The event's target, its processes and its record (refused: ValueError); its ``event``
         is ``ev`` as far as it now applies (a node's notice: the GPUs its node leaves)."""
-        old = self.active
+        old = self.state.active
         n_old = len(old.procs)
         if ev.node is not None:  # a node's notice: its ranks leave, however many it holds by now
-            on_node = [p for p in old.procs if self.nodes.node_of(self.slot_of[p]).name == ev.node]
+            on_node = [p for p in old.procs if self.nodes.node_of(self.state.slot_of[p]).name == ev.node]
             if not on_node:
                 raise ValueError(f"{ev.source}: node {ev.node} holds no rank of the job any more")
             gpus = n_old - len(on_node)
@@ -412,7 +392,7 @@ class Controller(NodeMembership):
         h = Handling(event=ev, record=new_record(ev, self._arrival(ev), old.parallel, tgt, old.generation, self.step),
                      target=tgt)
         if ev.kind is EventKind.SCALE_OUT:
-            free = [s for s in self.nodes.free_slots() if s not in self.lost_slots]
+            free = [s for s in self.nodes.free_slots() if s not in self.state.lost_slots]
             if len(free) < ev.gpus - n_old:
                 raise ValueError(f"{ev.source}: scale-out {ev.gpus}: only {len(free)} free slots")
             h.join_slots = free[: ev.gpus - n_old]
@@ -421,7 +401,7 @@ class Controller(NodeMembership):
         elif ev.kind is EventKind.SCALE_IN:  # replicas where they can go, else the fewest bytes (``leaving.py``)
             a, job = self.adapter, self.job
             chosen = choose_leaving(a.view(job, old_layout), old.procs, n_old - ev.gpus, a.state_specs(job),
-                                    self.slot_of.__getitem__,
+                                    self.state.slot_of.__getitem__,
                                     lambda stay: self.plan(old.parallel, tgt, list(old.procs), stay).bytes_moved)
             h.leaving = chosen.procs
             h.record["leaving_chosen"] = chosen.why
@@ -430,20 +410,20 @@ class Controller(NodeMembership):
     def _start_generation(self, parallel: ParallelConfig, slots: list[int], load_from: str | None,
                           kind: str) -> GenerationSpec:
         """Fresh processes for a whole generation (first start, restart, recovery)."""
-        self.gen += 1
+        self.state.gen += 1
         procs = self.nodes.new_proc_ids(len(slots))
         for p, s in zip(procs, slots):
-            self.slot_of[p] = s
+            self.state.slot_of[p] = s
         placed = self._within_nodes(self.adapter.layout(self.job, parallel), procs)
-        spec = GenerationSpec(generation=self.gen, parallel=parallel, procs=tuple(placed), load_from=load_from,
+        spec = GenerationSpec(generation=self.state.gen, parallel=parallel, procs=tuple(placed), load_from=load_from,
                               nodes=self.node_names(placed),
                               kind=kind)
         spec.publish(self.store)
         self._wish()
         for p in procs:
-            self.nodes.start(p, self.slot_of[p], "start", self.gen)
-        self.active = spec
-        self.phase_log("generation", generation=self.gen, parallel=parallel.short(), kind=kind,
+            self.nodes.start(p, self.state.slot_of[p], "start", self.state.gen)
+        self.state.active = spec
+        self.phase_log("generation", generation=self.state.gen, parallel=parallel.short(), kind=kind,
                        procs=procs, load_from=load_from, **self._where(spec))
         return spec
 
@@ -451,7 +431,7 @@ class Controller(NodeMembership):
         """The node of each process (a generation's spec: its workers' LOCAL_WORLD_SIZE)."""
         def name(p: int) -> str:
             try:
-                return self.nodes.node_of(self.slot_of[p]).name
+                return self.nodes.node_of(self.state.slot_of[p]).name
             except KeyError:  # (a slot of a node the job no longer has)
                 return "?"
         return tuple(name(p) for p in procs)
@@ -460,7 +440,7 @@ class Controller(NodeMembership):
         """``placement`` (rank -> process) with each TP group on one node where the nodes allow."""
         if len(self.nodes.nodes) < 2:
             return list(placement)
-        return tp_within_nodes(layout, placement, {p: self.nodes.node_of(self.slot_of[p]).name for p in placement})
+        return tp_within_nodes(layout, placement, {p: self.nodes.node_of(self.state.slot_of[p]).name for p in placement})
 
     def plan(self, old: ParallelConfig, new: ParallelConfig, old_procs: list[int], new_procs: list[int],
              old_view=None) -> Plan:
@@ -481,33 +461,33 @@ class Controller(NodeMembership):
             return {}
         by: dict[str, list[int]] = {}
         for r, p in enumerate(spec.procs):
-            by.setdefault(self.nodes.node_of(self.slot_of[p]).name, []).append(r)
+            by.setdefault(self.nodes.node_of(self.state.slot_of[p]).name, []).append(r)
         return {"ranks_by_node": by}
 
     def _wish(self, wanted: int = 0, stop_at: int = 0, force: int = 0) -> None:
-        Wish(wanted=wanted, stop_at=stop_at, force=force, end_at=self.end_at).publish(self.store)
+        Wish(wanted=wanted, stop_at=stop_at, force=force, end_at=self.state.end_at).publish(self.store)
 
     def _maybe_end(self) -> None:
         """Nothing left to do: end the job ``end_after_events`` steps from now, if asked; or as an
         operator asked (``POST /end``), once no event is in flight."""
-        if self._end_requested is not None and self.current is None and self.progress \
-                and self.progress.generation == self.active.generation:
-            self.end_at, self._end_requested = self.progress.step + max(1, self._end_requested), None
-            self._ending = True
+        if self.state.end_requested is not None and self.state.current is None and self.state.progress \
+                and self.state.progress.generation == self.state.active.generation:
+            self.state.end_at, self.state.end_requested = self.state.progress.step + max(1, self.state.end_requested), None
+            self.state.ending = True
             self._wish()
             return
         n = self.cfg.controller.end_after_events
-        if n is None or self.queue or self.current is not None or self.end_at \
-                or not self.progress or self.progress.generation != self.active.generation:
+        if n is None or self.state.queue or self.state.current is not None or self.state.end_at \
+                or not self.state.progress or self.state.progress.generation != self.state.active.generation:
             return
-        self.end_at = self.progress.step + n
+        self.state.end_at = self.state.progress.step + n
         self._wish()
 
     def phase_log(self, what: str, **kw: Any) -> None:
         """A structured line for a phase event (``liver.logs``): with the generation, how long the
         controller was in the phase it leaves, and the step the job is at."""
         now = time.time()
-        logs.phase(what, **{"generation": self.gen, **kw, "step": self.step,
+        logs.phase(what, **{"generation": self.state.gen, **kw, "step": self.step,
                             "since_last_s": round(now - self._last_phase_t, 4)})
         self._last_phase_t = now
 
@@ -530,10 +510,10 @@ class Controller(NodeMembership):
 
     def _exits(self, ws: list[Worker]) -> None:
         """Exits seen together (a whole node's, say): the Active World's failures are one fail-stop."""
-        if self.phase is Phase.SUSPENDED:
+        if self.state.phase is Phase.SUSPENDED:
             return  # (processes stopped as the job let its last GPUs go)
         # (a process marked to leave holds its rank until the switch: its failure before is one too)
-        failed = [w for w in ws if w.returncode != 0 and self.active is not None and w.proc in self.active.procs]
+        failed = [w for w in ws if w.returncode != 0 and self.state.active is not None and w.proc in self.state.active.procs]
         for w in ws:
             if w not in failed:
                 self._exited(w)
@@ -553,7 +533,7 @@ class Controller(NodeMembership):
         time.sleep(FAILURE_GRACE_S)
         out, rest = list(dead), []
         for w in self._polled():
-            failed = w.returncode not in (0, None) and self.active is not None and w.proc in self.active.procs
+            failed = w.returncode not in (0, None) and self.state.active is not None and w.proc in self.state.active.procs
             (out if failed and w not in out else rest).append(w)
         self._stashed = rest
         return out
@@ -568,16 +548,16 @@ class Controller(NodeMembership):
             return
         if w.returncode != 0 and self._breaks_handoff(w):
             return self._fail_stop([w])  # at once: its peers may wait on it until a timeout
-        if w.returncode == 0 or (w.leaving and not (self.active is not None and w.proc in self.active.procs)):
+        if w.returncode == 0 or (w.leaving and not (self.state.active is not None and w.proc in self.state.active.procs)):
             # the job's end: every rank of the Active World done, the last one to exit checks (a
             # rank marked to leave by a handoff that the end cut short may well be the last)
-            if self.active and w.proc in self.active.procs and w.returncode == 0:
-                codes = tuple(self.nodes.workers[p].returncode for p in self.active.procs)
-                if job_finished(EndState(step=self.step, steps=self.cfg.steps, end_at=self.end_at,
+            if self.state.active and w.proc in self.state.active.procs and w.returncode == 0:
+                codes = tuple(self.nodes.workers[p].returncode for p in self.state.active.procs)
+                if job_finished(EndState(step=self.step, steps=self.cfg.steps, end_at=self.state.end_at,
                                          active_exit_codes=codes)):
                     self.go(Trigger.END)
             return
-        if self.active is not None and w.proc in self.active.procs:
+        if self.state.active is not None and w.proc in self.state.active.procs:
             self._fail_stop([w])
         else:
             self._joiner_died(w)
@@ -597,9 +577,9 @@ class Controller(NodeMembership):
         """The last step the Active World holds: its rank 0's latest, or, for a recovery that
         failed again before its first step, the step it was restored to (those steps are not
         lost twice)."""
-        if self.progress is None or self.progress.generation != self.active.generation:
-            began = next((r["restored_step"] for r in reversed(self.records)
-                          if r.get("generation") == self.active.generation and r.get("restored_step") is not None), None)
+        if self.state.progress is None or self.state.progress.generation != self.state.active.generation:
+            began = next((r["restored_step"] for r in reversed(self.state.records)
+                          if r.get("generation") == self.state.active.generation and r.get("restored_step") is not None), None)
             if began is not None:
                 return began
         return self.step
@@ -616,11 +596,11 @@ class Controller(NodeMembership):
         record says why not otherwise)."""
         t0 = time.time()
         dead = self._lost_with(dead)  # (the checkpoint's path: a moment more costs nothing here)
-        old_generation = self.active.generation
+        old_generation = self.state.active.generation
         failed_step = self._failed_step()
         dead_slots = {w.slot for w in dead}
-        self.lost_slots |= dead_slots
-        survivors = [self.slot_of[p] for p in self.active.procs if self.slot_of[p] not in dead_slots]
+        self.state.lost_slots |= dead_slots
+        survivors = [self.state.slot_of[p] for p in self.state.active.procs if self.state.slot_of[p] not in dead_slots]
         self.nodes.stop_all()
         if not survivors and all(w.returncode is not None and w.returncode < 0 or w.returncode == NODE_LOST
                                  for w in dead):
@@ -631,9 +611,9 @@ class Controller(NodeMembership):
             raise ControllerError("every process of the job died; nothing to recover on. Last words:\n" + tails)
         ck = self._newest_checkpoint()
         n = len(survivors)
-        old = self.active.parallel
-        if named is None and preempted and self.current is not None:
-            named = self.current.target  # the scale-in's own target: what the notice asked for
+        old = self.state.active.parallel
+        if named is None and preempted and self.state.current is not None:
+            named = self.state.current.target  # the scale-in's own target: what the notice asked for
         not_honoured = None
         if named is not None and named.world_size == n:
             parallel = named
@@ -643,25 +623,25 @@ class Controller(NodeMembership):
             if named is not None:
                 not_honoured = (f"the event asked for {named.short()} ({named.world_size} GPUs); {n} survived, so "
                                 f"{parallel.short()}")
-        if self.current is not None:  # the event in flight: re-queued if it still applies
-            ev = self.current.event
+        if self.state.current is not None:  # the event in flight: re-queued if it still applies
+            ev = self.state.current.event
             try:
                 if preempted:
                     raise ValueError("its deadline passed")
                 self.validate(ev, n)
-                settle(self.current.record, Outcome.REQUEUED, "interrupted by a fail-stop; re-queued")
-                self.queue.appendleft(ev)
+                settle(self.state.current.record, Outcome.REQUEUED, "interrupted by a fail-stop; re-queued")
+                self.state.queue.appendleft(ev)
             except ValueError:
-                settle(self.current.record, *((Outcome.DEADLINE_MISSED, "deadline missed: the leaving processes were "
+                settle(self.state.current.record, *((Outcome.DEADLINE_MISSED, "deadline missed: the leaving processes were "
                                                "stopped at the deadline and the job recovered on the others")
                                               if preempted else
                                               (Outcome.SUPERSEDED, "superseded by the fail-stop recovery")))
-            self.records.append(self.current.record)
-            self.current = None
+            self.state.records.append(self.state.current.record)
+            self.state.current = None
         self.go(Trigger.FAIL_STOP)
         self._start_generation(parallel, sorted(survivors), ck["path"] if ck else None, "recover")
         rec = {"event": {"kind": "fail-stop", "source": self._dead(dead)},
-               "outcome": Outcome.RECOVERED.value, "status": "recovered", "generation": self.gen,
+               "outcome": Outcome.RECOVERED.value, "status": "recovered", "generation": self.state.gen,
                "old_generation": old_generation,
                "old": old.short(), "new": parallel.short(),
                "failed_at_step": failed_step, "restored_step": ck["step"] if ck else 0,
@@ -670,7 +650,7 @@ class Controller(NodeMembership):
                # what the dead processes said last (a traceback's final line, where there was one)
                "last_words": {w.proc: _last_line(self.nodes.log_tail(w.proc, 2000)) for w in dead},
                **({"named_not_honoured": not_honoured} if not_honoured else {})}
-        self.records.append(rec)
+        self.state.records.append(rec)
         self.phase_log("fail-stop", **{k: rec[k] for k in ("failed_at_step", "restored_step", "lost_steps", "new",
                                                           "last_words")})
 
@@ -689,21 +669,21 @@ class Controller(NodeMembership):
         """A scale-in to 0 (every GPU's notice): the state saved at the next boundary (the
         restart's stop), every process let go, then ``SUSPENDED`` until a scale-out; a deadline
         that comes first stops them and the periodic checkpoint is what stands."""
-        old = self.active
+        old = self.state.active
         rec = new_record(ev, self._arrival(ev), old.parallel, old.parallel, old.generation, self.step)
         rec["new"] = "none (0 GPUs)"
-        self.current = Handling(event=ev, record=rec, leaving=list(old.procs))
+        self.state.current = Handling(event=ev, record=rec, leaving=list(old.procs))
         for p in old.procs:
             self.nodes.workers[p].leaving = True
         self._wish(stop_at=self.step + 1)
-        self._suspending = True
+        self.state.suspending = True
         self.go(Trigger.STOP)
         self.phase_log("suspend", event=ev.describe(), old=old.parallel.short())
 
     def _watch_suspend(self) -> None:
-        h, g = self.current, self.active.generation
+        h, g = self.state.current, self.state.active.generation
         saved = read_if(self.store, Saved.key(g), Saved)
-        if saved is not None and all(self.nodes.workers[p].returncode is not None for p in self.active.procs):
+        if saved is not None and all(self.nodes.workers[p].returncode is not None for p in self.state.active.procs):
             return self._suspend(saved.path, saved.step, "its state saved at the notice")
         if h.deadline_at is not None and time.time() > h.deadline_at:  # the provider takes the GPUs now
             self.nodes.stop_all()
@@ -716,33 +696,33 @@ class Controller(NodeMembership):
         """No GPU from here: the job waits with the state of step ``step`` at ``path`` (None: from
         step 0), the event in flight closed with it."""
         now = time.time()
-        self.suspended = {"path": path, "step": step, "at_step": self.step, "since": now,
-                          "parallel": self.active.parallel.short()}
-        self._suspending = False
-        if self.current is not None:
-            rec = self.current.record
+        self.state.suspended = {"path": path, "step": step, "at_step": self.step, "since": now,
+                          "parallel": self.state.active.parallel.short()}
+        self.state.suspending = False
+        if self.state.current is not None:
+            rec = self.state.current.record
             rec.update(status=f"suspended: every GPU gone, {how}", checkpoint=path, saved_step=step, t_done=now,
                        restored_step=step, lost_steps=self.step - step)
-            if self.current.deadline_at is not None:
-                rec["deadline_met"] = path is not None and step == self.step and now <= self.current.deadline_at
-            self.records.append(rec)
-            self.current = None
+            if self.state.current.deadline_at is not None:
+                rec["deadline_met"] = path is not None and step == self.step and now <= self.state.current.deadline_at
+            self.state.records.append(rec)
+            self.state.current = None
         self.go(Trigger.SUSPEND)
         self.phase_log("suspended", checkpoint=path, from_step=step, how=how)
 
     def _lost_every_gpu(self, dead: list[Worker], failed_step: int, t0: float) -> None:
         """Every process of the job killed or its node lost: the newest checkpoint stands; the job
         waits for GPUs to come back (a scale-out, a node registering) and resumes from it."""
-        if self.current is not None:
-            settle(self.current.record, Outcome.SUPERSEDED, "superseded: every GPU of the job is gone")
-            self.records.append(self.current.record)
-            self.current = None
+        if self.state.current is not None:
+            settle(self.state.current.record, Outcome.SUPERSEDED, "superseded: every GPU of the job is gone")
+            self.state.records.append(self.state.current.record)
+            self.state.current = None
         self.go(Trigger.FAIL_STOP)
         ck = self._newest_checkpoint()
-        self.records.append({"event": {"kind": "fail-stop", "source": self._dead(dead)},
+        self.state.records.append({"event": {"kind": "fail-stop", "source": self._dead(dead)},
                              "outcome": Outcome.SUSPENDED.value,
                              "status": "suspended: every process of the job is gone; waiting for GPUs",
-                             "old_generation": self.active.generation, "old": self.active.parallel.short(),
+                             "old_generation": self.state.active.generation, "old": self.state.active.parallel.short(),
                              "failed_at_step": failed_step, "restored_step": ck["step"] if ck else 0,
                              "lost_steps": failed_step - (ck["step"] if ck else 0),
                              "checkpoint": ck["path"] if ck else None, "t_event": t0})
@@ -754,36 +734,36 @@ class Controller(NodeMembership):
         scale-out resumes the job from its state on disk on the GPUs it gives; anything else is
         refused. With nothing queued and an end set (``end_after_events``), the job ends."""
         with self.lock:
-            ev = self.queue[0] if self.queue else None
+            ev = self.state.queue[0] if self.state.queue else None
             if ev is not None and ev.arrived is None:
-                ev = self.queue[0] = replace(ev, arrived=time.time() if ev.at_step is not None else
-                                             trigger_time(None, ev.at_time, 0, 0.0, 0.0, self.t_start, time.time()))
+                ev = self.state.queue[0] = replace(ev, arrived=time.time() if ev.at_step is not None else
+                                             trigger_time(None, ev.at_time, 0, 0.0, 0.0, self.state.t_start, time.time()))
             if ev is not None and ev.arrived is not None:
-                self.queue.popleft()
+                self.state.queue.popleft()
             else:
                 ev = None  # (nothing queued, or the head's time has not come)
         if ev is None:
-            if not self.queue and self.cfg.controller.end_after_events is not None and not self.remote:
-                self.records.append(settle({"event": {"kind": "end", "source": "controller"}}, Outcome.ENDED,
+            if not self.state.queue and self.cfg.controller.end_after_events is not None and not self.remote:
+                self.state.records.append(settle({"event": {"kind": "end", "source": "controller"}}, Outcome.ENDED,
                                            "ended with no GPU: nothing queued would bring one back"))
                 self.go(Trigger.END)
             return
         if ev.kind is EventKind.SCALE_OUT:
-            self.lost_slots.clear()  # the event reports capacity
+            self.state.lost_slots.clear()  # the event reports capacity
         try:
             tgt = self.validate(ev, 0)
-            free = [s for s in self.nodes.free_slots() if s not in self.lost_slots]
+            free = [s for s in self.nodes.free_slots() if s not in self.state.lost_slots]
             if len(free) < ev.gpus:
                 raise ValueError(f"{ev.source}: scale-out {ev.gpus}: only {len(free)} free slots")
         except ValueError as e:
             return self._refuse(ev, e)
-        s, now = self.suspended, time.time()
-        self.suspended = None
+        s, now = self.state.suspended, time.time()
+        self.state.suspended = None
         self.go(Trigger.RESUME)
         self._start_generation(tgt, free[: ev.gpus], s["path"], "resume")
-        self.records.append({"event": ev.to_dict(), "outcome": Outcome.RESUMED.value,
+        self.state.records.append({"event": ev.to_dict(), "outcome": Outcome.RESUMED.value,
                              "status": "resumed from the state on disk", "gpus": ev.gpus,
-                             "arrived": ev.arrived, "t_event": now, "generation": self.gen, "old": s["parallel"],
+                             "arrived": ev.arrived, "t_event": now, "generation": self.state.gen, "old": s["parallel"],
                              "new": tgt.short(), "checkpoint": s["path"], "restored_step": s["step"],
                              "suspended_s": now - s["since"], "lost_steps": s["at_step"] - s["step"]})
 
@@ -793,19 +773,19 @@ class Controller(NodeMembership):
         waited behind another one (the provider does not wait)."""
         if ev.arrived is not None:
             return ev.arrived
-        if ev.at_time is not None and self.t_start is not None:
-            return self.t_start + ev.at_time
+        if ev.at_time is not None and self.state.t_start is not None:
+            return self.state.t_start + ev.at_time
         return time.time()
 
     def _close(self, outcome: Outcome, trigger: Trigger, says: str | None = None) -> None:
-        h = self.current
+        h = self.state.current
         rec = h.record
         settle(rec, outcome, says)
         rec["t_done"] = time.time()
         # the controller loop's CPU time from the event to its end (its routine polling included)
         rec["controller_cpu_s"] = time.thread_time() - h.cpu0
-        self.records.append(rec)
-        self.current = None
+        self.state.records.append(rec)
+        self.state.current = None
         self.go(trigger)
 
     def _collect(self, g: int, procs: list[int], cls: type[M]) -> dict[int, M] | None:

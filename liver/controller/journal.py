@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 NAME = "journal.pkl"
-VERSION = 1
+VERSION = 2  # (2: the controller's state as one ``ControllerState``)
 
 
 def write(run_dir: Path, state: dict[str, Any]) -> None:

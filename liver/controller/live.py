@@ -39,12 +39,7 @@ class LiveController(Controller):
     def starter(backend: str, engine: str) -> dict[str, Any]:
         return forked_workers(backend, engine, joiners=True)
 
-    JOURNALED = Controller.JOURNALED + ("pending", "members", "_missed")
-
     def __init__(self, *args: Any, **kw: Any) -> None:
-        self.pending: GenerationSpec | None = None
-        self.members: list[int] = []  # every process of the old and the pending generation
-        self._missed = None  # the scale-in whose missed deadline the next heal completes
         self._idle: bool | None = None  # the loop thread's priority: idle, normal, or never set (None)
         super().__init__(*args, **kw)
 
@@ -54,9 +49,9 @@ class LiveController(Controller):
         gone); one that was committed is switching, and is watched to its end as before.
         Generations announced after the journal's last write are withdrawn first (``_forget_unjournaled``)."""
         self._forget_unjournaled()
-        if self.phase not in PENDING:
+        if self.state.phase not in PENDING:
             return
-        g, h = self.pending.generation, self.current
+        g, h = self.state.pending.generation, self.state.current
         if decide(self.store, g, WITHDRAW) != WITHDRAW:
             return self._committed()
         self._wish()
@@ -66,10 +61,10 @@ class LiveController(Controller):
             self.nodes.workers[p].leaving = False
         h.record["attempts"][-1]["cancelled"] = "the controller restarted"
         settle(h.record, Outcome.REQUEUED, "interrupted by a controller restart; queued again")
-        self.records.append(h.record)
+        self.state.records.append(h.record)
         with self.lock:
-            self.queue.appendleft(h.event)
-        self.current, self.pending = None, None
+            self.state.queue.appendleft(h.event)
+        self.state.current, self.state.pending = None, None
         self.go(Trigger.CANCEL)
         self.phase_log("cancelled", generation=g, why="the controller restarted; its event is queued again")
 
@@ -79,7 +74,7 @@ class LiveController(Controller):
         commits it, and its number is not used again (a rank that prepared it would take a new
         generation of that number for the one it prepared); with no event pending, the ranks are
         told that nothing is wanted."""
-        stale, g = [], self.gen + 1
+        stale, g = [], self.state.gen + 1
         while self.store.check([GenerationSpec.key_of(g)]):
             if decide(self.store, g, WITHDRAW) != WITHDRAW:  # (a switch takes Prepare's seconds: not seen)
                 raise ControllerError(f"generation {g} was committed by the ranks after the journal's last write; "
@@ -88,8 +83,8 @@ class LiveController(Controller):
             g += 1
         if not stale:
             return
-        self.gen = stale[-1]
-        if self.phase not in PENDING:
+        self.state.gen = stale[-1]
+        if self.state.phase not in PENDING:
             self._wish()
         for g in stale:
             self.phase_log("cancelled", generation=g, why="announced by the controller that died after its journal's "
@@ -126,7 +121,7 @@ class LiveController(Controller):
     def _loop_priority(self, due: bool) -> None:
         """Low priority while nothing is due (its polling takes little of the ranks' time), normal
         priority from an event's trigger to its end: a due event is acted on at once."""
-        idle = not due and self.phase is Phase.STABLE
+        idle = not due and self.state.phase is Phase.STABLE
         if self._idle is not None and idle != self._idle:
             this_thread(low=idle)
             self._idle = idle
@@ -135,29 +130,29 @@ class LiveController(Controller):
         with self.lock:
             due = self._due()
             self._loop_priority(due is not None)
-            ev = self._take(due[0]) if due is not None and self.phase is Phase.STABLE else None
-        if self.phase is Phase.STABLE:
+            ev = self._take(due[0]) if due is not None and self.state.phase is Phase.STABLE else None
+        if self.state.phase is Phase.STABLE:
             if ev is not None:
                 self._begin(ev)
-        elif self.phase in PENDING:
+        elif self.state.phase in PENDING:
             self._notice_during_prepare()
-            if self.phase in PENDING:
+            if self.state.phase in PENDING:
                 self._watch_prepare()
-        elif self.phase is Phase.SWITCH:
+        elif self.state.phase is Phase.SWITCH:
             self._watch_switch()
-        elif self.phase is Phase.CLEANUP:
+        elif self.state.phase is Phase.CLEANUP:
             self._watch_cleanup()
 
     # ---- a fail-stop healed from the survivors ---------------------------------------------
     def _fail_stop(self, dead: list[Worker], preempted: bool = False) -> None:
         """Healed from the survivors' memory where they hold every shard (``heal.py``); else the
         checkpoint (``Controller._fail_stop``)."""
-        if self.cfg.controller.heal_timeout_s > 0 and (self.current is None or self._drop_pending(preempted)):
-            missed, self._missed = self._missed, None
+        if self.cfg.controller.heal_timeout_s > 0 and (self.state.current is None or self._drop_pending(preempted)):
+            missed, self.state.missed = self.state.missed, None
             rec = self._try_heal(dead, missed.target if missed is not None else None)
             if rec is not None:
-                self.lost_slots |= {w.slot for w in dead}
-                self.records.append(rec)
+                self.state.lost_slots |= {w.slot for w in dead}
+                self.state.records.append(rec)
                 return
             if missed is not None:  # (its record is written: it says how the job went on after all)
                 settle(missed.record, Outcome.DEADLINE_MISSED, "deadline missed: the leaving processes were stopped at "
@@ -178,9 +173,9 @@ class LiveController(Controller):
         generation is withdrawn (none switched to it). A scale-in whose deadline passed (its
         leaving processes were stopped) ends here, with its outcome in its record; any other
         event is queued again first, as the checkpoint's recovery does."""
-        if self.phase not in PENDING or decide(self.store, self.pending.generation, WITHDRAW) != WITHDRAW:
+        if self.state.phase not in PENDING or decide(self.store, self.state.pending.generation, WITHDRAW) != WITHDRAW:
             return False
-        h = self.current
+        h = self.state.current
         for p in h.joiners:
             self.nodes.kill(p)
         for p in h.leaving:
@@ -188,13 +183,13 @@ class LiveController(Controller):
         if preempted:
             settle(h.record, Outcome.DEADLINE_MISSED, "deadline missed: the leaving processes were stopped at the "
                    "deadline and the survivors healed from their replicas")
-            self._missed = h
+            self.state.missed = h
         else:
             settle(h.record, Outcome.REQUEUED, "interrupted by a fail-stop; re-queued")
             with self.lock:
-                self.queue.appendleft(h.event)
-        self.records.append(h.record)
-        self.current, self.pending = None, None
+                self.state.queue.appendleft(h.event)
+        self.state.records.append(h.record)
+        self.state.current, self.state.pending = None, None
         self._wish()
         self.go(Trigger.FAIL_STOP)
         return True
@@ -202,7 +197,7 @@ class LiveController(Controller):
     def _heal(self, dead: list[Worker], parallel=None) -> dict[str, Any] | None:
         """The next generation built from the survivors' own state at the step they stopped at
         (to ``parallel`` where it fits their count): its record, or None where they cannot."""
-        t0, old, failed_step = time.time(), self.active, self._failed_step()
+        t0, old, failed_step = time.time(), self.state.active, self._failed_step()
         a, job = self.adapter, self.job
         view = heal.surviving_view(a.view(job, a.layout(job, old.parallel)), old.procs, [w.proc for w in dead])
         survivors = [old.procs[r] for r in view.ranks]
@@ -211,7 +206,7 @@ class LiveController(Controller):
         if missing is not None:
             self.phase_log("no-heal", why=missing[:200])
             return None
-        if self.progress is None or self.progress.generation != old.generation:
+        if self.state.progress is None or self.state.progress.generation != old.generation:
             self.phase_log("no-heal", why="the generation had not trained a step yet (it was starting)")
             return None
         not_honoured = None
@@ -234,25 +229,25 @@ class LiveController(Controller):
         givers = [old.procs[r] for r in view.ranks]
         stalled = {p: stalled[p] for p in givers}
         plan = self.plan(old.parallel, parallel, givers, survivors, old_view=view)
-        self.gen += 1
-        spec = GenerationSpec(generation=self.gen, parallel=parallel, procs=tuple(plan.placement), kind="heal",
+        self.state.gen += 1
+        spec = GenerationSpec(generation=self.state.gen, parallel=parallel, procs=tuple(plan.placement), kind="heal",
                               nodes=self.node_names(plan.placement),
                               old_generation=old.generation, old_parallel=old.parallel, old_procs=tuple(givers),
                               old_ranks=view.ranks)
-        publish_plan(self.store, self.gen, plan)
+        publish_plan(self.store, self.state.gen, plan)
         spec.publish(self.store)
-        self.store.set(Stalled.heal_key(old.generation), str(self.gen))
-        self.phase_log("heal", generation=self.gen, new=parallel.short(), procs=list(plan.placement), from_step=step,
+        self.store.set(Stalled.heal_key(old.generation), str(self.state.gen))
+        self.phase_log("heal", generation=self.state.gen, new=parallel.short(), procs=list(plan.placement), from_step=step,
                        bytes_moved=plan.bytes_moved)
-        switched = self._wait_for(self.gen, survivors, SwitchReport, self.cfg.controller.prepare_timeout_s)
+        switched = self._wait_for(self.state.gen, survivors, SwitchReport, self.cfg.controller.prepare_timeout_s)
         if switched is None:
             return None
-        self.active = spec
+        self.state.active = spec
         before = None  # the survivors' state as they stopped, from their own parts of the digest
         if all(r.hashes is not None for r in stalled.values()):
             before = combine(specs, [r.hashes for r in stalled.values()], next(iter(stalled.values())).scalars)
         rec = {"event": {"kind": "fail-stop", "source": self._dead(dead)},
-               "outcome": Outcome.HEALED.value, "status": HEALED_SAYS, "generation": self.gen,
+               "outcome": Outcome.HEALED.value, "status": HEALED_SAYS, "generation": self.state.gen,
                "old_generation": old.generation, "old": old.parallel.short(), "new": parallel.short(),
                "failed_at_step": failed_step, "restored_step": step, "lost_steps": max(0, failed_step - step),
                # steps the survivors completed that the lost rank 0 had not logged yet (trained, kept)
@@ -302,12 +297,12 @@ class LiveController(Controller):
         if ev.kind is EventKind.SCALE_IN and ev.gpus == 0:
             return self._suspend_begin(ev)  # every GPU goes: the state to disk, the job waits
         if ev.kind is EventKind.SCALE_OUT:
-            self.lost_slots.clear()  # the event reports capacity: slots lost earlier may be back
+            self.state.lost_slots.clear()  # the event reports capacity: slots lost earlier may be back
         try:
             h = self._handling(ev)
         except ValueError as e:
             return self._refuse(ev, e)
-        self.current = h
+        self.state.current = h
         if ev.kind is EventKind.SCALE_IN and ev.deadline_s is not None:
             path = self._path(h)
             if path is ScaleInPath.DROP:
@@ -320,7 +315,7 @@ class LiveController(Controller):
     def _path(self, h) -> ScaleInPath:
         """What the notice needs (the bytes only the leaving ranks hold, the predicted handoff) and
         the path it takes (``decisions.scale_in_path``), written into its record."""
-        old, a, job = self.active, self.adapter, self.job
+        old, a, job = self.state.active, self.adapter, self.job
         stay = [p for p in old.procs if p not in h.leaving]
         plan = self.plan(old.parallel, h.target, list(old.procs), stay)
         view = heal.surviving_view(a.view(job, a.layout(job, old.parallel)), old.procs, h.leaving)
@@ -338,7 +333,7 @@ class LiveController(Controller):
     def _predicted_handoff_s(self, old, new, plan) -> tuple[float, str]:
         """This job's slowest handoff without cold processes so far (prepare + switch), else the
         simulator's calibrated model of one, for the machine's profile: (seconds, which)."""
-        past = [r["prepare_s"] + r["switch_s"] for r in self.records
+        past = [r["prepare_s"] + r["switch_s"] for r in self.state.records
                 if outcome_of(r) is Outcome.DONE and not r.get("joiners") and "switch_s" in r]
         if past:
             return max(past), "measured"
@@ -358,58 +353,58 @@ class LiveController(Controller):
         healed = self._try_heal(gone, h.target) if self.cfg.controller.heal_timeout_s > 0 else None
         rec = h.record
         rec.update(t_stopped=stopped, deadline_met=stopped <= h.deadline_at, t_done=time.time())
-        self.current = None
+        self.state.current = None
         if healed is None:
             settle(rec, Outcome.RECOVERED, "recovered: the leaving processes were stopped before the deadline; the "
                    "survivors could not go on from their own state, so from the checkpoint (next record)")
-            self.records.append(rec)
+            self.state.records.append(rec)
             return Controller._fail_stop(self, gone, named=h.target)
         rec.update({k: healed[k] for k in ("generation", "new", "failed_at_step", "restored_step", "lost_steps",
                                            "steps_unlogged", "heal_s", "bytes_moved", "digest_before", "digest_after")},
                    outcome=Outcome.DROPPED.value, status=DROPPED_SAYS)
-        self.records.append(rec)
+        self.state.records.append(rec)
 
     def _launch(self) -> None:
-        h, old = self.current, self.active
+        h, old = self.state.current, self.state.active
         rec = h.record
         h.joiners = self.nodes.new_proc_ids(len(h.join_slots))
         for p, s in zip(h.joiners, h.join_slots):
-            self.slot_of[p] = s
+            self.state.slot_of[p] = s
         new_procs = [p for p in old.procs if p not in h.leaving] + h.joiners
         t0 = time.perf_counter()
         plan = self.plan(old.parallel, h.target, list(old.procs), new_procs)
-        self.gen += 1
-        spec = GenerationSpec(generation=self.gen, parallel=h.target, procs=tuple(plan.placement),
+        self.state.gen += 1
+        spec = GenerationSpec(generation=self.state.gen, parallel=h.target, procs=tuple(plan.placement),
                               nodes=self.node_names(plan.placement),
                               old_generation=old.generation, old_parallel=old.parallel,
                               old_procs=old.procs, kind=h.event.kind.value)
-        publish_plan(self.store, self.gen, plan)  # before the spec: a worker that sees one finds both
+        publish_plan(self.store, self.state.gen, plan)  # before the spec: a worker that sees one finds both
         spec.publish(self.store)
-        rec.update(generation=self.gen, plan_s=time.perf_counter() - t0, bytes_moved=plan.bytes_moved,
+        rec.update(generation=self.state.gen, plan_s=time.perf_counter() - t0, bytes_moved=plan.bytes_moved,
                    bytes_moved_identity_placement=plan.bytes_moved_identity,
                    max_rank_bytes_in=max(plan.rank_bytes_in.values(), default=0),
                    max_rank_bytes_out=max(plan.rank_bytes_out.values(), default=0),
                    joiners=h.joiners, leaving=h.leaving, procs=plan.placement)
-        rec.setdefault("attempts", []).append({"generation": self.gen, "t": time.time(), "joiners": h.joiners})
-        self.pending = spec
-        self.members = sorted(set(old.procs) | set(plan.placement))
+        rec.setdefault("attempts", []).append({"generation": self.state.gen, "t": time.time(), "joiners": h.joiners})
+        self.state.pending = spec
+        self.state.members = sorted(set(old.procs) | set(plan.placement))
         for i, p in enumerate(h.joiners):
             try:
-                self.nodes.start(p, self.slot_of[p], "joiner", self.gen)
+                self.nodes.start(p, self.state.slot_of[p], "joiner", self.state.gen)
             except (RuntimeError, OSError) as e:  # (a template that cannot fork in time: a loaded node)
                 h.joiners = h.joiners[:i]  # the ones started are stopped with the handoff
-                decide(self.store, self.gen, WITHDRAW)  # (nobody prepares it: no wish named it yet)
-                return self._cancel(f"joiner process {p} (slot {self.slot_of[p]}) could not be started: {e}",
+                decide(self.store, self.state.gen, WITHDRAW)  # (nobody prepares it: no wish named it yet)
+                return self._cancel(f"joiner process {p} (slot {self.state.slot_of[p]}) could not be started: {e}",
                                     replan=False)
         for p in h.leaving:
             self.nodes.workers[p].leaving = True
-        self._wish(wanted=self.gen, force=self.gen if h.forced else 0)
-        self.phase_log("prepare", generation=self.gen, event=h.event.kind.value, old=rec["old"], new=rec["new"],
+        self._wish(wanted=self.state.gen, force=self.state.gen if h.forced else 0)
+        self.phase_log("prepare", generation=self.state.gen, event=h.event.kind.value, old=rec["old"], new=rec["new"],
                        joiners=h.joiners, leaving=h.leaving, bytes_moved=plan.bytes_moved)
 
     # ---- while it prepares -----------------------------------------------------------------
     def _watch_prepare(self) -> None:
-        h, g, now = self.current, self.pending.generation, time.time()
+        h, g, now = self.state.current, self.state.pending.generation, time.time()
         rec = h.record
         if decided(self.store, g) == COMMIT:  # rank 0 committed: the ranks are switching
             return self._committed()
@@ -417,8 +412,8 @@ class LiveController(Controller):
         if failure is not None:
             return self._withdraw_then(lambda: self._cancel(f"process {failure.proc} could not prepare generation "
                                                             f"{g}: {failure.error}", replan=False))
-        if self.phase is Phase.PREPARE:
-            if self.store.check([f"ready/{g}/{p}" for p in self.members]):  # one round trip
+        if self.state.phase is Phase.PREPARE:
+            if self.store.check([f"ready/{g}/{p}" for p in self.state.members]):  # one round trip
                 self._mark_ready(now)
             elif now - h.attempt_started > self.cfg.controller.prepare_timeout_s:
                 why = f"not ready after {self.cfg.controller.prepare_timeout_s:g} s"
@@ -440,14 +435,14 @@ class LiveController(Controller):
                     return self._fail_stop(gone, preempted=True)
 
     def _mark_ready(self, now: float) -> None:
-        rec = self.current.record
+        rec = self.state.current.record
         rec["t_ready"] = now
-        rec["prepare_s"] = now - self.current.attempt_started
+        rec["prepare_s"] = now - self.state.current.attempt_started
         self.go(Trigger.READY)
-        self.phase_log("ready", generation=self.pending.generation, prepare_s=round(rec["prepare_s"], 4))
+        self.phase_log("ready", generation=self.state.pending.generation, prepare_s=round(rec["prepare_s"], 4))
 
     def _failure(self, g: int) -> Failure | None:
-        for p in self.members:
+        for p in self.state.members:
             f = read_if(self.store, Failure.key(g, p), Failure)
             if f is not None:
                 return f
@@ -455,20 +450,20 @@ class LiveController(Controller):
 
     def _committed(self) -> None:
         """Rank 0 committed the pending generation: from here it is the switch, whatever comes."""
-        if self.phase is Phase.PREPARE:  # committed between two polls of the ready keys
-            g = self.pending.generation
+        if self.state.phase is Phase.PREPARE:  # committed between two polls of the ready keys
+            g = self.state.pending.generation
             # (when the last member said ready; a member the pending generation dropped in a
             # re-plan has no key)
-            times = [t for t in (get(self.store, f"ready/{g}/{p}") for p in self.members) if t is not None]
+            times = [t for t in (get(self.store, f"ready/{g}/{p}") for p in self.state.members) if t is not None]
             self._mark_ready(max(times) if times else time.time())
         self.go(Trigger.COMMIT)
-        self.phase_log("commit", generation=self.pending.generation)
+        self.phase_log("commit", generation=self.state.pending.generation)
 
     def _withdraw_then(self, dropped) -> bool:
         """Withdraw the pending generation: True (and ``dropped()`` called) where the withdrawal
         holds, so no rank can switch to it any more; False where rank 0 had committed it first:
         the switch goes on, and whatever wanted the withdrawal waits for its end."""
-        g = self.pending.generation
+        g = self.state.pending.generation
         if decide(self.store, g, WITHDRAW) == WITHDRAW:
             self._wish()
             dropped()
@@ -483,41 +478,41 @@ class LiveController(Controller):
         with self.lock:
             due = self._due(notices_only=True)  # wherever it waits in the queue
             head = due[1] if due is not None else None
-            n_active = len(self.active.procs)
-            action = on_notice(self.current.event.kind if self.current else None, head.kind if head else None,
+            n_active = len(self.state.active.procs)
+            action = on_notice(self.state.current.event.kind if self.state.current else None, head.kind if head else None,
                                head.gpus if head else 0, n_active, deadline=head is not None and
                                head.deadline_s is not None)
             if action is NoticeAction.WAIT:
                 return
             self._take(due[0])
-        h = self.current
+        h = self.state.current
         notice = {"event": head.to_dict(), "arrived": self._arrival(head), "t_event": time.time()}
-        if decide(self.store, self.pending.generation, WITHDRAW) != WITHDRAW:
+        if decide(self.store, self.state.pending.generation, WITHDRAW) != WITHDRAW:
             with self.lock:  # the scale-out is switching: the notice is next
-                self.queue.appendleft(head)
+                self.state.queue.appendleft(head)
             return self._committed()
         self._wish()
         if action is NoticeAction.MERGE:  # still a scale-out, to fewer GPUs
             h.event = replace(h.event, gpus=head.gpus, parallel=head.parallel)
-            self.records.append(settle({**notice}, Outcome.MERGED, f"merged into the pending scale-out (now to {head.gpus})"))
+            self.state.records.append(settle({**notice}, Outcome.MERGED, f"merged into the pending scale-out (now to {head.gpus})"))
             return self._cancel(f"scale-in notice to {head.gpus} GPUs", replan=True)
         self._cancel(f"scale-in notice to {head.gpus} GPUs", replan=False)
         if action is NoticeAction.DROP_THEN_BEGIN:
             self._begin(head)
         else:
-            self.records.append(settle({**notice}, Outcome.DONE, "done: the job already has that many GPUs once the "
+            self.state.records.append(settle({**notice}, Outcome.DONE, "done: the job already has that many GPUs once the "
                                        "pending scale-out is dropped"))
 
     def _cancel(self, why: str, replan: bool) -> None:
         """The pending generation went stale and its withdrawal holds: drop it (the Active World
         never changed) and re-plan, or close the event."""
-        h = self.current
+        h = self.state.current
         for p in h.joiners:
             self.nodes.kill(p)
         for p in h.leaving:
             self.nodes.workers[p].leaving = False
         h.record["attempts"][-1]["cancelled"] = why
-        self.phase_log("cancelled", generation=self.pending.generation, why=why)
+        self.phase_log("cancelled", generation=self.state.pending.generation, why=why)
         ev = h.event
         if replan and ev.kind is EventKind.SCALE_OUT:
             gpus = min(ev.gpus, self.capacity())  # (a named configuration that no longer fits: the controller chooses)
@@ -537,13 +532,13 @@ class LiveController(Controller):
         """A process of the switch under way (a joiner receiving, a source sending, one leaving
         with its shards): the old shards are released as they are sent, so there is no way back
         but the checkpoint, and its peers would wait on it until their groups' timeout."""
-        return self.phase is Phase.SWITCH and w.proc in self.members
+        return self.state.phase is Phase.SWITCH and w.proc in self.state.members
 
     def _joiner_died(self, w: Worker) -> None:
         super()._joiner_died(w)
-        if self.current is None or self.phase not in PENDING or w.proc not in self.pending.procs:
+        if self.state.current is None or self.state.phase not in PENDING or w.proc not in self.state.pending.procs:
             return
-        self.lost_slots.add(w.slot)
+        self.state.lost_slots.add(w.slot)
         if not self._withdraw_then(lambda: self._cancel(f"joiner {w.proc} (slot {w.slot}) died during Prepare",
                                                         replan=True)):
             # rank 0 had committed first: the switch cannot complete without it (as a member lost
@@ -552,27 +547,27 @@ class LiveController(Controller):
 
     # ---- the switch and after ----------------------------------------------------------------
     def _watch_switch(self) -> None:
-        g = self.pending.generation
-        done = self._collect(g, list(self.pending.procs), SwitchReport)
+        g = self.state.pending.generation
+        done = self._collect(g, list(self.state.pending.procs), SwitchReport)
         if done is None:
             return
-        h = self.current
+        h = self.state.current
         rec = h.record
-        old_procs = [p for p in self.members if p not in self.pending.procs]
+        old_procs = [p for p in self.state.members if p not in self.state.pending.procs]
         leavers = {p: r for p in old_procs if (r := read_if(self.store, SwitchReport.key(g, p), SwitchReport))}
         rec.update(switch_metrics(done, leavers))
         if h.event.deadline_s is not None:
             rec["deadline_met"] = rec["switch_end"] <= h.deadline_at
-        self.active, self.pending = self.pending, None
+        self.state.active, self.state.pending = self.state.pending, None
         self.go(Trigger.SWITCHED)
-        self.phase_log("switch", generation=self.active.generation, switch_s=round(rec["switch_s"], 4),
-                       transfer_s=round(rec["transfer_s"], 4), **self._where(self.active))
+        self.phase_log("switch", generation=self.state.active.generation, switch_s=round(rec["switch_s"], 4),
+                       transfer_s=round(rec["transfer_s"], 4), **self._where(self.state.active))
 
     def _watch_cleanup(self) -> None:
-        h = self.current
+        h = self.state.current
         leaving = [self.nodes.workers[p] for p in h.leaving]
         if all(w.returncode is not None for w in leaving) or time.time() - h.record["switch_end"] > 30:
             for w in leaving:
                 self.nodes.kill(w.proc)
             self._close(Outcome.DONE, Trigger.CLEANED)
-            self.phase_log("cleanup", generation=self.active.generation)
+            self.phase_log("cleanup", generation=self.state.active.generation)

@@ -32,28 +32,25 @@ class NodeMembership:
         if now - self._alive_said > 1.0:
             self.store.set(storehost.ALIVE_KEY, str(now))
             self._alive_said = now
-        with self.nodes.lock:
+        with self.lock, self.nodes.lock:  # (in that order, as the endpoint's threads take them)
             nodes = [n for n in self.nodes.nodes.values() if isinstance(n, RemoteNode)]
-            mark = (self.phase, self.gen, len(self.records), tuple(e.describe() for e in self.queue), self.end_at,
-                    self._ending, tuple(self._joined), tuple(self._noticed), self.nodes._next_proc,
+            mark = (self.state.phase, self.state.gen, len(self.state.records), tuple(e.describe() for e in self.state.queue), self.state.end_at,
+                    self.state.ending, tuple(self.state.joined), tuple(self.state.noticed), self.nodes._next_proc,
                     tuple((n.name, n.lost, n.notice is not None, n._next, len(n.workers),
                            sum(w.returncode is None for w in n.workers.values())) for n in nodes))
             if mark == self._journaled and not force:
                 return
-            state = {k: getattr(self, k) for k in self.JOURNALED}
-            state.update(queue=list(self.queue), cfg=self.cfg, mode=self.mode, token=self.endpoint.token if self.endpoint
+            state = dict(state=self.state, cfg=self.cfg, mode=self.mode, token=self.endpoint.token if self.endpoint
                          else self.token, url=self.endpoint.url if self.endpoint else None, store_pid=self.store_pid,
                          store_addr=self.store_addr, next_proc=self.nodes._next_proc, next_slot=self.nodes._next_slot,
                          nodes=[n.record() for n in nodes])
-        journal.write(self.run_dir, state)
+            journal.write(self.run_dir, state)
         self._journaled = mark
 
     def _restore(self, state: dict[str, Any]) -> None:
-        for k in self.JOURNALED:
-            setattr(self, k, state[k])
-        if self.current is not None:  # (its CPU count starts again in this process)
-            self.current.cpu0 = time.thread_time()
-        self.queue.extend(state["queue"])
+        self.state = state["state"]
+        if self.state.current is not None:  # (its CPU count starts again in this process)
+            self.state.current.cpu0 = time.thread_time()
         self.token, self._url = state["token"], state["url"]
         self.nodes._next_proc, self.nodes._next_slot = state["next_proc"], state["next_slot"]
         for rec in state["nodes"]:
@@ -97,12 +94,12 @@ class NodeMembership:
                                          f"this one once the old agent is declared lost "
                                          f"(controller.agent_timeout_s={self.cfg.controller.agent_timeout_s:g})")
                     self.nodes.retire(msg.node)
-                    self._noticed.discard(msg.node)  # (a notice to the old node is not the new one's)
+                    self.state.noticed.discard(msg.node)  # (a notice to the old node is not the new one's)
                 node = self.nodes.add(lambda base: RemoteNode(msg.node, base, msg.slots, msg.host, agent_pid=msg.pid))
                 for r in msg.workers:  # processes of a generation it was declared lost from
                     node.workers[r.proc] = Worker(r.proc, r.slot, r.role, r.generation, r.pid, time.time())
                     node.kill(r.proc)
-                self._joined.append(node.name)
+                self.state.joined.append(node.name)
         self.phase_log("node", node=msg.node, host=msg.host, slots=list(range(node.slot_base, node.slot_base + node.slots)))
         return Registered(node=node.name, slot_base=node.slot_base, base_spec=self.base_spec,
                           starter=self.starter_spec())
@@ -129,7 +126,7 @@ class NodeMembership:
                                  f"(liver agent --controller {self.endpoint.url if self.endpoint else '?'})")
                 said = True
             time.sleep(0.05)
-        self._joined.clear()  # (the first generation places itself on them)
+        self.state.joined.clear()  # (the first generation places itself on them)
 
     def _watch_nodes(self) -> None:
         """A node gone silent is a fail-stop of its ranks; a notice a node received is a scale-in of
@@ -143,24 +140,24 @@ class NodeMembership:
                 self.phase_log("node-lost", node=n.name, silent_s=round(now - n.last_seen, 1),
                                procs=[w.proc for w in gone])
                 self._exits(gone)
-            elif n.notice is not None and n.name not in self._noticed:
-                self._noticed.add(n.name)
+            elif n.notice is not None and n.name not in self.state.noticed:
+                self.state.noticed.add(n.name)
                 self._node_notice(n)
-        while self._joined and self.phase in (Phase.STABLE, Phase.SUSPENDED) and self.active is not None:
-            self._node_joined(self._joined.pop(0))
+        while self.state.joined and self.state.phase in (Phase.STABLE, Phase.SUSPENDED) and self.state.active is not None:
+            self._node_joined(self.state.joined.pop(0))
 
     def _node_notice(self, n: RemoteNode) -> None:
-        held = [p for p in self.active.procs if self.nodes.node_of(self.slot_of[p]) is n] \
-            if self.active and self.suspended is None else []
-        ev = Event(kind=EventKind.SCALE_IN, gpus=len(self.active.procs) - len(held) if self.active else 0,
+        held = [p for p in self.state.active.procs if self.nodes.node_of(self.state.slot_of[p]) is n] \
+            if self.state.active and self.state.suspended is None else []
+        ev = Event(kind=EventKind.SCALE_IN, gpus=len(self.state.active.procs) - len(held) if self.state.active else 0,
                    deadline_s=n.notice.deadline_s, source=f"node {n.name} ({n.notice.source})", node=n.name,
                    arrived=time.time())
         self.phase_log("notice", node=n.name, source=n.notice.source, deadline_s=n.notice.deadline_s, procs=held)
         with self.lock:
             if held:
-                self.queue.appendleft(ev)  # (ahead of anything queued: the provider does not wait)
+                self.state.queue.appendleft(ev)  # (ahead of anything queued: the provider does not wait)
             else:
-                self.records.append(settle({"event": ev.to_dict()}, Outcome.DONE, "done: the node held no rank"))
+                self.state.records.append(settle({"event": ev.to_dict()}, Outcome.DONE, "done: the node held no rank"))
 
     def _node_joined(self, name: str) -> None:
         n_now = self._projected_gpus()
@@ -178,5 +175,5 @@ class NodeMembership:
             return
         ev = Event(kind=EventKind.SCALE_OUT, gpus=total, source=f"node {name} joined", arrived=time.time())
         with self.lock:
-            self.queue.append(ev)
+            self.state.queue.append(ev)
 

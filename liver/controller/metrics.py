@@ -49,7 +49,7 @@ class Metrics:
         return CONTENT_TYPE_LATEST, generate_latest(self.registry)
 
     def collect(self) -> Iterator[Any]:
-        c = self.ctl
+        c = self.ctl.state
         p = c.progress
         g = GaugeMetricFamily("liver_step", "the latest step the active generation finished")
         g.add_metric([], p.step if p else 0)
@@ -82,7 +82,7 @@ class Metrics:
         ck.add_metric([], p.checkpoint_failures if p else 0)
         yield ck
         ck = CounterMetricFamily("liver_checkpoint_failures", "periodic checkpoints that failed")
-        ck.add_metric([], c.watch.failures_total)
+        ck.add_metric([], self.ctl.watch.failures_total)
         yield ck
 
         records = list(c.records)
@@ -102,7 +102,7 @@ class Metrics:
         lost.add_metric([], sum(r.get("lost_steps") or 0 for r in records))
         yield lost
 
-        nodes = list(c.nodes.nodes.values())
+        nodes = list(self.ctl.nodes.nodes.values())
         now = time.time()
         up = GaugeMetricFamily("liver_node_up", "1 while a node is in the job (0: lost)", labels=["node"])
         slots = GaugeMetricFamily("liver_node_slots", "a node's worker slots", labels=["node"])

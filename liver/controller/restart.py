@@ -21,47 +21,42 @@ from liver.runtime import preload
 
 class RestartController(Controller):
     mode = "restart"
-    JOURNALED = Controller.JOURNALED + ("_announced_at",)
-
-    def __init__(self, *args: Any, **kw: Any) -> None:
-        self._announced_at: int | None = None  # the step the workers were told ahead to stop after
-        super().__init__(*args, **kw)
 
     @staticmethod
     def starter(backend: str, engine: str) -> dict[str, Any]:
         return starters.fresh(preload.FRESH_MODULE)
 
     def tick(self) -> None:
-        if self.phase is Phase.STABLE:
+        if self.state.phase is Phase.STABLE:
             with self.lock:
-                head = self.queue[0] if self.queue else None
+                head = self.state.queue[0] if self.state.queue else None
                 if head is not None and head.at_step is not None and head.at_step > self.step \
-                        and self._announced_at != head.at_step:
+                        and self.state.announced_at != head.at_step:
                     # a step trigger is known ahead: stop exactly after that step
                     self._wish(stop_at=head.at_step)
-                    self._announced_at = head.at_step
+                    self.state.announced_at = head.at_step
                 due = self._due()
                 ev = self._take(due[0]) if due is not None else None
             if ev is not None:
                 self._begin(ev)
-        elif self.phase is Phase.STOP:
+        elif self.state.phase is Phase.STOP:
             self._watch_stop()
-        elif self.phase is Phase.START:
+        elif self.state.phase is Phase.START:
             self._watch_start()
 
     def _begin(self, ev: Event) -> None:
-        announced = ev.at_step is not None and ev.at_step == self._announced_at  # (the workers stop after it)
-        self._announced_at = None
+        announced = ev.at_step is not None and ev.at_step == self.state.announced_at  # (the workers stop after it)
+        self.state.announced_at = None
         if ev.kind is EventKind.SCALE_IN and ev.gpus == 0:
             return self._suspend_begin(ev)  # every GPU goes: the state to disk, the job waits
         if ev.kind is EventKind.SCALE_OUT:
-            self.lost_slots.clear()  # the event reports capacity: slots lost earlier may be back
+            self.state.lost_slots.clear()  # the event reports capacity: slots lost earlier may be back
         try:
             h = self._handling(ev)
         except ValueError as e:
             self._wish()
             return self._refuse(ev, e)
-        self.current = h
+        self.state.current = h
         if not announced:
             self._wish(stop_at=self.step + 1)
         for p in h.leaving:
@@ -70,28 +65,28 @@ class RestartController(Controller):
         self.phase_log("stop", event=ev.kind.value, old=h.record["old"], new=h.record["new"])
 
     def _watch_stop(self) -> None:
-        g = self.active.generation
+        g = self.state.active.generation
         saved = read_if(self.store, Saved.key(g), Saved)
-        if saved is None or any(self.nodes.workers[p].returncode is None for p in self.active.procs):
+        if saved is None or any(self.nodes.workers[p].returncode is None for p in self.state.active.procs):
             return
-        h = self.current
+        h = self.state.current
         rec = h.record
-        stops = self._collect(g, list(self.active.procs), StopReport) or {}
+        stops = self._collect(g, list(self.state.active.procs), StopReport) or {}
         rec["save_s"] = max((r.save_s for r in stops.values()), default=0.0)
         rec["digest_before"] = first(stops.values(), "digest_before")
         rec["digest_before_s"] = least(stops.values(), "digest_before_s")
         rec["stopped_at"] = time.time()
         rec["checkpoint"] = saved.path
-        slots = [self.slot_of[p] for p in self.active.procs if p not in h.leaving] + h.join_slots
+        slots = [self.state.slot_of[p] for p in self.state.active.procs if p not in h.leaving] + h.join_slots
         self.go(Trigger.SAVED)
         self._start_generation(h.target, sorted(slots), saved.path, "restart")
-        rec["generation"] = self.gen
+        rec["generation"] = self.state.gen
 
     def _watch_start(self) -> None:
-        done = self._collect(self.gen, list(self.active.procs), StartReport)
+        done = self._collect(self.state.gen, list(self.state.active.procs), StartReport)
         if done is None:
             return
-        h = self.current
+        h = self.state.current
         rec = h.record
         rec["digest_after"] = first(done.values(), "digest_after")
         rec["digest_after_s"] = least(done.values(), "digest_after_s")
@@ -105,7 +100,7 @@ class RestartController(Controller):
         threading.Thread(target=shutil.rmtree, args=(rec["checkpoint"],), kwargs={"ignore_errors": True},
                          daemon=True).start()
         self._close(Outcome.DONE, Trigger.STARTED)
-        self.phase_log("start", generation=self.gen, load_s=round(rec["load_s"], 4))
+        self.phase_log("start", generation=self.state.gen, load_s=round(rec["load_s"], 4))
 
 
 class ForkedRestartController(RestartController):
