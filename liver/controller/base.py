@@ -23,7 +23,7 @@ from liver.host import cores
 from liver.agent.node import NodeAgent, Worker
 from liver.controller.metrics import Metrics
 from liver.controller.membership import NodeMembership
-from liver.controller.nodes import Nodes, RemoteNode
+from liver.controller.nodes import Node, Nodes, RemoteNode
 from liver.agent import starters
 from liver.checkpoint.periodic import latest, saved_step
 from liver.config import RunConfig
@@ -91,11 +91,15 @@ class Controller(NodeMembership):
         raise NotImplementedError
 
     def __init__(self, cfg: RunConfig, events: list[Event], run_dir: Path, token: str | None = None,
-                 local_node: bool = True, resume: dict[str, Any] | None = None) -> None:
+                 local_node: bool = True, resume: dict[str, Any] | None = None, *,
+                 store: Any = None, node: Node | None = None) -> None:
         """``cfg`` with its slots set (``RunConfig.with_slots``); ``token``: the control endpoint's
         (default: a random one, in the run's control.json); ``local_node``: the workers run on this
         machine, from an agent in this process (else on the ``liver agent`` nodes that register);
-        ``resume``: a journal (``liver.controller.journal``) to go on from (``liver controller --resume``)."""
+        ``resume``: a journal (``liver.controller.journal``) to go on from (``liver controller --resume``).
+        ``store``, ``node``: the job's store and its one node, given (an in-process test's: a
+        ``HashStore`` and a node whose processes it plays) instead of a TCP store this process
+        serves and an agent of worker processes on this machine."""
         self.cfg, self.run_dir, self.token = cfg, run_dir, token
         self.job = cfg.job
         self.adapter = cfg.adapter
@@ -108,7 +112,9 @@ class Controller(NodeMembership):
         pickle.dumps(rehearse(self.adapter))
         c = cfg.controller
         self.store_pid: int | None = None  # the store's own process (``liver controller``), or this one
-        if resume is not None:
+        if store is not None:
+            self.master, self.store_addr = store, "in-process"
+        elif resume is not None:
             self.store_pid, self.store_addr = resume["store_pid"], resume["store_addr"]
             self.master = connect_store(self.store_addr)
         elif not local_node:
@@ -124,7 +130,9 @@ class Controller(NodeMembership):
         self.nodes = Nodes()
         self.remote = not local_node
         self.metrics = Metrics(self)
-        if local_node:
+        if node is not None:
+            self.nodes.add(lambda base: node)
+        elif local_node:
             bind = cfg.agent.bind_cores and cfg.backend == "gloo"
             self.nodes.add(lambda base: NodeAgent(run_dir, cfg.slots, self.base_spec,
                                                   starters.make(self.starter_spec()),
@@ -177,43 +185,9 @@ class Controller(NodeMembership):
                                             end=self.end_after)
             logs.PHASES.info(f"control endpoint {self.endpoint.url} (token in {self.run_dir / 'control.json'})")
         try:
-            if self.resumed:
-                self.phase_log("resumed", phase=self.state.phase.value, queued=len(self.state.queue),
-                               nodes=list(self.nodes.nodes))
-                self._resume_phase()
-            else:
-                self._await_nodes()
-                parallel = self.cfg.parallel or target.choose(self.adapter, self.job, self.cfg.gpus, self.hardware)
-                start = self.cfg.checkpoint.start_from
-                self._start_generation(parallel, slots=self.nodes.free_slots()[: self.cfg.gpus],
-                                       load_from=start, kind="start")
-                if start is not None:
-                    self.state.records.append({"event": {"kind": "start", "source": "checkpoint.start_from"},
-                                         "outcome": Outcome.RESUMED.value,
-                                         "status": "resumed from an earlier run's checkpoint", "checkpoint": start,
-                                         "restored_step": saved_step(start), "generation": self.state.gen,
-                                         "new": parallel.short(), "t_event": time.time()})
+            self.start()
             while not self.finished and not self.interrupted:
-                # one round trip a tick once the key exists (it is never deleted)
-                self.state.progress = read(self.store, Progress.KEY, Progress) if self.state.progress \
-                    else read_if(self.store, Progress.KEY, Progress)
-                if self.state.progress and self.state.t_start is None:
-                    self.state.t_start = self.state.progress.time
-                self._stamp_triggers()
-                self._watch_progress()
-                self._hung()
-                self._watch_nodes()
-                self._exits(self._polled())
-                if not self.finished:
-                    if self.state.phase is Phase.SUSPENDED:
-                        self._while_suspended()
-                    elif self.state.suspending:
-                        self._watch_suspend()
-                    else:
-                        self.tick()
-                    if self.state.phase is Phase.STABLE:
-                        self._maybe_end()
-                self._journal()
+                self.once()
                 time.sleep(0.01)
         except KeyboardInterrupt:  # Ctrl-C in this thread: the job ends here, with its report
             self.interrupted = True
@@ -234,6 +208,49 @@ class Controller(NodeMembership):
             self.state.records.append(settle({"event": ev.to_dict()}, Outcome.NOT_REACHED, f"not reached: {why}"))
         return {"mode": self.mode, "records": self.state.records, "wall_s": time.time() - self.state.started_at,
                 "interrupted": self.interrupted}
+
+    def start(self) -> None:
+        """The job's first generation, once its nodes give it the GPUs; a resumed controller's
+        first look at the phase it was in instead."""
+        if self.resumed:
+            self.phase_log("resumed", phase=self.state.phase.value, queued=len(self.state.queue),
+                           nodes=list(self.nodes.nodes))
+            self._resume_phase()
+            return
+        self._await_nodes()
+        parallel = self.cfg.parallel or target.choose(self.adapter, self.job, self.cfg.gpus, self.hardware)
+        start = self.cfg.checkpoint.start_from
+        self._start_generation(parallel, slots=self.nodes.free_slots()[: self.cfg.gpus], load_from=start, kind="start")
+        if start is not None:
+            self.state.records.append({"event": {"kind": "start", "source": "checkpoint.start_from"},
+                                       "outcome": Outcome.RESUMED.value,
+                                       "status": "resumed from an earlier run's checkpoint", "checkpoint": start,
+                                       "restored_step": saved_step(start), "generation": self.state.gen,
+                                       "new": parallel.short(), "t_event": time.time()})
+
+    def once(self) -> None:
+        """One pass of the loop: what the ranks and the nodes reported, then the mode's handling
+        of the phase it is in, then the journal."""
+        # one round trip a pass once the key exists (it is never deleted)
+        self.state.progress = read(self.store, Progress.KEY, Progress) if self.state.progress \
+            else read_if(self.store, Progress.KEY, Progress)
+        if self.state.progress and self.state.t_start is None:
+            self.state.t_start = self.state.progress.time
+        self._stamp_triggers()
+        self._watch_progress()
+        self._hung()
+        self._watch_nodes()
+        self._exits(self._polled())
+        if not self.finished:
+            if self.state.phase is Phase.SUSPENDED:
+                self._while_suspended()
+            elif self.state.suspending:
+                self._watch_suspend()
+            else:
+                self.tick()
+            if self.state.phase is Phase.STABLE:
+                self._maybe_end()
+        self._journal()
 
     def _recovery_digests(self) -> None:
         """The state digest each recovery started from, as its new generation's ranks reported it."""

@@ -1,0 +1,221 @@
+"""The controller's decisions, driven in this process (``fake_job``): a real controller over an
+in-memory store and a node whose processes the test plays, the ranks' side of the protocol written
+by the test; one pass of the controller's loop at a time. Milliseconds each; every path that the
+multi-process tests reach only by timing is reached here by construction."""
+
+import pickle
+from dataclasses import replace
+
+import pytest
+
+from fake_job import FakeNode, controller, run_until
+from liver.controller.live import LiveController
+from liver.controller.phases import PENDING, Phase
+from liver.policy.outcome import Outcome, outcome_of
+from liver.protocol.messages import Wish, read
+from liver.protocol.store import COMMIT, WITHDRAW, decided
+from liver.topology import ParallelConfig
+
+
+def outcomes(ctl):
+    return [outcome_of(r) for r in ctl.state.records]
+
+
+def pending_scale_out(tmp_path, to: int = 4, **cfg):
+    """A job on 2 GPUs whose scale-out to ``to`` is preparing (joiners started, nothing ready)."""
+    ctl, node, ranks = controller(tmp_path, f"at step 3: scale-out {to}\n", **cfg)
+    run_until(ctl, lambda: ctl.state.phase is Phase.PREPARE, ranks, step=3)
+    return ctl, node, ranks
+
+
+def switch(ctl, ranks, step: int) -> None:
+    """The ranks prepare, commit and switch the pending generation; the controller closes it."""
+    ranks.ready()
+    ctl.once()
+    assert ranks.commit() == COMMIT
+    ranks.switched(step)
+    run_until(ctl, lambda: ctl.state.phase is Phase.STABLE and ctl.state.current is None)
+
+
+def test_a_scale_out_prepares_with_cold_joiners_switches_and_is_done(tmp_path):
+    ctl, node, ranks = pending_scale_out(tmp_path)
+    g = ctl.state.pending.generation
+    assert [(p, role) for p, role, gen in node.started if gen == g] == [(2, "joiner"), (3, "joiner")]
+    assert ranks.wish().wanted == g  # the ranks are told to prepare it
+    assert ctl.state.members == [0, 1, 2, 3]
+    switch(ctl, ranks, step=4)
+    assert ctl.state.active.generation == g and ctl.state.active.parallel.world_size == 4
+    (rec,) = ctl.state.records
+    assert outcome_of(rec) is Outcome.DONE and rec["joiners"] == [2, 3] and rec["switch_s"] == 0.01
+
+
+@pytest.mark.parametrize("notice, kept, then", [
+    (3, "merged", None),                # more than the job has: the scale-out re-planned to 3
+    (1, "cancelled", Outcome.STARTED),  # fewer: the scale-out dropped, the scale-in begins next
+    (2, "cancelled", Outcome.DONE),     # as many as it has: dropped, nothing else to do
+])
+def test_a_notice_during_prepare_merges_drops_or_goes_first(tmp_path, notice, kept, then):
+    ctl, node, ranks = pending_scale_out(tmp_path)
+    g = ctl.state.pending.generation
+    ctl.submit(f"scale-in {notice} deadline 60s")
+    ranks.step(4)
+    ctl.once()
+    assert decided(ctl.store, g) == WITHDRAW  # nothing committed: nothing is lost
+    assert all(node.workers[p].returncode is not None for p in (2, 3)) or kept == "merged"
+    if kept == "merged":
+        assert outcomes(ctl) == [Outcome.MERGED]
+        assert ctl.state.phase is Phase.PREPARE and ctl.state.pending.generation == g + 1
+        assert ctl.state.pending.parallel.world_size == 3  # the same scale-out, to the notice's total
+        switch(ctl, ranks, step=5)
+        assert outcomes(ctl) == [Outcome.MERGED, Outcome.DONE]
+    else:
+        assert outcomes(ctl)[0] is Outcome.CANCELLED
+        if then is Outcome.DONE:
+            assert outcomes(ctl) == [Outcome.CANCELLED, Outcome.DONE] and ctl.state.phase is Phase.STABLE
+        else:  # the scale-in is in flight now, its leaving rank chosen
+            assert ctl.state.current.event.gpus == 1 and len(ctl.state.current.leaving) == 1
+
+
+def test_a_withdrawn_event_never_runs_and_one_that_would_leave_the_queue_invalid_is_refused(tmp_path):
+    ctl, node, ranks = controller(tmp_path, "at step 50: scale-out 4\nat step 60: scale-in 3\n")
+    ranks.step(1)
+    ctl.once()
+    with pytest.raises(ValueError, match=r"would leave #2 invalid: .*scale-in 3: the job will have 2 GPUs"):
+        ctl.withdraw(1)  # the scale-in to 3 needs the scale-out's 4 before it
+    assert len(ctl.state.queue) == 2
+    ctl.withdraw(2)
+    ctl.withdraw(1)
+    assert outcomes(ctl) == [Outcome.WITHDRAWN, Outcome.WITHDRAWN] and not ctl.state.queue
+    for step in (50, 60, 70):
+        ranks.step(step)
+        ctl.once()
+    assert ctl.state.current is None and ctl.state.gen == 0
+
+
+def test_a_joiner_that_dies_in_prepare_cancels_and_re_plans_on_the_slots_left(tmp_path):
+    ctl, node, ranks = pending_scale_out(tmp_path)
+    g = ctl.state.pending.generation
+    node.exit(2, 1)
+    ranks.step(4)
+    ctl.once()
+    assert decided(ctl.store, g) == WITHDRAW and 2 in ctl.state.lost_slots
+    assert ctl.state.phase is Phase.PREPARE and ctl.state.pending.generation == g + 1
+    assert ctl.state.pending.parallel.world_size == 3  # slot 2 is lost: 3 of the 4 asked
+    switch(ctl, ranks, step=5)
+    rec = ctl.state.records[-1]
+    assert outcome_of(rec) is Outcome.DONE and [a.get("cancelled") for a in rec["attempts"]][0].startswith("joiner 2")
+
+
+def test_a_joiner_that_cannot_be_started_cancels_its_handoff_and_the_job_trains_on(tmp_path, monkeypatch):
+    def refuse(self, proc, slot, role, generation):
+        if role == "joiner":
+            raise RuntimeError("the template did not fork within agent.start_timeout_s")
+        return start(self, proc, slot, role, generation)
+    start = FakeNode.start
+    monkeypatch.setattr(FakeNode, "start", refuse)
+    ctl, node, ranks = controller(tmp_path, "at step 3: scale-out 4\n")
+    run_until(ctl, lambda: ctl.state.current is None and ctl.state.records, ranks, step=3)
+    (rec,) = ctl.state.records
+    assert outcome_of(rec) is Outcome.CANCELLED and "could not be started" in rec["status"]
+    assert ctl.state.phase is Phase.STABLE and ctl.state.active.generation == 0  # training on
+    assert ranks.wish().wanted == 0
+
+
+def test_a_notice_too_short_for_a_handoff_drops_replicas_and_the_survivors_heal(tmp_path):
+    # (the model predicts about 0.9 s for this handoff on CPU processes, 1.5 times over is more than 1.2 s)
+    ctl, node, ranks = controller(tmp_path, "at step 3: scale-in 1 deadline 1.2s\n", heal_timeout_s=5.0)
+    g = ctl.state.gen
+    ranks.stalled([0, 1], step=3)  # the survivor stops at its boundary, then switches into the heal
+    ranks.switch_into(g + 1, [0, 1], step=3)  # (the drop heals within one pass: written ahead)
+    run_until(ctl, lambda: ctl.state.records, ranks, step=3)
+    (rec,) = ctl.state.records
+    assert outcome_of(rec) is Outcome.DROPPED and rec["path"] == "drop" and rec["leaving_hold_only_replicas"]
+    assert rec["deadline_met"] and rec["lost_steps"] == 0 and rec["restored_step"] == 3
+    assert rec["predicted_handoff_s"] * 1.5 > 1.2 and [w.returncode for w in node.workers.values()].count(-9) == 1
+    assert ctl.state.active.generation == g + 1 and ctl.state.active.kind == "heal"
+    assert ctl.state.active.parallel.world_size == 1 and ctl.state.phase is Phase.STABLE
+
+
+def test_a_rush_whose_deadline_passes_recovers_on_the_survivors_from_the_checkpoint(tmp_path):
+    ctl, node, ranks = controller(tmp_path, "at step 3: scale-in 1 deadline 0.2s\n", parallel=ParallelConfig(tp=2))
+    run_until(ctl, lambda: ctl.state.phase in PENDING, ranks, step=3)
+    h = ctl.state.current
+    assert h.record["path"] == "rush" and h.forced and ranks.wish().force == ctl.state.pending.generation
+    leaving = h.leaving
+    run_until(ctl, lambda: ctl.state.current is None, ranks, step=4, passes=10_000)
+    assert outcomes(ctl) == [Outcome.DEADLINE_MISSED, Outcome.RECOVERED]
+    assert all(node.workers[p].returncode is not None for p in leaving)
+    rec = ctl.state.records[-1]
+    assert ctl.state.active.kind == "recover" and ctl.state.active.parallel.world_size == 1
+    assert rec["restored_step"] == 0 and rec["checkpoint"] is None  # no checkpoint stands: from step 0
+
+
+def test_a_rank_lost_with_replicas_left_heals_without_the_checkpoint(tmp_path):
+    ctl, node, ranks = controller(tmp_path, heal_timeout_s=5.0)
+    ranks.step(7)
+    ctl.once()
+    g = ctl.state.gen
+    ranks.stalled([0], step=7)
+    ranks.switch_into(g + 1, [0], step=7)
+    node.exit(1, -9)
+    ctl.once()
+    (rec,) = ctl.state.records
+    assert outcome_of(rec) is Outcome.HEALED and rec["lost_steps"] == 0 and rec["restored_step"] == 7
+    assert rec["checkpoint"] is None and rec["digest_after"] == "after"
+    assert ctl.state.active.generation == g + 1 and ctl.state.active.procs == (0,)
+
+
+def test_a_rank_lost_without_replicas_recovers_from_the_checkpoint_on_fresh_processes(tmp_path):
+    ctl, node, ranks = controller(tmp_path, parallel=ParallelConfig(tp=2))
+    ranks.step(7)
+    ctl.once()
+    node.exit(1, -9)
+    ctl.once()
+    (rec,) = ctl.state.records
+    assert outcome_of(rec) is Outcome.RECOVERED and rec["lost_steps"] == 7 and rec["failed_at_step"] == 7
+    assert ctl.state.active.kind == "recover" and set(ctl.state.active.procs).isdisjoint({0, 1})
+    assert node.workers[0].returncode is not None  # every process of the broken generation stopped
+
+
+def test_a_member_lost_during_the_switch_is_one_fail_stop_from_the_checkpoint(tmp_path):
+    ctl, node, ranks = pending_scale_out(tmp_path)
+    ranks.ready()
+    ctl.once()
+    assert ranks.commit() == COMMIT
+    ctl.once()
+    assert ctl.state.phase is Phase.SWITCH
+    node.exit(3, -9)  # a joiner receiving its shards
+    ctl.once()
+    assert outcomes(ctl) == [Outcome.REQUEUED, Outcome.RECOVERED]  # the scale-out, queued again after it
+    assert ctl.state.active.kind == "recover" and ctl.state.queue[0].gpus == 4
+    assert all(w.returncode is not None for p, w in node.workers.items() if p <= 3)
+
+
+def test_a_controller_resumed_mid_prepare_withdraws_and_queues_the_event_again(tmp_path):
+    ctl, node, ranks = pending_scale_out(tmp_path)
+    g = ctl.state.pending.generation
+    journal = {"state": pickle.loads(pickle.dumps(ctl.state)), "token": "t", "url": "http://x:1",
+               "next_proc": ctl.nodes._next_proc, "next_slot": ctl.nodes._next_slot, "nodes": [],
+               "store_pid": None, "store_addr": "in-process"}
+    again = LiveController(ctl.cfg, [], tmp_path, resume=journal, store=ctl.master, node=node)
+    again.start()
+    assert decided(again.store, g) == WITHDRAW and again.state.phase is Phase.STABLE
+    assert outcomes(again) == [Outcome.REQUEUED] and again.state.queue[0].gpus == 4
+    assert read(again.store, Wish.KEY, Wish).wanted == 0
+
+
+def test_a_controller_resumed_after_the_commit_watches_the_switch_to_its_end(tmp_path):
+    ctl, node, ranks = pending_scale_out(tmp_path)
+    ranks.ready()
+    ctl.once()
+    assert ranks.commit() == COMMIT
+    journal = {"state": pickle.loads(pickle.dumps(replace(ctl.state))), "token": "t", "url": "http://x:1",
+               "next_proc": ctl.nodes._next_proc, "next_slot": ctl.nodes._next_slot, "nodes": [],
+               "store_pid": None, "store_addr": "in-process"}
+    again = LiveController(ctl.cfg, [], tmp_path, resume=journal, store=ctl.master, node=node)
+    again.start()
+    ranks = type(ranks)(again)
+    assert again.state.phase is Phase.SWITCH
+    ranks.switched(4)
+    run_until(again, lambda: again.state.current is None)
+    assert outcomes(again) == [Outcome.DONE]
