@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import sysconfig
 from functools import lru_cache
 from pathlib import Path
@@ -52,9 +53,7 @@ def stdlib(max_bytes: int) -> Tokens:
     site-packages left out), concatenated in sorted path order, one token a byte."""
     root = Path(sysconfig.get_paths()["stdlib"])
     chunks, total = [], 0
-    for path in sorted(root.rglob("*.py")):
-        if "site-packages" in path.parts or "test" in path.parts:
-            continue
+    for path in _sources(root):
         try:
             data = path.read_bytes()
         except OSError:
@@ -66,6 +65,21 @@ def stdlib(max_bytes: int) -> Tokens:
     raw = b"".join(chunks)[:max_bytes]
     return Tokens(np.frombuffer(raw, dtype=np.uint8), 256, hashlib.sha256(raw).hexdigest()[:16],
                   f"the standard library's sources under {root}")
+
+
+def _sources(directory: Path):
+    """The .py files under ``directory`` in sorted path order, lazily (the walk stops where the
+    corpus is full), leaving out site-packages and test directories and links to directories."""
+    try:
+        entries = sorted(os.scandir(directory), key=lambda e: e.name)
+    except OSError:
+        return
+    for e in entries:
+        if e.is_dir(follow_symlinks=False):
+            if e.name not in ("site-packages", "test"):
+                yield from _sources(Path(e.path))
+        elif e.name.endswith(".py"):
+            yield Path(e.path)
 
 
 @lru_cache(maxsize=4)
