@@ -30,7 +30,7 @@ FLAG_FIELDS = {"model": "preset", "gpus": "gpus", "parallel": "parallel", "steps
                "backend": "backend", "digest": "digest", "log_rank": "log_rank", "mode": "controller.mode",
                "end_after_events": "controller.end_after_events", "memory_gib": "controller.memory_gib",
                "ckpt_every": "checkpoint.every", "from_checkpoint": "checkpoint.start_from", "budget_mib": "transfer.budget_mib",
-               "mock_steps": "prepare.mock_steps", "warm": "prepare.warm",
+               "mock_steps": "prepare.mock_steps", "connect": "prepare.connect",
                "companion_share": "prepare.companion_share", "slots": "agent.slots",
                "events": "events.schedule", "trace": "events.trace", "compress": "events.compress",
                "notice": "events.notice_s", "host": "controller.host", "port": "controller.port",
@@ -316,7 +316,7 @@ def _job_flags(r: argparse.ArgumentParser) -> None:
     r.add_argument("--budget-mib", type=int, help="staging budget B per rank (MiB, default 512)")
     r.add_argument("--mock-steps", "--warmup-steps", dest="mock_steps", type=int,
                    help="a cold joiner's training steps on its mock world (default 2)")
-    r.add_argument("--warm", help="first collectives of the new groups: beside training (background), or all "
+    r.add_argument("--connect", help="first collectives of the new groups: beside training (background), or all "
                                   "members at one iteration boundary; auto (default): boundary on NCCL, "
                                   "background on gloo")
     r.add_argument("--companion-share", type=float,

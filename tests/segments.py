@@ -31,7 +31,7 @@ def run_segment(*, store_addr: str, namespace: str, rank: int, job: dict[str, An
     t0 = time.perf_counter()
     store = dist.PrefixStore(namespace + "/", connect_store(store_addr))
     world = World.build(store, generation, layout, rank, backend, device)
-    world.warm()
+    world.connect()
     world.activate()
     timings["group_init_s"] = time.perf_counter() - t0
     t0 = time.perf_counter()

@@ -23,7 +23,7 @@ def test_the_gpu_scenario_script_dry_runs_on_cpu(tmp_path):
     """Its live half (the restart half is ``liver run --mode restart``, run with fresh interpreters
     in tests/test_heal.py and against live runs in tests/test_run.py; the script's rows from both:
     bench/results/cpu-x2-native-dryrun, cpu-x8-dryrun and the GPU runs)."""
-    args = argparse.Namespace(scenario="x2", model="tiny", engine=None, backend="gloo", warm="auto", budget_mib=64,
+    args = argparse.Namespace(scenario="x2", model="tiny", engine=None, backend="gloo", connect="auto", budget_mib=64,
                               cycles=1, gap=12, live_only=True, run_root=None, out=str(tmp_path))
     result = handoffs.run(args)
     assert json.loads((tmp_path / "handoffs.json").read_text()) == json.loads(json.dumps(result))

@@ -12,7 +12,7 @@ small = st.integers(0, 3)
 cuts = st.builds(Cut, wanted=small, ready_min=small, ready_max=small, stop_at=st.integers(0, 6), force=small,
                  end_at=st.integers(0, 6), ckpt_busy=st.integers(0, 1), built_min=small, built_max=small)
 locals_ = st.builds(Local, step=st.integers(0, 6), generation=st.integers(0, 2), preparing=small,
-                    built=st.booleans(), ready=st.booleans(), defer_warm=st.booleans(),
+                    built=st.booleans(), ready=st.booleans(), defer_connect=st.booleans(),
                     checkpoint_due=st.booleans())
 
 
@@ -26,15 +26,15 @@ def test_every_rule_of_the_boundary(cut, me):
     assert a.end_at == cut.end_at
     assert a.abandon == (me.preparing != 0 and cut.wanted != me.preparing)
     still = 0 if a.abandon else me.preparing
-    assert sum(map(bool, (a.prepare, a.force, a.warm))) <= 1
+    assert sum(map(bool, (a.prepare, a.force, a.connect))) <= 1
     if a.prepare:
         assert not still and a.prepare == cut.wanted > me.generation
     elif not still and cut.wanted > me.generation:
         raise AssertionError("a wanted generation was not prepared")
     if a.force:
         assert still and cut.force == still and not cut.switch_to
-    if a.warm:
-        assert still and me.defer_warm and me.built and not me.ready and cut.warm_now == still
+    if a.connect:
+        assert still and me.defer_connect and me.built and not me.ready and cut.connect_now == still
     if a.propose:
         # only what every rank is ready for and the controller still wants
         assert a.propose == still == cut.wanted == cut.ready_min == cut.ready_max and not a.force
@@ -52,7 +52,7 @@ def test_ranks_that_see_one_cut_take_one_decision(cut, me, other_ready, other_bu
     local warm-up step decide alike."""
     a = decide(cut, me)
     b = decide(cut, replace(me, ready=other_ready, built=other_built))
-    assert replace(a, warm=False) == replace(b, warm=False)
+    assert replace(a, connect=False) == replace(b, connect=False)
 
 
 @settings(max_examples=500, deadline=None)
@@ -62,15 +62,15 @@ def test_after_a_forced_preparation(second, preparing, due, busy):
     ready = second.ready_min == second.ready_max == preparing
     assert a.propose == (preparing if ready else 0)
     assert a.checkpoint == (due and not busy and not ready)
-    assert not (a.abandon or a.prepare or a.force or a.warm or a.stop)
+    assert not (a.abandon or a.prepare or a.force or a.connect or a.stop)
 
 
 def test_the_handoff_cycle_as_ranks_see_it():
-    """Wanted -> prepare; built (boundary warm) -> warm; ready -> propose; withdrawn -> abandon."""
+    """Wanted -> prepare; built (boundary connect) -> connect; ready -> propose; withdrawn -> abandon."""
     me = Local(step=5, generation=0)
     assert decide(Cut(1, 0, 0, 0, 0, 0, 0), me).prepare == 1
-    me = replace(me, preparing=1, defer_warm=True, built=True)
-    assert decide(Cut(1, 0, 0, 0, 0, 0, 0, built_min=1, built_max=1), me).warm
+    me = replace(me, preparing=1, defer_connect=True, built=True)
+    assert decide(Cut(1, 0, 0, 0, 0, 0, 0, built_min=1, built_max=1), me).connect
     me = replace(me, ready=True)
     assert decide(Cut(1, 1, 1, 0, 0, 0, 0, 1, 1), me).propose == 1
     assert decide(Cut(0, 1, 1, 0, 0, 0, 0, 1, 1), me).abandon  # the controller withdrew it

@@ -38,16 +38,16 @@ def test_custom_shape_from_the_file_and_overrides():
 @given(layers=st.integers(1, 12), heads=st.sampled_from([1, 2, 4, 8]), head_dim=st.sampled_from([2, 4, 8]),
        ffn=st.integers(1, 64), vocab=st.integers(1, 600), seq=st.integers(1, 64), budget=st.integers(1, 4096),
        share=st.floats(0, 1), every=st.integers(0, 100), mock=st.integers(0, 5),
-       warm=st.sampled_from(["auto", "background", "boundary"]))
+       connect=st.sampled_from(["auto", "background", "boundary"]))
 def test_round_trip_through_plain_data_is_exact(layers, heads, head_dim, ffn, vocab, seq, budget, share, every,
-                                                 mock, warm):
+                                                 mock, connect):
     cfg = build({"job": {"model": {"num_layers": layers, "num_heads": heads, "hidden_size": heads * head_dim,
                                    "ffn_size": ffn, "vocab_size": vocab, "seq_len": seq}},
                  "transfer": {"budget_mib": budget}, "prepare": {"companion_share": share, "mock_steps": mock,
-                                                                 "warm": warm},
+                                                                 "connect": connect},
                  "checkpoint": {"every": every}, "parallel": "1,1,1", "gpus": 1})
     assert from_dict(RunConfig, json.loads(json.dumps(to_dict(cfg))), "") == cfg
-    worker = WorkerConfig(job=cfg.job, backend=cfg.backend, steps=cfg.steps, warm=cfg.warm, transfer=cfg.transfer,
+    worker = WorkerConfig(job=cfg.job, backend=cfg.backend, steps=cfg.steps, connect=cfg.connect, transfer=cfg.transfer,
                           prepare=cfg.prepare, checkpoint=cfg.checkpoint)
     spec = WorkerSpec(proc=3, slot=1, role="joiner", generation=2, store_addr="127.0.0.1:1", run_dir="/r",
                       config=worker, cores=(0, 1))
@@ -58,7 +58,7 @@ def test_round_trip_through_plain_data_is_exact(layers, heads, head_dim, ffn, vo
     ("transfer.budget_mib=0", r"transfer.budget_mib=0: allowed an integer from 1"),
     ("transfer.budget_mib=1.5", r"transfer.budget_mib=1.5: expected an integer"),
     ("checkpoint.every=-1", r"checkpoint.every=-1: allowed 0 \(off\)"),
-    ("prepare.warm=soon", r"prepare.warm='soon': allowed 'auto'"),
+    ("prepare.connect=soon", r"prepare.connect='soon': allowed 'auto'"),
     ("prepare.companion_share=1.5", r"prepare.companion_share=1.5: allowed a fraction"),
     ("prepare.mock_steps=-1", r"prepare.mock_steps=-1"),
     ("agent.slots=0", r"agent.slots=0: allowed 1"),
@@ -111,7 +111,7 @@ def test_malformed_job_files_and_overrides_are_refused(tmp_path, capsys):
     (["--ckpt-every", "-1"], "checkpoint.every=-1"),
     (["--slots", "0"], "agent.slots=0"),
     (["--gpus", "3", "--parallel", "3,1,1"], "tp=3 does not divide"),
-    (["--warm", "later"], "prepare.warm='later'"),
+    (["--connect", "later"], "prepare.connect='later'"),
     (["--events", "/nonexistent/events.txt"], "no such events file"),
     (["--set", "timeline=3"], "timeline=3"),
 ])

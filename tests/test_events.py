@@ -134,11 +134,11 @@ def test_target_choice_respects_memory():
 
 def test_warm_mode_auto_resolves_by_backend_and_bad_values_are_refused():
     from liver.runtime.config import PrepareConfig
-    assert PrepareConfig().warm_for("nccl") == "boundary"
-    assert PrepareConfig().warm_for("gloo") == "background"
-    assert PrepareConfig(warm="background").warm_for("nccl") == "background"
-    with pytest.raises(ValueError, match="prepare.warm='soon'.*allowed 'auto'"):
-        PrepareConfig(warm="soon")
+    assert PrepareConfig().connect_for("nccl") == "boundary"
+    assert PrepareConfig().connect_for("gloo") == "background"
+    assert PrepareConfig(connect="background").connect_for("nccl") == "background"
+    with pytest.raises(ValueError, match="prepare.connect='soon'.*allowed 'auto'"):
+        PrepareConfig(connect="soon")
 
 
 def test_the_control_endpoint_refuses_hostile_requests_in_json(tmp_path):

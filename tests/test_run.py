@@ -111,10 +111,10 @@ def test_live_equals_restart_and_digests_hold(tmp_path):
     events.write_text("at step 3: scale-out 4 as 2,1,2          # TP, PP and DP all change, cold joiners\n"
                       "at step +5: reshape 1,2,2:3/1             # in place, uneven pipeline, once that is done\n"
                       "at step +5: scale-in 2 deadline 60s as 2,1,1\n")
-    # --warm boundary: the new groups' first collectives wait for an iteration boundary that every
+    # --connect boundary: the new groups' first collectives wait for an iteration boundary that every
     # member reaches together, the joiners too (gloo's default, background, runs in every other test)
     live = liver(tmp_path / "live", "--events", str(events), "--parallel", "1,2,1", "--steps", "5000",
-                 "--end-after-events", "4", "--ckpt-every", "0", "--warm", "boundary")
+                 "--end-after-events", "4", "--ckpt-every", "0", "--connect", "boundary")
     total = live["steps"][-1]["step"]
     assert live["rc"] == 0
     assert [e["status"] for e in live["events"]] == ["done"] * 3

@@ -24,7 +24,7 @@ FIXTURES = Path(__file__).parent / "fixtures"
 
 
 @settings(max_examples=40, deadline=None)
-@given(model=st.sampled_from(["1b", "7b", "14b"]), gpus=st.sampled_from([8, 16, 32, 64]),
+@given(model=st.sampled_from(["1b-cluster", "7b-cluster", "14b-cluster"]), gpus=st.sampled_from([8, 16, 32, 64]),
        interval=st.sampled_from([5.0, 20.0, 60.0]), notice=st.sampled_from([0.0, 30.0, 120.0]),
        seed=st.integers(0, 50), profile=st.sampled_from(PROFILES))
 def test_runs_keep_their_invariants(model, gpus, interval, notice, seed, profile):
@@ -42,7 +42,7 @@ def test_runs_keep_their_invariants(model, gpus, interval, notice, seed, profile
 
 
 @pytest.mark.parametrize("profile", PROFILES)
-@pytest.mark.parametrize("model", ["7b", "14b", "70b"])
+@pytest.mark.parametrize("model", ["7b-cluster", "14b-cluster", "70b-cluster"])
 @pytest.mark.parametrize("gpus", [16, 64, 256])
 def test_live_downtime_never_above_restart_and_every_phase_positive(profile, model, gpus):
     job, prof = sim_model(model), load(profile)
@@ -65,14 +65,14 @@ def _best(job, gpus, prof):
 
 def test_the_step_time_falls_as_gpus_are_added_and_the_presets_span_1b_to_175b():
     prof = load("h200")
-    assert round(SIM_MODELS["1b"].model.num_params() / 1e9) == 1 and round(SIM_MODELS["175b"].model.num_params() / 1e9) == 175
-    job = sim_model("14b")
+    assert round(SIM_MODELS["1b-cluster"].model.num_params() / 1e9) == 1 and round(SIM_MODELS["175b-cluster"].model.num_params() / 1e9) == 175
+    job = sim_model("14b-cluster")
     times = [costs.step_time(job, _best(job, n, prof), prof) for n in (8, 16, 32, 64)]
     assert times == sorted(times, reverse=True)
 
 
 def test_a_fail_stop_without_replicas_loses_the_work_since_the_checkpoint():
-    job, prof = sim_model("14b"), load("a800-pcie")
+    job, prof = sim_model("14b-cluster"), load("a800-pcie")
     # a loss with no notice at 1 h 10 min: the checkpoint of 1 h 0 min holds; 10 minutes are lost
     out = engine.simulate(job, prof, "restart-storage", 32, [sources.Change(4200.0, 24, 0.0)], 2.0)
     (ev,) = out.events
@@ -87,7 +87,7 @@ def test_a_fail_stop_without_replicas_loses_the_work_since_the_checkpoint():
 def test_a_notice_during_a_scale_outs_prepare_is_taken_as_the_controller_takes_it(notice_to, kinds, final):
     """A scale-out 16 -> 32 whose Prepare a notice cuts short (liver.policy.decisions.on_notice):
     no event waits behind the other, none becomes a fail-stop."""
-    job, prof = sim_model("7b"), load("h200")
+    job, prof = sim_model("7b-cluster"), load("h200")
     h = costs.live(job, _best(job, 16, prof).parallel, _best(job, 32, prof).parallel, prof)
     assert h.prepare_s > 2.0  # (the notice below comes 1 s into it)
     changes = [sources.Change(100.0, 32), sources.Change(161.0, notice_to, notice_s=60.0)]
@@ -161,11 +161,11 @@ def test_validation_reports_every_quantity_and_the_noise_floor():
 
 def test_bad_simulator_names_are_refused():
     with pytest.raises(ValueError, match="model='9b'"):
-        sim_model("9b")
+        sim_model("9b-cluster")
     with pytest.raises(ValueError, match="profile='tpu'"):
         load("tpu")
     with pytest.raises(ValueError, match="policy='magic'"):
-        engine.simulate(sim_model("1b"), load("h200"), "magic", 8, [], 1.0)
+        engine.simulate(sim_model("1b-cluster"), load("h200"), "magic", 8, [], 1.0)
 
 
 def test_the_cpu_step_model_chooses_near_the_fastest_measured_configuration():
@@ -183,7 +183,7 @@ def _layouts(job, sizes=(1, 2, 4, 8, 16)):
 def test_the_collective_groups_are_the_layouts_own_process_sets():
     """TP groups share (pp, dp), DP groups (pp, tp), PP groups (dp, tp): checked against Layout.coord
     for every valid layout of a model up to 16 ranks."""
-    job = sim_model("7b")
+    job = sim_model("7b-cluster")
     for lay in _layouts(job):
         want = {k: {} for k in costs.KINDS}
         for r in range(lay.size):
@@ -195,7 +195,7 @@ def test_the_collective_groups_are_the_layouts_own_process_sets():
 
 
 def test_a_first_step_pays_for_the_collectives_it_runs_over_new_process_sets():
-    job = sim_model("7b")
+    job = sim_model("7b-cluster")
 
     def par(tp=1, pp=1, dp=1):
         return ParallelConfig(tp=tp, pp=pp, dp=dp)
@@ -221,7 +221,7 @@ def test_dcp_reads_every_saved_chunk_it_overlaps_whole(data):
     from liver.engine.reference.trainer import state_specs
     from liver.resource_view.view import box_numel, intersect, view
 
-    job = sim_model("1b")
+    job = sim_model("1b-cluster")
     lays = _layouts(job, sizes=(1, 2, 4, 8))
     old, new = data.draw(st.sampled_from(lays)), data.draw(st.sampled_from(lays))
     specs = state_specs(job)
@@ -243,9 +243,9 @@ def test_dcp_reads_every_saved_chunk_it_overlaps_whole(data):
 
 
 def test_the_plans_work_counts_each_processs_bytes_copies_and_tasks():
-    job, par = sim_model("1b"), ParallelConfig
+    job, par = sim_model("1b-cluster"), ParallelConfig
     half = costs.plan_work(job, par(tp=2), par(dp=2))  # each rank: its half out, the other in, its half copied
-    state = sim_model("1b").model.num_params() * 12
+    state = sim_model("1b-cluster").model.num_params() * 12
     assert half.io_bytes == pytest.approx(state, rel=1e-3) and half.copy_bytes == pytest.approx(state / 2, rel=1e-3)
     local = costs.plan_work(job, par(dp=2), par(tp=2))  # every rank has all it needs: copies only
     assert local.io_bytes == 0 and local.copy_bytes == pytest.approx(state / 2, rel=1e-3) and local.moved == 0
@@ -260,7 +260,7 @@ def test_the_share_of_the_peak_grows_with_the_width_of_the_matrix_multiplies():
     assert prof.mfu_width > 0
     shares = [costs.sustained(prof, w) for w in (256, 512, 1024, 2048, 4096, 8192, 1 << 20)]
     assert shares == sorted(shares) and shares[-1] <= prof.mfu
-    job = sim_model("70b")
+    job = sim_model("70b-cluster")
     per_gpu = [costs.step_time(job, costs.layout(job, ParallelConfig(tp=tp, dp=64 // tp)), prof) * 64
                for tp in (1, 2, 4, 8)]  # the same GPUs: more TP, narrower matrix multiplies, more GPU-time
     assert per_gpu == sorted(per_gpu)
@@ -272,3 +272,11 @@ def test_the_projections_traces_default_to_the_repositorys_copy(tmp_path):
 
     assert (DEFAULT_TRACES / "p3-trace.csv").is_file() and (DEFAULT_TRACES / "g4dn-trace.csv").is_file()
     assert main(["sim", "project", "goodput", "--traces", str(tmp_path), "--out", str(tmp_path / "out")]) == 2
+
+
+def test_preset_names_are_distinct_across_liver_run_and_the_simulator():
+    """``liver run --model 7b`` (a GPU job's shape) and ``liver sim --model 7b-cluster`` (a cluster's
+    pretraining shape) are different jobs, and no name means both."""
+    from liver.topology.presets import PRESETS
+    assert not set(PRESETS) & set(SIM_MODELS)
+    assert all(SIM_MODELS[n].model.seq_len == 4096 for n in SIM_MODELS)

@@ -27,7 +27,7 @@ def _member(rank: int, addr: str, results) -> None:
     gen1_layout = Layout(JOB.model, ParallelConfig(dp=3), JOB.train)
     if rank < 2:
         gen0 = World.build(store, 0, Layout(JOB.model, ParallelConfig(dp=2), JOB.train), rank)
-        gen0.warm()
+        gen0.connect()
         engine = Engine(JOB, gen0, torch.device("cpu"))
         engine.train_step()
         store.set(f"trained/{rank}", "1")
@@ -35,7 +35,7 @@ def _member(rank: int, addr: str, results) -> None:
 
         def build():
             w = World.build(store, 1, gen1_layout, rank)
-            w.warm()
+            w.connect()
             shadow["world"] = w
 
         t = threading.Thread(target=build)
@@ -61,7 +61,7 @@ def _member(rank: int, addr: str, results) -> None:
     else:
         store.wait(["trained/0", "trained/1"])  # start only once generation 0 is training
         gen1 = World.build(store, 1, gen1_layout, rank)
-        gen1.warm()
+        gen1.connect()
     y = torch.tensor([float(10 * (rank + 1))])
     gen1.all.allreduce(y)
     out["gen1_sum"] = y.item()

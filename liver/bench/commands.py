@@ -205,7 +205,7 @@ def add_parsers(sub) -> None:
     bh.add_argument("--engine", default=None, help="the engine or recipe by import path (a user's own model: "
                                                    "examples/llama.py:RECIPE at the preset's shape); default: the reference engine")
     bh.add_argument("--backend", default="nccl", choices=["nccl", "gloo"])
-    bh.add_argument("--warm", default="auto", choices=["auto", "background", "boundary"])
+    bh.add_argument("--connect", default="auto", choices=["auto", "background", "boundary"])
     bh.add_argument("--budget-mib", type=int, default=512, help="staging budget B per rank")
     bh.add_argument("--cycles", type=int, default=4, help="x2-cycles: rounds of its four events")
     bh.add_argument("--gap", type=int, default=12, help="x2-cycles: steps between events")
@@ -272,7 +272,7 @@ def add_parsers(sub) -> None:
     bss = bsub.add_parser("sim-speed", help="the simulator's CPU time for an 8-hour trace at 1,024 GPUs")
     bss.add_argument("--trace", required=True, help="a spot trace (p3: 32 nodes at its peak)")
     bss.add_argument("--gpus-per-node", type=int, default=32)
-    bss.add_argument("--model", default="70b")
+    bss.add_argument("--model", default="70b-cluster")
     bss.set_defaults(fn=bench_sim_speed)
     bd = bsub.add_parser("dcp", help="one device: a model's step time, DCP save and load of its state to each directory")
     bd.add_argument("--model", action="append", help="a preset (repeat the flag for several; default 1b)")

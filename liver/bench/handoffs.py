@@ -58,7 +58,7 @@ def _p2p(rank: int, addr: str, out: str) -> None:
     dev = torch.device("cuda", rank)
     torch.cuda.set_device(dev)
     g = Group.create(connect_store(addr), "p2p", [0, 1], rank, "nccl", dev, timedelta(seconds=120))
-    g.warm()
+    g.connect()
     bw = p2p_bandwidth(g, 1 - rank, rank == 0, dev)
     if rank == 0:
         Path(out).write_text(json.dumps({"p2p_GBps": bw}))
@@ -93,7 +93,7 @@ def _run(mode: str, schedule: str, steps: int, end_after: int | None, args, firs
     base, sets = job_layers(args)
     cfg = build(base, {"steps": steps, "gpus": gpus, "parallel": first, "backend": args.backend,
                  "digest": "switch", "checkpoint": {"every": 0}, "transfer": {"budget_mib": args.budget_mib},
-                 "prepare": {"mock_steps": 2, "group_timeout_s": 300.0, "warm": args.warm},
+                 "prepare": {"mock_steps": 2, "group_timeout_s": 300.0, "connect": args.connect},
                  "agent": {"slots": slots, "quiet": True},
                  "controller": {"mode": mode, "endpoint": False, "end_after_events": end_after}},
                 *sets)
@@ -126,7 +126,7 @@ def run(args) -> dict[str, Any]:
     out.mkdir(parents=True, exist_ok=True)
     cuda = torch.cuda.is_available()
     info = {"torch": torch.__version__, "model": args.model, "engine": args.engine or "reference",
-            "scenario": args.scenario, "warm": args.warm,
+            "scenario": args.scenario, "connect": args.connect,
             "companion_share": cfg.prepare.companion_share,  # what the preparation was paced at (liver sim)
             "backend": args.backend, "params": job.model.num_params(),
             "set": list(getattr(args, "set", None) or ()),

@@ -256,7 +256,7 @@ def _sim_validation(d: dict[str, Any]) -> list[str]:
 def _sim_downtime(d: dict[str, Any]) -> list[str]:
     rows = [r for r in d["rows"] if r.get("live_downtime_s") is not None and r["gpus"] in (64, 1024)]
     parts = [f"{r['model']} on {r['gpus']} ({r['profile']}): live {r['live_downtime_s']:.2f} s, restart "
-             f"{r['restart_downtime_s']:.0f} s" for r in rows if r["model"] in ("70b", "175b")]
+             f"{r['restart_downtime_s']:.0f} s" for r in rows if r["model"] in ("70b", "175b", "70b-cluster", "175b-cluster")]
     g = d["goal_70b_1024_h200"]
     return ["; ".join(parts) + f". Goal (70B, 1,024 H200-class GPUs, live at most {g['goal_s']:g} s): "
             + ("met" if g["met"] else "not met") + "."]

@@ -62,7 +62,7 @@ def _least_cpu(f, n: int = 5) -> float:
 
 def run_pickle(repeats: int = 5) -> list[dict]:
     """CPU time of planning again (placement given, as a worker would) against unpickling the
-    controller's plan, warm, least of ``repeats``."""
+    controller's plan, rehearsed, least of ``repeats``."""
     import pickle
 
     from liver.topology.presets import preset

@@ -43,7 +43,7 @@ def worker(rank, addr, out_path, budget):
     torch.cuda.set_device(dev)
     store = connect_store(addr)
     group = Group.create(store, "transfer", [0, 1], rank, "nccl", dev, timedelta(seconds=120))
-    group.warm()
+    group.connect()
     result = {"p2p_GBps": p2p_bandwidth(group, 1 - rank, rank == 0, dev)}
     for label, model in MODELS.items():
         job = JobConfig(model=model, train=TRAIN)

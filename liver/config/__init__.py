@@ -96,8 +96,8 @@ class RunConfig:
         return load_adapter(self.engine)
 
     @property
-    def warm(self) -> str:
-        return self.prepare.warm_for(self.backend)
+    def connect(self) -> str:
+        return self.prepare.connect_for(self.backend)
 
 
 __all__ = ["RunConfig"]

@@ -107,7 +107,7 @@ class Controller(NodeMembership):
         run_dir.mkdir(parents=True, exist_ok=True)
         if resume is None:
             (run_dir / "steps.jsonl").write_text("")
-        # its first event's planning and pickling, warm before any step runs beside them (on a
+        # its first event's planning and pickling, rehearsed before any step runs beside them (on a
         # machine whose cores the controller shares with the workers)
         pickle.dumps(rehearse(self.adapter))
         c = cfg.controller
@@ -124,7 +124,7 @@ class Controller(NodeMembership):
             self.master, self.store_addr = make_store(host=c.host, port=c.port + 1 if c.port else 0,
                                                       advertise=c.advertise)
         self.store = protocol.run_store(self.master)
-        worker = WorkerConfig(job=cfg.job, engine=cfg.engine, backend=cfg.backend, steps=cfg.steps, digest=cfg.digest, log_rank=cfg.log_rank, warm=cfg.warm,
+        worker = WorkerConfig(job=cfg.job, engine=cfg.engine, backend=cfg.backend, steps=cfg.steps, digest=cfg.digest, log_rank=cfg.log_rank, connect=cfg.connect,
                               transfer=cfg.transfer, prepare=cfg.prepare, checkpoint=cfg.checkpoint)
         self.base_spec = {"store_addr": self.store_addr, "run_dir": str(run_dir), "config": to_dict(worker)}
         self.nodes = Nodes()

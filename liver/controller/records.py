@@ -88,7 +88,7 @@ def switch_metrics(done: dict[int, SwitchReport], leavers: dict[int, SwitchRepor
         "groups_s": max((r.prepare.groups_s for r in allrec.values()), default=0.0),
         # the preparation's own CPU time on the busiest training process (the companion thread's,
         # and the warm-up's where it ran at a boundary): what Prepare takes from the running steps
-        "prepare_cpu_s": max((r.prepare.build_cpu_s + r.prepare.warm_cpu_s
+        "prepare_cpu_s": max((r.prepare.build_cpu_s + r.prepare.connect_cpu_s
                               for r in allrec.values() if r.old_step is not None), default=0.0),
         "prepare_by_proc": {p: to_dict(r.prepare) for p, r in allrec.items()},
         # communicators each process made for the new generation, and took over from the Active World

@@ -25,8 +25,8 @@ class Cut:
     built_max: int = 0
 
     @property
-    def warm_now(self) -> int:
-        """The generation every rank has built: warm its groups now, all together (0: none)."""
+    def connect_now(self) -> int:
+        """The generation every rank has built: connect its groups now, all together (0: none)."""
         return self.built_min if self.built_min == self.built_max == self.wanted else 0
 
     @property

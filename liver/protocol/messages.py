@@ -185,8 +185,8 @@ class PrepareReport:
     largest_unit_cpu_s: float = 0.0
     comms_created: int = 0
     comms_shared: int = 0
-    warm_s: float = 0.0
-    warm_cpu_s: float = 0.0
+    connect_s: float = 0.0
+    connect_cpu_s: float = 0.0
     groups_s: float = 0.0
     cores: int = 0                   # the cores it could run on
     mock_warmup_s: float = 0.0       # a cold joiner's steps on its mock world

@@ -29,7 +29,7 @@ class WorkerConfig:
     steps: int
     digest: str | None = None
     log_rank: int = 0
-    warm: str = "background"  # resolved for the backend ("auto" never reaches a worker)
+    connect: str = "background"  # resolved for the backend ("auto" never reaches a worker)
     transfer: TransferConfig = field(default_factory=TransferConfig)
     prepare: PrepareConfig = field(default_factory=PrepareConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
@@ -39,8 +39,8 @@ class WorkerConfig:
         return load_adapter(self.engine)
 
     def __post_init__(self) -> None:
-        if self.warm not in ("background", "boundary"):
-            raise ValueError(f"worker.warm={self.warm!r}: allowed 'background', 'boundary'")
+        if self.connect not in ("background", "boundary"):
+            raise ValueError(f"worker.connect={self.connect!r}: allowed 'background', 'boundary'")
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -23,7 +23,7 @@ class Local:
     preparing: int = 0        # the generation its companion prepares (0: none)
     built: bool = False       # the companion built that generation's groups
     ready: bool = False       # ... and warmed them: it reported ready
-    defer_warm: bool = False  # the groups' first collectives wait for a boundary (warm = "boundary")
+    defer_connect: bool = False  # the groups' first collectives wait for a boundary (connect = "boundary")
     checkpoint_due: bool = False
 
 
@@ -34,7 +34,7 @@ class Action:
     abandon: bool = False     # drop the companion's preparation (cancelled or superseded)
     prepare: int = 0          # start preparing this generation
     force: bool = False       # a deadline: finish preparing in the foreground, then ``after_force``
-    warm: bool = False        # warm the built groups now, every member together
+    connect: bool = False        # connect the built groups now, every member together
     propose: int = 0          # every rank is ready for this generation: propose the switch
     checkpoint: bool = False  # start a periodic checkpoint
 
@@ -44,13 +44,13 @@ def decide(cut: Cut, me: Local) -> Action:
         return Action(stop=True)
     abandon = bool(me.preparing) and cut.wanted != me.preparing
     preparing = 0 if abandon else me.preparing
-    prepare = force = warm = False
+    prepare = force = connect = False
     if not preparing:
         prepare = cut.wanted > me.generation
     elif cut.force == preparing and not cut.switch_to:
         force = True
-    elif me.defer_warm and me.built and not me.ready and cut.warm_now == preparing:
-        warm = True
+    elif me.defer_connect and me.built and not me.ready and cut.connect_now == preparing:
+        connect = True
     # not while any rank still writes a periodic checkpoint over the Active World's groups (the
     # switch lets go of them; the write finishes within a few boundaries); a deadline's forced
     # switch does not wait (``after_force``: the write is abandoned)
@@ -59,7 +59,7 @@ def decide(cut: Cut, me: Local) -> Action:
     # boundary decides it after its second cut
     checkpoint = me.checkpoint_due and not cut.ckpt_busy and not propose and not force
     return Action(end_at=cut.end_at, abandon=abandon, prepare=cut.wanted if prepare else 0, force=force,
-                  warm=warm, propose=propose, checkpoint=checkpoint)
+                  connect=connect, propose=propose, checkpoint=checkpoint)
 
 
 def after_force(second: Cut, preparing: int, checkpoint_due: bool, ckpt_busy: bool) -> Action:

@@ -4,8 +4,8 @@ For generation g it reads the transfer plan (made once by the controller), build
 generation's groups (if this process holds a new rank) and the transfer group over every process
 of both generations, works out its transfer schedule, warms the groups (first collectives,
 point-to-point connections), then reports ready. Beside training it keeps to its pace (at most a
-share of each step, liver/runtime/pace.py). With warm="background" (gloo's default) all of it runs
-beside training; with warm="boundary" (NCCL's default: NCCL operations on two communicators at
+share of each step, liver/runtime/pace.py). With connect="background" (gloo's default) all of it runs
+beside training; with connect="boundary" (NCCL's default: NCCL operations on two communicators at
 once can deadlock) the communicators are created beside training (ncclCommInitRank, which runs no
 kernel) and their first collectives and connections run at one iteration boundary on every member
 at once. Groups over the same processes as one of the Active World take over its communicator
@@ -33,7 +33,7 @@ from liver.runtime.pace import Pace
 from liver.protocol.messages import Failure, GenerationSpec, write
 from liver.protocol.store import fetch_plan, put
 from liver.topology import JobConfig, Layout
-from liver.world.group import Group, init_once, warm_once
+from liver.world.group import Group, init_once, connect_once
 from liver.world.sharing import Sharing
 from liver.world.world import World
 
@@ -56,12 +56,12 @@ class Preparation:
 
     def __init__(self, *, adapter: EngineAdapter, job: JobConfig, spec: GenerationSpec, proc: int, store: dist.Store,
                  backend: str, device: torch.device, timeout_s: float, budget_bytes: int,
-                 warm: str = "background", active: World | None = None, pace: Pace | None = None) -> None:
+                 connect: str = "background", active: World | None = None, pace: Pace | None = None) -> None:
         self.adapter, self.job, self.spec, self.proc, self.store = adapter, job, spec, proc, store
         self.active = active  # this process's Active World (None for a joiner)
         # beside training: at most a share of each step (liver/runtime/pace.py); alone: no limit
         self.pace = pace or Pace(0.0)
-        self.budget_bytes, self.warm_at = budget_bytes, warm
+        self.budget_bytes, self.connect_at = budget_bytes, connect
         self.backend, self.device = backend, device
         self.timeout = timedelta(seconds=timeout_s)
         self.world: World | None = None
@@ -106,7 +106,7 @@ class Preparation:
 
     def _run(self) -> None:
         """Phase A: plan, and build the groups (store rendezvous). Phase B follows at once, or at
-        an iteration boundary when ``defer_warm``."""
+        an iteration boundary when ``defer_connect``."""
         t0, c0 = time.perf_counter(), time.thread_time()
         s = self.spec
         old, new = layouts(self.adapter, self.job, s)
@@ -128,7 +128,7 @@ class Preparation:
         members = sorted(set(s.old_procs) | set(s.procs))
         self.transfer = sharing.group(self.store, f"liver/gen{s.generation}/transfer", members,
                                       self.proc, self.backend, self.device, self.timeout)
-        if self.defer_warm:  # the communicators now, beside training; their connections at the boundary
+        if self.defer_connect:  # the communicators now, beside training; their connections at the boundary
             init_once([*(self.world.every_group() if self.world else []), self.transfer])
             self.pace.forgive()  # ncclCommInitRank releases the GIL: it takes a spare core, not a step
         self.timings["build_s"] = time.perf_counter() - t1
@@ -153,27 +153,27 @@ class Preparation:
         self.timings["paced_steps"] = self.pace.waits  # boundaries it waited for
         self.timings["largest_unit_cpu_s"] = self.pace.largest_unit_s
         self.built = True
-        if not self.defer_warm:
-            self.warm()
+        if not self.defer_connect:
+            self.connect()
 
     @property
-    def defer_warm(self) -> bool:
-        """"boundary": the first collectives wait for ``warm()`` at an iteration boundary that every
+    def defer_connect(self) -> bool:
+        """"boundary": the first collectives wait for ``connect()`` at an iteration boundary that every
         member reaches together, so no communicator is created while the running generation has
         collectives in flight (for sites where that is unsafe); "background": right away."""
-        return self.warm_at == "boundary"
+        return self.connect_at == "boundary"
 
-    def warm(self) -> None:
+    def connect(self) -> None:
         """Phase B: first collectives on every new group, point-to-point connections for the pairs
         the plan uses; then report ready. Communicators shared with the Active World are used by
         the training thread: from the companion thread they are left alone (the switch makes
         their point-to-point connections), at a boundary they are warmed too."""
         try:
             t0, c0 = time.perf_counter(), time.thread_time()
-            training_thread = self.defer_warm
-            warm_once([*(self.world.every_group() if self.world else []), self.transfer])
+            training_thread = self.defer_connect
+            connect_once([*(self.world.every_group() if self.world else []), self.transfer])
             if self.world is not None:
-                self.world.warm_pipeline(training_thread)
+                self.world.connect_pipeline(training_thread)
             members = self.transfer.members
             peer = {p: i for i, p in enumerate(members)}
             send_to, recv_from = set(), set()
@@ -185,9 +185,9 @@ class Preparation:
                         recv_from.add(peer[t.src_proc])
             if self.transfer.usable_from(training_thread):
                 self.transfer.warm_p2p(sorted(send_to), sorted(recv_from))
-            self.timings["warm_s"] = time.perf_counter() - t0
-            self.timings["warm_cpu_s"] = time.thread_time() - c0
-            self.timings["groups_s"] = self.timings["build_s"] + self.timings["warm_s"]
+            self.timings["connect_s"] = time.perf_counter() - t0
+            self.timings["connect_cpu_s"] = time.thread_time() - c0
+            self.timings["groups_s"] = self.timings["build_s"] + self.timings["connect_s"]
             if self.abandoned:
                 return
             self.ready = True

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-WARM_MODES = ("auto", "background", "boundary")
+CONNECT_MODES = ("auto", "background", "boundary")
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class PrepareConfig:
-    """- ``warm``: when the new groups' first collectives run: "background" (in the companion thread,
+    """- ``connect``: when the new groups' first collectives run: "background" (in the companion thread,
       beside training), "boundary" (every member at one iteration boundary: no communicator is set
       up while collectives of the running generation are in flight, at the price of one longer
       boundary), or "auto": "boundary" on NCCL (operations on two NCCL communicators at once may
@@ -20,14 +20,14 @@ class PrepareConfig:
     - ``group_timeout_s``: a rendezvous or collective of a new generation's groups gives up after this.
     """
 
-    warm: str = "auto"
+    connect: str = "auto"
     companion_share: float = 0.0015
     mock_steps: int = 2
     group_timeout_s: float = 120.0
 
     def __post_init__(self) -> None:
-        if self.warm not in WARM_MODES:
-            raise ValueError(f"prepare.warm={self.warm!r}: allowed {', '.join(map(repr, WARM_MODES))}")
+        if self.connect not in CONNECT_MODES:
+            raise ValueError(f"prepare.connect={self.connect!r}: allowed {', '.join(map(repr, CONNECT_MODES))}")
         if not 0.0 <= self.companion_share <= 1.0:
             raise ValueError(f"prepare.companion_share={self.companion_share!r}: allowed a fraction of a step "
                              "from 0 (no limit) to 1")
@@ -36,8 +36,8 @@ class PrepareConfig:
         if not 1.0 <= self.group_timeout_s <= 86400.0:
             raise ValueError(f"prepare.group_timeout_s={self.group_timeout_s!r}: allowed 1 to 86400 seconds")
 
-    def warm_for(self, backend: str) -> str:
-        """``warm`` with "auto" resolved for ``backend``."""
-        if self.warm != "auto":
-            return self.warm
+    def connect_for(self, backend: str) -> str:
+        """``connect`` with "auto" resolved for ``backend``."""
+        if self.connect != "auto":
+            return self.connect
         return "boundary" if backend == "nccl" else "background"

@@ -102,7 +102,7 @@ class Member:
         c = self.config
         return Preparation(adapter=self.adapter, job=self.job, spec=spec, proc=self.proc, backend=self.backend, device=self.device,
                            timeout_s=c.prepare.group_timeout_s, budget_bytes=c.transfer.budget_bytes,
-                           warm=c.warm, **kw)
+                           connect=c.connect, **kw)
 
     # ---- entering a generation -----------------------------------------------------------
     def start(self) -> None:
@@ -113,7 +113,7 @@ class Member:
         t0 = time.perf_counter()
         world = World.build(self.store, g, layout, spec.procs.index(self.proc), self.backend,
                             self.device, cpu_groups=True, procs=spec.procs)
-        world.warm()
+        world.connect()
         world.activate()
         os.environ.update(torchrun_env(spec, world.rank, self.spec.slot))
         timings = {"group_init_s": time.perf_counter() - t0}
@@ -136,17 +136,17 @@ class Member:
         spec = GenerationSpec.fetch(self.store, g)
         layout = self.adapter.layout(self.job, spec.parallel)
         t0 = time.perf_counter()
-        warm = warm_up(self.adapter, self.job, layout, spec.procs.index(self.proc), self.backend, self.device,
+        rehearsed = warm_up(self.adapter, self.job, layout, spec.procs.index(self.proc), self.backend, self.device,
                        self.config.prepare.mock_steps, generation=g)
         if self.device.type == "cuda":
             torch.cuda.synchronize()
-        self.into = self.adapter.warm_storage(warm)  # in the new layout: the transfer may write into it
-        del warm
+        self.into = self.adapter.warm_storage(rehearsed)  # in the new layout: the transfer may write into it
+        del rehearsed
         warmup_s = time.perf_counter() - t0
         prep = self._preparation(spec, store=self.store)
         prep.run()
-        if prep.defer_warm and prep.built and not prep.ready:
-            prep.warm()  # NCCL: with the old ranks, when they reach their boundary
+        if prep.defer_connect and prep.built and not prep.ready:
+            prep.connect()  # NCCL: with the old ranks, when they reach their boundary
         if not prep.ready:
             raise RuntimeError(f"proc {self.proc}: preparing generation {g} failed: {prep.error!r}")
         prep.timings["mock_warmup_s"] = warmup_s
@@ -236,8 +236,8 @@ class Member:
             del stale, e
         prep = self._preparation(spec, store=self.store)  # nothing shared with the broken groups
         prep.run()
-        if prep.defer_warm and prep.built and not prep.ready:
-            prep.warm()
+        if prep.defer_connect and prep.built and not prep.ready:
+            prep.connect()
         if not prep.ready:
             raise RuntimeError(f"proc {self.proc}: preparing the heal generation {spec.generation} failed: "
                                f"{prep.error!r}") from err
@@ -263,7 +263,7 @@ class Member:
                     c.built_generation() if c else 0)
         me = Local(step=e.step, generation=e.world.generation, preparing=c.prep.generation if c else 0,
                    built=bool(c and c.prep.built), ready=bool(c and c.prep.ready),
-                   defer_warm=bool(c and c.prep.defer_warm), checkpoint_due=self.ckpt.due(e))
+                   defer_connect=bool(c and c.prep.defer_connect), checkpoint_due=self.ckpt.due(e))
         act = decide(cut, me)
         if post is not None:
             self.courier.post(post)
@@ -277,12 +277,12 @@ class Member:
             self._prepare(act.prepare, step_s)
         if act.force:
             c.finish(self.config.prepare.group_timeout_s)  # deadline: the rest at full speed, waited for
-            if c.prep.defer_warm and c.prep.built and not c.prep.ready:
-                c.prep.warm()
+            if c.prep.defer_connect and c.prep.built and not c.prep.ready:
+                c.prep.connect()
             act = after_force(agree(e.world.all, None, c.ready_generation()), c.prep.generation,
                               me.checkpoint_due, bool(cut.ckpt_busy))
-        elif act.warm:
-            c.prep.warm()  # every member creates the communicators' connections now, together
+        elif act.connect:
+            c.prep.connect()  # every member creates the communicators' connections now, together
         if act.checkpoint:
             self.ckpt.start(e)
         if act.propose:
@@ -414,7 +414,7 @@ def torchrun_env(spec: GenerationSpec, rank: int, slot: int) -> dict[str, str]:
             "LOCAL_WORLD_SIZE": str(nodes.count(nodes[rank])), "GROUP_RANK": str(sorted(set(nodes)).index(nodes[rank]))}
 
 
-def warm_process(adapter: EngineAdapter, cpu_step: bool = False) -> None:
+def rehearse_process(adapter: EngineAdapter, cpu_step: bool = False) -> None:
     """Once per interpreter, before it trains: the companion's code paths rehearsed (and, with
     ``cpu_step``, a CPU training step), so that no preparation beside training pays first-use
     costs; then the interpreter's objects so far (torch and its modules) leave the cyclic garbage
@@ -431,8 +431,8 @@ def warm_process(adapter: EngineAdapter, cpu_step: bool = False) -> None:
 
 def main(spec_path: str | None = None, boot: dict[str, float] | None = None) -> None:
     """``boot``: when the process started and finished its imports, given by the zygote that
-    forked it (both the fork's time: its template did the imports and ``warm_process``); without
-    it, a worker on its own interpreter: this module's import times, and ``warm_process`` now."""
+    forked it (both the fork's time: its template did the imports and ``rehearse_process``); without
+    it, a worker on its own interpreter: this module's import times, and ``rehearse_process`` now."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # a Ctrl-C is the controller's: it stops the workers
     logs.setup_steps()
     if os.environ.get(IGNORE_SIGTERM) == "1":  # a preemption notice by SIGTERM is the node agent's
@@ -440,7 +440,7 @@ def main(spec_path: str | None = None, boot: dict[str, float] | None = None) -> 
     faulthandler.register(signal.SIGUSR1, all_threads=True)  # `kill -USR1 PID`: every thread's stack to its log
     spec = WorkerSpec.read(spec_path or sys.argv[1])
     if boot is None:
-        warm_process(spec.config.adapter)
+        rehearse_process(spec.config.adapter)
     m = Member(spec, boot or {"process_start": STARTED, "imported": IMPORTED})
     if spec.role == "joiner":
         m.join()

@@ -1,5 +1,5 @@
 """What a worker template (the agent's zygote) runs once before it forks any worker: import torch
-and the worker's modules, warm the companion's code paths (and, for CPU workers, a training step)
+and the worker's modules, rehearse the companion's code paths (and, for CPU workers, a training step)
 by rehearsals, and move all of it out of the cyclic garbage collector's view, so that no worker's
 collection walks (and copies) these pages. The agent knows these only as import strings.
 
@@ -15,14 +15,14 @@ CPU_PRELOAD = "liver.runtime.preload:cpu_worker"
 GPU_PRELOAD = "liver.runtime.preload:gpu_worker"
 
 
-def _warm(engine: str, cpu_step: bool) -> None:
+def _rehearse(engine: str, cpu_step: bool) -> None:
     import torch
 
     from liver.engine.interface import load_adapter
-    from liver.runtime.member import warm_process
+    from liver.runtime.member import rehearse_process
 
     torch.set_num_threads(1)
-    warm_process(load_adapter(engine), cpu_step)
+    rehearse_process(load_adapter(engine), cpu_step)
 
 
 def _single_threaded() -> None:
@@ -53,7 +53,7 @@ def cpu_worker(engine: str) -> None:
     rehearsed only on a CPU build."""
     _single_threaded()
     import torch
-    _warm(engine, cpu_step=torch.version.cuda is None and getattr(torch.version, "hip", None) is None)
+    _rehearse(engine, cpu_step=torch.version.cuda is None and getattr(torch.version, "hip", None) is None)
 
 
 def gpu_worker(engine: str) -> None:
@@ -69,7 +69,7 @@ def gpu_worker(engine: str) -> None:
     for owner, name, stand_in in saved:
         setattr(owner, name, stand_in)
     try:
-        _warm(engine, cpu_step=False)
+        _rehearse(engine, cpu_step=False)
     finally:
         for (owner, name, _), r in zip(saved, real):
             setattr(owner, name, r)

@@ -124,7 +124,7 @@ def add_parsers(sub) -> None:
     sm = sub.add_parser("sim", help="the calibrated simulator of elastic training (liver/sim)")
     ssub = sm.add_subparsers(dest="sim", required=True)
     sr = ssub.add_parser("run", help="one job under a trace, a schedule or a volatility regime, by policy")
-    sr.add_argument("--model", default="14b", help="1b, 3b, 7b, 14b, 30b, 70b, 175b")
+    sr.add_argument("--model", default="14b-cluster", help="1b-cluster, 3b-cluster, 7b-cluster, 14b-cluster, 30b-cluster, 70b-cluster, 175b-cluster")
     sr.add_argument("--profile", default="h200", help="h200 (calibrated) or a800-pcie")
     sr.add_argument("--gpus", type=int, default=32, help="GPUs at the start (schedule, regime)")
     src2 = sr.add_mutually_exclusive_group()
@@ -152,7 +152,7 @@ def add_parsers(sub) -> None:
     sp.add_argument("--out", required=True)
     sp.add_argument("--traces", default=str(DEFAULT_TRACES),
                     help="the folder of p3-trace.csv and g4dn-trace.csv (default: the repository's traces/bamboo)")
-    sp.add_argument("--model", default="14b", help="goodput: the model")
+    sp.add_argument("--model", default="14b-cluster", help="goodput: the model (liver.sim.models)")
     sp.add_argument("--gpus", type=int, default=32, help="goodput: the regimes' GPUs")
     sp.add_argument("--seeds", type=int, default=5, help="goodput: runs of each regime")
     sp.set_defaults(fn=_project)

@@ -22,7 +22,7 @@ from liver.policy.profile import PROFILES, load
 from liver.sim import engine, sources
 from liver.sim.models import sim_model
 
-MODELS = ("7b", "14b", "30b", "70b", "175b")
+MODELS = ("7b-cluster", "14b-cluster", "30b-cluster", "70b-cluster", "175b-cluster")
 SIZES = (64, 128, 256, 512, 1024)
 GOALS = {"live_downtime_70b_1024_h200_s": 1.5, "goodput_10min": 0.995}
 
@@ -53,7 +53,7 @@ def downtime(out: Path) -> dict[str, Any]:
                      "restart_downtime_s": r.downtime_s, "ratio": r.downtime_s / h.downtime_s,
                      "restart_parts_s": {"save": r.save_s, "start": r.start_s, "init": r.init_s,
                                          "load": r.load_s, "rest": r.fixed_s}})
-    goal = next((r for r in rows if r["profile"] == "h200" and r["model"] == "70b" and r["gpus"] == 1024), None)
+    goal = next((r for r in rows if r["profile"] == "h200" and r["model"] == "70b-cluster" and r["gpus"] == 1024), None)
     result = {"event": "a node (8 GPUs) lost with its notice, each side on its best configuration", "rows": rows,
               "goal_70b_1024_h200": {"live_downtime_s": goal and goal.get("live_downtime_s"),
                                      "goal_s": GOALS["live_downtime_70b_1024_h200_s"],
@@ -84,7 +84,7 @@ def prepare(out: Path) -> dict[str, Any]:
     return result
 
 
-def goodput(out: Path, traces: Path, model: str = "14b", gpus: int = 32, seeds: int = 5,
+def goodput(out: Path, traces: Path, model: str = "14b-cluster", gpus: int = 32, seeds: int = 5,
             hours: float = 8.0) -> dict[str, Any]:
     job, rows = sim_model(model), []
     for pname in PROFILES:

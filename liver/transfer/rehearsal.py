@@ -1,6 +1,6 @@
 """A rehearsal of the planner and the executor on a small reshape, communicating nothing: the
 first real preparation (or the controller's first plan) then finds their code, imports and caches
-warm, instead of paying for them beside the running steps."""
+loaded, instead of paying for them beside the running steps."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from liver.world.mock import MockGroup
 def rehearse(adapter: EngineAdapter) -> Plan:
     """Plan a small reshape (placement search included) and work out both processes' schedules,
     communicating nothing: the first real preparation (or the controller's first plan) then finds
-    the planner's and the executor's code, imports and caches warm, instead of paying for them
+    the planner's and the executor's code, imports and caches loaded, instead of paying for them
     beside the running steps. Returns the plan."""
     job = adapter.rehearsal_job()
     specs = adapter.state_specs(job)

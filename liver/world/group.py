@@ -217,7 +217,7 @@ class Group:
     def broadcast_object(self, obj: Any, src: int = 0) -> Any:
         return self.all_gather_object(obj if self.rank == src else None)[src]
 
-    def warm(self) -> None:
+    def connect(self) -> None:
         """First collective: connection set-up happens here, not at the first training step."""
         self.barrier()
 
@@ -256,7 +256,7 @@ class Group:
 
 def _own_comms(groups: list[Group]):
     """One group per communicator of ``groups`` made for them (not those shared with the Active
-    World, which is warm already), in the order given: the same order on every member."""
+    World, whose groups are connected already), in the order given: the same order on every member."""
     seen = set()
     for g in groups:
         if g.comm is not None and not g.inherited and id(g.comm) not in seen:
@@ -270,10 +270,10 @@ def init_once(groups: list[Group]) -> None:
         g.init_comm()
 
 
-def warm_once(groups: list[Group]) -> None:
+def connect_once(groups: list[Group]) -> None:
     """A first collective on each communicator of ``groups`` made for them, once."""
     for g in _own_comms(groups):
-        g.warm()
+        g.connect()
 
 
 class LocalGroup(Group):

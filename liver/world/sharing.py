@@ -3,7 +3,7 @@
 A group is a communicator over some processes in some order. A new generation's group whose
 processes (in group-rank order) are those of a group of the Active World, or of a group made
 earlier for the same generation (TP over every rank is also the group "all"; the transfer group
-over the same processes), shares that group's communicator: nothing to create, nothing to warm,
+over the same processes), shares that group's communicator: nothing to create, nothing to connect,
 and no new NCCL communicator set up beside running collectives.
 
 Groups of the training thread and groups of background work (the CPU groups that periodic

@@ -20,7 +20,7 @@ from torch.distributed.device_mesh import DeviceMesh
 
 from liver.topology.layout import Layout
 from liver.world import overlay
-from liver.world.group import Group, warm_once
+from liver.world.group import Group, connect_once
 from liver.world.sharing import Sharing
 
 
@@ -127,7 +127,7 @@ class World:
         # checkpoints written by a background thread must not share the training groups)
         self.cpu_groups = cpu_groups or {}
         self.build_s = build_s
-        self.warm_s = 0.0
+        self.connect_s = 0.0
         self._registered = False
         self._meshes: dict[bool, DeviceMesh] = {}
         self._solo: dict[str, Group] = {}  # one-member axes as real groups, for DeviceMesh
@@ -185,16 +185,16 @@ class World:
     def every_group(self) -> list[Group]:
         return [*self.groups.values(), *self.cpu_groups.values(), *self._solo.values()]
 
-    def warm(self, training_thread: bool = True) -> float:
+    def connect(self, training_thread: bool = True) -> float:
         """Run a first collective on every group so connection set-up is off the critical path,
-        then ``warm_pipeline``."""
+        then ``connect_pipeline``."""
         t0 = time.perf_counter()
-        warm_once(self.every_group())
-        self.warm_pipeline(training_thread)
-        self.warm_s = time.perf_counter() - t0
-        return self.warm_s
+        connect_once(self.every_group())
+        self.connect_pipeline(training_thread)
+        self.connect_s = time.perf_counter() - t0
+        return self.connect_s
 
-    def warm_pipeline(self, training_thread: bool = True) -> None:
+    def connect_pipeline(self, training_thread: bool = True) -> None:
         """Point-to-point connections to the pipeline's neighbours, both ways; on a communicator
         shared with the Active World only from the training thread (``training_thread``)."""
         pp = self.pp
