@@ -253,13 +253,13 @@ def test_a_registration_under_a_known_name_is_the_same_agent_only_from_the_same_
 
 
 def test_a_lost_node_that_registers_again_during_its_fail_stop_leaves_its_processes_found():
-    """The controller's own registration (``NodeMembership._register``) of a node declared lost,
+    """The controller's own registration (``Membership.register``) of a node declared lost,
     under its name, while the fail-stop of its ranks is handled: the newcomer is a new node with
     slots of its own; the old one's processes are still found, named and killed (before, the old
     node left the job's table and the fail-stop died on a KeyError, and the job with it)."""
     from types import SimpleNamespace
 
-    from liver.controller.membership import NodeMembership
+    from liver.controller.membership import Membership
     from liver.protocol.agent import Register
 
     nodes = Nodes()
@@ -271,7 +271,7 @@ def test_a_lost_node_that_registers_again_during_its_fail_stop_leaves_its_proces
     ctl = SimpleNamespace(nodes=nodes, cfg=SimpleNamespace(controller=SimpleNamespace(agent_timeout_s=5.0)),
                           state=ControllerState(), base_spec={}, starter_spec=lambda: {},
                           phase_log=lambda *a, **kw: None)
-    reply = NodeMembership._register(ctl, Register(node="a", slots=2, host="vm-a", pid=11))  # the endpoint's thread
+    reply = Membership(ctl, url=lambda: "?").register(Register(node="a", slots=2, host="vm-a", pid=11))  # the endpoint's thread
     new = nodes.nodes["a"]
     assert new is not a and reply.slot_base == new.slot_base == 4 and ctl.state.joined == ["a"]
     # the fail-stop over the old node's processes, after the newcomer registered
@@ -292,7 +292,7 @@ def test_a_resumed_controller_withdraws_what_the_dead_one_announced_after_its_jo
 
     from liver.controller.base import ControllerError
     from liver.controller.live import LiveController
-    from liver.controller.membership import NodeMembership
+    from liver.controller.membership import Membership
     from liver.controller.phases import Phase
     from liver.protocol.agent import Register
     from liver.protocol.store import COMMIT, WITHDRAW, decide, decided
@@ -316,7 +316,7 @@ def test_a_resumed_controller_withdraws_what_the_dead_one_announced_after_its_jo
     n.resumed = True  # (restored from the journal: proc 0 only)
     reg = SimpleNamespace(nodes=nodes, cfg=None, state=ControllerState(), base_spec={}, starter_spec=lambda: {},
                           phase_log=lambda *a, **kw: None)
-    NodeMembership._register(reg, Register(node="n", slots=2, host="vm", pid=5, done=1, workers=(
+    Membership(reg, url=lambda: "?").register(Register(node="n", slots=2, host="vm", pid=5, done=1, workers=(
         Running(proc=0, slot=0, role="start", generation=0, pid=100),
         Running(proc=7, slot=1, role="joiner", generation=1, pid=101))))  # (started after the journal)
     assert n.workers[7].returncode == KILLED and n.workers[0].returncode is None

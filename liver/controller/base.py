@@ -22,13 +22,13 @@ from liver import logs
 from liver.host import cores
 from liver.agent.node import NodeAgent, Worker
 from liver.controller.metrics import Metrics
-from liver.controller.membership import NodeMembership
+from liver.controller.membership import Membership
 from liver.controller.nodes import Node, Nodes, RemoteNode
 from liver.agent import starters
 from liver.checkpoint.periodic import latest, saved_step
 from liver.config import RunConfig
 from liver.config.fields import to_dict
-from liver.controller import storehost
+from liver.controller import journal, storehost
 from liver.policy import target
 from liver.controller.admission import admit, hardware_of, without
 from liver.policy.decisions import EndState, job_finished, next_event, next_notice, trigger_time
@@ -73,7 +73,7 @@ def _last_line(text: str) -> str:
     return lines[-1][:300] if lines else ""
 
 
-class Controller(NodeMembership):
+class Controller:
     mode = "base"
 
     @staticmethod
@@ -146,12 +146,15 @@ class Controller(NodeMembership):
         self._hang_checked = 0.0
         self.resumed = resume is not None
         self._url: str | None = None  # the endpoint's, where it was before (a resumed controller)
-        self._journaled: tuple | None = None
-        self._alive_said = 0.0
         self._stashed: list[Worker] = []  # exits a wait saw first, for the loop (``_polled``)
         self.watch = ProgressWatch(cfg.controller.stop_on_nonfinite_loss, cfg.checkpoint.escalate_after)
+        self.membership = Membership(self, url=lambda: self.endpoint.url if self.endpoint else "?")
+        # the journal, where the store outlives this process (``liver controller``): a controller
+        # started again on the run goes on from it
+        self.journal = journal.Journal(run_dir, self.store) if self.store_pid is not None else None
         if resume is not None:
-            self._restore(resume)
+            self.state = journal.restore(resume, self.nodes)
+            self.token, self._url = resume["token"], resume["url"]
 
     @property
     def hardware(self) -> target.Hardware:
@@ -181,7 +184,7 @@ class Controller(NodeMembership):
             port = int(self._url.rsplit(":", 1)[1]) if self.resumed else c.port  # (where the agents look)
             self.endpoint = ControlEndpoint(self.submit, self.status, self.run_dir, host=c.host, port=port,
                                             token=self.token, queue=self.queued, withdraw=self.withdraw,
-                                            agents=self.agent_request, metrics=self.metrics.exposition,
+                                            agents=self.membership.agent_request, metrics=self.metrics.exposition,
                                             end=self.end_after)
             logs.PHASES.info(f"control endpoint {self.endpoint.url} (token in {self.run_dir / 'control.json'})")
         try:
@@ -193,7 +196,7 @@ class Controller(NodeMembership):
             self.interrupted = True
         finally:
             self.nodes.shutdown()
-            self._await_shutdown()
+            self.membership.await_shutdown()
             if self.endpoint is not None:
                 self.endpoint.close()
             self._recovery_digests()  # (from the store: before it goes)
@@ -217,7 +220,7 @@ class Controller(NodeMembership):
                            nodes=list(self.nodes.nodes))
             self._resume_phase()
             return
-        self._await_nodes()
+        self.membership.await_nodes()
         parallel = self.cfg.parallel or target.choose(self.adapter, self.job, self.cfg.gpus, self.hardware)
         start = self.cfg.checkpoint.start_from
         self._start_generation(parallel, slots=self.nodes.free_slots()[: self.cfg.gpus], load_from=start, kind="start")
@@ -227,6 +230,9 @@ class Controller(NodeMembership):
                                        "status": "resumed from an earlier run's checkpoint", "checkpoint": start,
                                        "restored_step": saved_step(start), "generation": self.state.gen,
                                        "new": parallel.short(), "t_event": time.time()})
+
+    def _resume_phase(self) -> None:
+        """What a controller that came back does first about the phase it was in (the mode's)."""
 
     def once(self) -> None:
         """One pass of the loop: what the ranks and the nodes reported, then the mode's handling
@@ -239,7 +245,7 @@ class Controller(NodeMembership):
         self._stamp_triggers()
         self._watch_progress()
         self._hung()
-        self._watch_nodes()
+        self.membership.watch()
         self._exits(self._polled())
         if not self.finished:
             if self.state.phase is Phase.SUSPENDED:
@@ -251,6 +257,15 @@ class Controller(NodeMembership):
             if self.state.phase is Phase.STABLE:
                 self._maybe_end()
         self._journal()
+
+    def _journal(self, force: bool = False) -> None:
+        if self.journal is None:
+            return
+        identity = {"cfg": self.cfg, "mode": self.mode, "token": self.endpoint.token if self.endpoint else self.token,
+                    "url": self.endpoint.url if self.endpoint else None, "store_pid": self.store_pid,
+                    "store_addr": self.store_addr}
+        with self.lock, self.nodes.lock:  # (in that order, as the endpoint's threads take them)
+            self.journal.update(self.state, self.nodes, identity, force)
 
     def _recovery_digests(self) -> None:
         """The state digest each recovery started from, as its new generation's ranks reported it."""

@@ -10,8 +10,15 @@ from __future__ import annotations
 
 import os
 import pickle
+import time
 from pathlib import Path
 from typing import Any
+
+import torch.distributed as dist
+
+from liver.controller import storehost
+from liver.controller.nodes import Nodes, RemoteNode
+from liver.controller.state import ControllerState
 
 NAME = "journal.pkl"
 VERSION = 2  # (2: the controller's state as one ``ControllerState``)
@@ -39,3 +46,45 @@ def read(run_dir: Path) -> dict[str, Any]:
     if not isinstance(state, dict) or state.get("version") != VERSION:
         raise ValueError(f"--resume {run_dir}: {NAME} is of another version of liver")
     return state
+
+
+class Journal:
+    """The journal of a job whose store runs in its own process (``liver controller``): written
+    whenever what it holds changed, and, every second, the controller's word to that process that
+    it is alive."""
+
+    def __init__(self, run_dir: Path, store: dist.Store) -> None:
+        self.run_dir, self.store = run_dir, store
+        self._mark: tuple | None = None
+        self._alive_said = 0.0
+
+    def update(self, state: ControllerState, nodes: Nodes, identity: dict[str, Any], force: bool = False) -> None:
+        """``state`` and the remote nodes as they are now (held still by the caller's locks),
+        with the job's ``identity`` (its configuration, mode, endpoint, store)."""
+        now = time.time()
+        if now - self._alive_said > 1.0:
+            self.store.set(storehost.ALIVE_KEY, str(now))
+            self._alive_said = now
+        remote = [n for n in nodes.nodes.values() if isinstance(n, RemoteNode)]
+        mark = (state.phase, state.gen, len(state.records), tuple(e.describe() for e in state.queue), state.end_at,
+                state.ending, tuple(state.joined), tuple(state.noticed), nodes._next_proc,
+                tuple((n.name, n.lost, n.notice is not None, n._next, len(n.workers),
+                       sum(w.returncode is None for w in n.workers.values())) for n in remote))
+        if mark == self._mark and not force:
+            return
+        write(self.run_dir, {**identity, "state": state, "next_proc": nodes._next_proc, "next_slot": nodes._next_slot,
+                             "nodes": [n.record() for n in remote]})
+        self._mark = mark
+
+
+def restore(state: dict[str, Any], nodes: Nodes) -> ControllerState:
+    """The controller's state from a journal read (``read``), its remote nodes put back in ``nodes``."""
+    s: ControllerState = state["state"]
+    if s.current is not None:  # (its CPU count starts again in this process)
+        s.current.cpu0 = time.thread_time()
+    nodes._next_proc, nodes._next_slot = state["next_proc"], state["next_slot"]
+    for rec in state["nodes"]:
+        node = RemoteNode.restored(rec)
+        nodes.nodes[node.name] = node
+        nodes.workers.update(node.workers)
+    return s
