@@ -18,8 +18,8 @@ from liver.config import RunConfig
 from liver.controller.live import LiveController
 from liver.controller.phases import Phase
 from liver.policy.events import Event, parse_schedule_text
-from liver.protocol.messages import (PrepareReport, Progress, StartReport, Stalled, SwitchReport, beat_key,
-                                     read_if, write)
+from liver.protocol.messages import (PrepareReport, Progress, Saved, StartReport, Stalled, StopReport,
+                                     SwitchReport, beat_key, read_if, write)
 from liver.protocol.store import COMMIT, decide
 
 
@@ -100,14 +100,6 @@ class FakeRanks:
         for w in self.ctl.nodes.alive():
             self.store.set(beat_key(w.proc), str(self.t))
 
-    def started(self, generation: int | None = None, step: int = 0) -> None:
-        """Every process of a whole generation (start, recovery) reported its start."""
-        spec = self.ctl.state.active if generation is None else None
-        g = spec.generation if spec else generation
-        for p in spec.procs:
-            write(self.store, StartReport.key(g, p), StartReport(proc=p, generation=g, timings={}, process_start=self.t,
-                                                                 imported=self.t, ready=self.t, step=step))
-
     def ready(self, procs=None) -> None:
         """Every member (or ``procs``) prepared the pending generation."""
         g = self.ctl.state.pending.generation
@@ -138,6 +130,24 @@ class FakeRanks:
             write(self.store, SwitchReport.key(generation, p),
                   SwitchReport(proc=p, generation=generation, prepare=PrepareReport(), transfer={}, switch_start=now,
                                switch_end=now, new_rank=r, step=step, digest_after="after"))
+
+    def saved(self, path: str, step: int, exit_code: int = 0) -> None:
+        """Restart mode: the Active World saved its state at ``step`` to ``path`` and its
+        processes ended (``exit_code``)."""
+        g = self.ctl.state.active.generation
+        write(self.store, Saved.key(g), Saved(path=path, step=step))
+        for p in self.ctl.state.active.procs:
+            write(self.store, StopReport.key(g, p), StopReport(proc=p, generation=g, step=step, save_s=0.1,
+                                                               saved_at=time.time(), digest_before="before"))
+            self.ctl.nodes.node_of(self.ctl.state.slot_of[p]).exit(p, exit_code)
+
+    def started_all(self, step: int) -> None:
+        """Every process of the Active World (a whole new generation) loaded and reported."""
+        g, now = self.ctl.state.active.generation, time.time()
+        for p in self.ctl.state.active.procs:
+            write(self.store, StartReport.key(g, p),
+                  StartReport(proc=p, generation=g, timings={"group_init_s": 0.1, "build_s": 0.2, "load_s": 0.3},
+                              process_start=now, imported=now, ready=now, step=step, digest_after="after"))
 
     def stalled(self, procs, step: int) -> None:
         """Survivors of a broken generation stopped at ``step`` and wait to be healed."""

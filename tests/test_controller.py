@@ -10,6 +10,7 @@ import pytest
 
 from fake_job import FakeNode, controller, run_until
 from liver.controller.live import LiveController
+from liver.controller.restart import RestartController
 from liver.controller.phases import PENDING, Phase
 from liver.policy.outcome import Outcome, outcome_of
 from liver.protocol.messages import Wish, read
@@ -219,3 +220,42 @@ def test_a_controller_resumed_after_the_commit_watches_the_switch_to_its_end(tmp
     ranks.switched(4)
     run_until(again, lambda: again.state.current is None)
     assert outcomes(again) == [Outcome.DONE]
+
+
+# ---- restart mode ------------------------------------------------------------------------------
+def test_restart_mode_announces_a_step_trigger_ahead_stops_there_and_restarts_from_the_save(tmp_path):
+    ctl, node, ranks = controller(tmp_path, "at step 5: scale-out 4\n", cls=RestartController, mode="restart")
+    ranks.step(2)
+    ctl.once()
+    assert ranks.wish().stop_at == 5  # known ahead: the ranks stop exactly after step 5, not one later
+    run_until(ctl, lambda: ctl.state.phase is Phase.STOP, ranks, step=5)
+    assert ranks.wish().stop_at == 5 and ctl.state.announced_at is None
+    ranks.saved(str(tmp_path / "handoff"), step=5)
+    ctl.once()
+    assert ctl.state.phase is Phase.START and ctl.state.active.kind == "restart"
+    assert ctl.state.active.load_from == str(tmp_path / "handoff") and len(ctl.state.active.procs) == 4
+    assert set(ctl.state.active.procs).isdisjoint({0, 1})  # fresh processes, every one
+    ranks.started_all(step=5)
+    ctl.once()
+    (rec,) = ctl.state.records
+    assert outcome_of(rec) is Outcome.DONE and rec["digest_before"] == "before" and rec["digest_after"] == "after"
+    assert rec["load_s"] == 0.5 and ctl.state.phase is Phase.STABLE
+
+
+def test_restart_mode_two_events_at_one_step_each_stop_the_job(tmp_path):
+    """The second event's step was announced for the first: it stops the new generation anew."""
+    ctl, node, ranks = controller(tmp_path, "at step 5: scale-out 4\nat step 5: reshape 2,2,1\n",
+                                  cls=RestartController, mode="restart")
+    run_until(ctl, lambda: ctl.state.phase is Phase.STOP, ranks, step=5)
+    ranks.saved(str(tmp_path / "h1"), step=5)
+    ctl.once()
+    ranks.started_all(step=5)
+    ranks.step(5)
+    ctl.once()
+    run_until(ctl, lambda: ctl.state.phase is Phase.STOP, ranks, step=5)
+    assert ranks.wish().stop_at == 6  # (the next boundary of the new generation)
+    ranks.saved(str(tmp_path / "h2"), step=6)
+    ctl.once()
+    ranks.started_all(step=6)
+    ctl.once()
+    assert outcomes(ctl) == [Outcome.DONE, Outcome.DONE] and ctl.state.active.parallel.short() == "tp2pp2dp1"
