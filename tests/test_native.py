@@ -302,8 +302,7 @@ def test_recipe_job_file_runs_and_bad_input_is_refused_before_anything_starts(tm
 
 def liver_native(run_dir: Path, *args: str) -> dict:
     from test_run import liver
-    return liver(run_dir, "--config", CONFIG, "--set", "prepare.companion_share=0.5", "--set", "checkpoint.every=0",
-                 *args)
+    return liver(run_dir, "--config", CONFIG, "--set", "checkpoint.every=0", *args)
 
 
 def trained_alone(engine: str, job: JobConfig, steps: int) -> list:

@@ -25,8 +25,12 @@ from liver.policy.outcome import Outcome, outcome_of
 def liver(run_dir: Path, *args: str) -> dict:
     """A run with a state digest after every step (``"--digest", "switch"`` in ``args``: at the
     handoffs only, for tests that compare no step's state); no timeline drawn (a second of CPU a
-    run: the test that reads it asks for it)."""
-    rc = main(["run", "--run-dir", str(run_dir), "--digest", "--set", "timeline=false", *args])
+    run: the test that reads it asks for it); the preparation unpaced unless ``args`` set its
+    share (``--companion-share``: a test whose event must meet a Prepare of seconds, as pacing
+    makes it, says so; what pacing costs and spares is the benches' to measure)."""
+    paced = any(a == "--companion-share" or a.startswith("prepare.companion_share=") for a in args)
+    rc = main(["run", "--run-dir", str(run_dir), "--digest", "--set", "timeline=false",
+               *(() if paced else ("--companion-share", "0")), *args])
     report = json.loads((run_dir / "report.json").read_text())
     report["rc"] = rc
     for e in report["events"]:  # what became of each event is a value (liver/policy/outcome.py)
@@ -291,7 +295,7 @@ def test_a_deadline_no_handoff_meets_drops_leaving_replicas_at_once(tmp_path):
     events = tmp_path / "events.txt"
     events.write_text("at step 6: scale-in 2 deadline 0.5s\n")
     rep = liver(tmp_path / "run", "--events", str(events), "--parallel", "1,1,4", "--gpus", "4", "--steps", "20",
-                "--end-after-events", "-1", "--ckpt-every", "2")
+                "--end-after-events", "-1", "--ckpt-every", "2", "--companion-share", "0.0015")  # (paced, as by default)
     assert rep["rc"] == 0
     (rec,) = rep["events"]
     assert rec["event"]["kind"] == "scale-in" and rec["path"] == "drop", rec

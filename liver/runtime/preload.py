@@ -7,6 +7,7 @@ The template must stay single-threaded and must not touch the GPU driver: a CUDA
 survive a fork. A backward pass starts the autograd engine's device threads (and with them the
 CUDA driver, on a CUDA build), so the training-step rehearsal is for CPU workers only."""
 
+import contextlib
 import os
 
 ENTRY = "liver.runtime.member:main"        # a worker process's entry point
@@ -47,32 +48,42 @@ def check_threads(env: dict[str, str] | None = None) -> None:
         raise ValueError(f"OMP_NUM_THREADS={value!r} (environment): allowed unset or a thread count from 1 to 4096")
 
 
-def cpu_worker(engine: str) -> None:
-    """``engine``: the job's engine, by import path (its code paths are rehearsed). On a CUDA build
-    of torch a backward pass starts device threads even for CPU tensors, so the training step is
-    rehearsed only on a CPU build."""
-    _single_threaded()
-    import torch
-    _rehearse(engine, cpu_step=torch.version.cuda is None and getattr(torch.version, "hip", None) is None)
-
-
-def gpu_worker(engine: str) -> None:
-    """As ``cpu_worker``, no step rehearsed. DTensor's sharding runs its fake tensors at each meta
-    build, and they ask for the CUDA driver (``torch.cuda.is_available()``, and without a device
+@contextlib.contextmanager
+def _no_driver():
+    """DTensor's sharding runs its fake tensors at each meta build, and they ask for the CUDA
+    driver (``torch.cuda.is_available()``, and without a device
     ``torch._C._ensureCUDADeviceGuardSet()``): either answer (the driver's, or NVML's) leaves a
     thread of the driver's in the template. Meanwhile there is no device to the template, and the
     guard is left as it is; its workers see the real ones."""
-    _single_threaded()
     import torch
     saved = [(torch.cuda, "is_available", lambda: False), (torch._C, "_ensureCUDADeviceGuardSet", lambda: None)]
     real = [getattr(owner, name) for owner, name, _ in saved]
     for owner, name, stand_in in saved:
         setattr(owner, name, stand_in)
     try:
-        _rehearse(engine, cpu_step=False)
+        yield
     finally:
         for (owner, name, _), r in zip(saved, real):
             setattr(owner, name, r)
+
+
+def cpu_worker(engine: str) -> None:
+    """``engine``: the job's engine, by import path (its code paths are rehearsed). On a CUDA build
+    of torch (a CPU job on a GPU machine) a backward pass starts device threads even for CPU
+    tensors, so the training step is rehearsed only on a CPU build, and the driver is kept out of
+    the rehearsal as for GPU workers (``_no_driver``)."""
+    _single_threaded()
+    import torch
+    cpu_build = torch.version.cuda is None and getattr(torch.version, "hip", None) is None
+    with _no_driver():
+        _rehearse(engine, cpu_step=cpu_build)
+
+
+def gpu_worker(engine: str) -> None:
+    """As ``cpu_worker``, no step rehearsed."""
+    _single_threaded()
+    with _no_driver():
+        _rehearse(engine, cpu_step=False)
 
 
 def for_backend(backend: str) -> str:
