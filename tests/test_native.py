@@ -27,6 +27,9 @@ from liver.world.fake import FakeWorld
 from liver.world.world import forget_meshes
 
 ROOT = Path(__file__).resolve().parent.parent
+# torch before 2.12 (the GPU image's 2.11): the fake process group's reduce-scatter leaves its
+# output unwritten (pytorch/pytorch#178078), so a fake world's FSDP gradients are uninitialised memory
+FAKE_REDUCE_SCATTER_WRITES = tuple(int(x) for x in torch.__version__.split(".")[:2]) >= (2, 12)
 EXAMPLE = f"{ROOT}/examples/llama.py:RECIPE"
 CONFIG = str(ROOT / "configs" / "llama-native.toml")
 
@@ -263,7 +266,8 @@ def test_the_model_prebuilt_in_another_thread_is_the_one_the_switch_would_build(
                 e.load_scalars(scalars)
             steps = [e.train_step() for e in built]
             assert steps[0].loss == steps[1].loss
-            assert all(torch.equal(built[0].state[n], built[1].state[n]) for n in built[0].state)
+            if FAKE_REDUCE_SCATTER_WRITES or parallel.dp == 1:  # (else the gradients are uninitialised memory)
+                assert all(torch.equal(built[0].state[n], built[1].state[n]) for n in built[0].state)
         finally:
             forget_meshes()
 
