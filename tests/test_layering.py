@@ -81,19 +81,27 @@ def test_every_package_has_a_rule():
 @pytest.mark.parametrize("package", sorted(RULES))
 def test_no_package_imports_a_layer_above_it(package):
     """A package's own config table (``liver.X.config``) is a leaf anyone may read: the job file's
-    tables are owned by the packages they configure. Nothing else goes up."""
+    tables are owned by the packages they configure. Nothing else goes up; the policy reads none
+    of them but the worker runtime's (its pacing share, a cost)."""
     bad = RULES[package]
-    assert offenders(package, lambda n: _under(n, bad) and not (_config_leaf(n) and n.split(".")[1] != "config")
-                     ) == []
+    allowed = ("liver.runtime.config",) if package == "policy" else None
+    assert offenders(package, lambda n: _under(n, bad) and not (
+        _config_leaf(n) and n.split(".")[1] != "config" and (allowed is None or n in allowed))) == []
 
 
 def test_the_config_leaves_are_leaves():
-    """What anyone may import of a package imports nothing above the topology and the job file's fields."""
+    """What anyone may import of a package imports nothing above the topology, the job file's
+    fields and the policy's vocabulary (its pure grammar and decisions: no torch)."""
     for f in sorted(ROOT.glob("*/config.py")):
         mod = f"{f.parent.name}/config.py"
         names = imports(f.parent.name)[f"liver/{mod}"]
         assert [n for n in names if n.startswith("liver.") and not n.startswith(
-            ("liver.topology", "liver.config.fields")) and not _config_leaf(n)] == [], mod
+            ("liver.topology", "liver.config.fields", "liver.policy.events", "liver.policy.decisions"))
+            and not _config_leaf(n)] == [], mod
+    for pure in ("events", "decisions"):  # (the vocabulary the leaves may read imports no more than they do)
+        names = imports("policy")[f"liver/policy/{pure}.py"]
+        assert [n for n in names if n == "torch" or n.startswith(("torch.", "liver.")) and not n.startswith(
+            ("liver.topology", "liver.policy.events"))] == [], pure
 
 
 @pytest.mark.parametrize("package", ["runtime", "controller", "checkpoint", "transfer", "protocol", "policy", "sim"])

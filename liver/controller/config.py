@@ -8,7 +8,7 @@ from dataclasses import dataclass
 MODES = ("live", "restart", "restart-forked")
 
 
-JOIN_POLICIES = ("now", "better", "never")  # controller.on_join (``liver.policy.decisions.join_total``)
+from liver.policy.decisions import JOIN_POLICIES  # (the policy's vocabulary: ``join_total``)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

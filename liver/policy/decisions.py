@@ -8,7 +8,6 @@ import enum
 from dataclasses import dataclass
 from typing import Callable
 
-from liver.controller.config import JOIN_POLICIES
 from liver.policy.events import EventKind
 
 
@@ -75,6 +74,9 @@ def job_finished(s: EndState) -> bool:
     return s.step >= last and all(c == 0 for c in s.active_exit_codes)
 
 
+
+
+JOIN_POLICIES = ("now", "better", "never")  # controller.on_join
 
 
 def join_total(policy: str, n_now: int, capacity: int, step_time: Callable[[int], float | None]) -> int | None:
