@@ -254,19 +254,22 @@ class Member:
     def boundary(self, step_s: float, post: Post | None = None) -> None:
         """The consistent cut: every rank takes the same decision here (``runtime/boundary.py``).
         ``post``: the step's record, handed to the courier once the cut's collective is done (its
-        thread's work then overlaps the next step, not this wait: both need the GIL)."""
+        thread's work then overlaps the next step, not this wait: both need the GIL), or has
+        broken: the step is done and its state kept, so its record is never lost with the cut."""
         e, c = self.engine, self.companion
         if c is not None:
             c.prep.pace.boundary(step_s)  # its next slice
         wish = self.courier.wish() if e.world.rank == 0 else None
-        cut = agree(e.world.all, wish, c.ready_generation() if c else 0, self.ckpt.busy(),
-                    c.built_generation() if c else 0)
+        try:
+            cut = agree(e.world.all, wish, c.ready_generation() if c else 0, self.ckpt.busy(),
+                        c.built_generation() if c else 0)
+        finally:  # (a peer lost in the cut: the survivors heal from this step, logged like any other)
+            if post is not None:
+                self.courier.post(post)
         me = Local(step=e.step, generation=e.world.generation, preparing=c.prep.generation if c else 0,
                    built=bool(c and c.prep.built), ready=bool(c and c.prep.ready),
                    defer_connect=bool(c and c.prep.defer_connect), checkpoint_due=self.ckpt.due(e))
         act = decide(cut, me)
-        if post is not None:
-            self.courier.post(post)
         if act.stop:
             return self._stop_for_restart()
         if act.end_at:
