@@ -160,8 +160,8 @@ def test_validation_reports_every_quantity_and_the_noise_floor():
 
 
 def test_bad_simulator_names_are_refused():
-    with pytest.raises(ValueError, match="model='9b'"):
-        sim_model("9b-cluster")
+    with pytest.raises(ValueError, match="model='7b': allowed 1b-cluster, "):  # (liver run's preset, not the simulator's)
+        sim_model("7b")
     with pytest.raises(ValueError, match="profile='tpu'"):
         load("tpu")
     with pytest.raises(ValueError, match="policy='magic'"):
