@@ -272,6 +272,80 @@ def test_the_model_prebuilt_in_another_thread_is_the_one_the_switch_would_build(
             forget_meshes()
 
 
+@pytest.mark.parametrize("parallel,ahead", [(ParallelConfig(tp=2), "forward and backward and optimizer step"),
+                                            (ParallelConfig(dp=2), "optimizer step"),
+                                            (ParallelConfig(tp=2, dp=2), "optimizer step")])
+def test_the_first_steps_sharding_is_worked_out_in_the_companion_and_changes_nothing(parallel, ahead, monkeypatch):
+    """The companion runs the new generation's first step's DTensor operators on the meta
+    structure (``ahead.py``) into a table that the training thread takes at the switch: its first
+    step then propagates nothing of its own where the forward was worked out too (TP; FSDP-only,
+    whose forward has no DTensor), and steps exactly as an engine entered without the table."""
+    import threading
+
+    from liver.world import sharding
+
+    adapter = load_adapter(EXAMPLE)
+    job = job_of(hidden=8, heads=4, ffn=8, vocab=8)
+    cpu = torch.device("cpu")
+    old = FakeWorld.build_fake(0, adapter.layout(job, ParallelConfig(tp=4)), 0, "gloo", cpu)
+    new = FakeWorld.build_fake(1, adapter.layout(job, parallel), 0, "gloo", cpu)
+    with old.registered():
+        running = adapter.build(job, old, cpu)
+        running.train_step()
+        seen = {}
+
+        def companion():
+            with new.registered_here():
+                seen["pre"] = adapter.prebuild(job, new, cpu, frozenset(), 1 << 30, like=running)
+        t = threading.Thread(target=companion)
+        t.start()
+        t.join()
+    old.deactivate()
+    pre = seen["pre"]
+    assert pre.ahead["ahead"] == ahead and "ahead_error" not in pre.ahead, pre.ahead
+    assert pre.sharding and all(p.grad is None for p in pre.structure.parameters())
+
+    def fill(state):
+        with torch.no_grad():
+            for i, (name, t) in enumerate(sorted(state.items())):
+                t.copy_(torch.arange(t.numel(), dtype=torch.float64).reshape(t.shape).to(t.dtype) / (i + 7))
+        return state
+
+    scalars = {"step": 4, "consumed_samples": 4 * job.train.global_batch, "seed": job.train.seed,
+               "optimizer": {"step": 4.0}, "lr": [1e-3]}
+    from torch.distributed.tensor import DTensor
+    prop, computed = DTensor._op_dispatcher.sharding_propagator, []
+    propagate = prop.propagate_op_sharding_non_cached
+
+    def seen(schema):  # (a propagation the training thread computes: not in the table it holds)
+        table = getattr(sharding._here, "table", None)
+        if table is not None and schema not in table:
+            computed.append(schema)
+        return propagate(schema)
+    monkeypatch.setattr(prop, "propagate_op_sharding_non_cached", seen)
+    with new.registered():
+        try:
+            stats, states = [], []
+            for p in (pre, None):  # with the companion's table; then built and propagated here
+                e = adapter.enter(job, new, cpu, fill, prebuilt=p)
+                e.load_scalars(scalars)
+                stats.append(e.train_step())
+                if p is pre:  # (what it does compute: operators whose scalar arguments are this step's
+                    # own, the learning rate's and Adam's bias corrections, which every step meets anew,
+                    # and the parameters' detach)
+                    missed = [m for m in computed if str(m.op) != "aten.detach.default"
+                              and not any(isinstance(a, float) for a in m.args_schema)]
+                    assert (not missed) == (parallel.tp == 1 or parallel.dp == 1), missed
+                    assert len(computed) == sharding.computed()
+                computed.clear()
+                states.append({n: t.clone() for n, t in e.state.items()})
+            assert stats[0].loss == stats[1].loss and stats[0].grad_norm == stats[1].grad_norm
+            if FAKE_REDUCE_SCATTER_WRITES or parallel.dp == 1:  # (else the gradients are uninitialised memory)
+                assert all(torch.equal(states[0][n], states[1][n]) for n in states[0])
+        finally:
+            forget_meshes()
+
+
 def test_prebuilt_storage_is_made_only_where_the_spare_and_the_device_hold_it(monkeypatch):
     """All of it or none: over the spare, or the device short of memory now, the switch makes it."""
     from liver.engine.interface import Prebuilt, new_storage
@@ -338,7 +412,9 @@ def test_live_reshapes_of_a_users_model_equal_restart_through_dcp(tmp_path):
     from test_run import check_continuous
     events = tmp_path / "events.txt"
     events.write_text("".join(f"at step {3 if i == 0 else '+3'}: {a}\n" for i, (a, _) in enumerate(EVENTS)))
-    live = liver_native(tmp_path / "live", "--events", str(events), "--digest", "--end-after-events", "3")
+    # (steps: beyond what six events take however long a cold joiner's start is; the run ends 3 steps after the last)
+    live = liver_native(tmp_path / "live", "--events", str(events), "--digest", "--end-after-events", "3",
+                        "--steps", "100000")
     assert live["rc"] == 0
     assert [e["status"] for e in live["events"]] == ["done"] * len(EVENTS), [e["status"] for e in live["events"]]
     assert [e["new"] for e in live["events"]] == [n for _, n in EVENTS]
@@ -538,9 +614,10 @@ def test_any_optimizers_state_moves_live_equal_to_restart_and_close_to_one_proce
     recipe = f"{ROOT}/tests/recipes/biased.py:{optimizer}"
     events = tmp_path / "events.txt"
     events.write_text("at step 3: reshape 2,1,1\n")
-    common = ("--set", f"engine={recipe}", "--set", "parallel=1,1,2", "--steps", "10",
-              "--set", f"job.compute_dtype={dtype}")
-    live = liver_native(tmp_path / "live", *common, "--events", str(events), "--end-after-events", "-1")
+    n = 40  # (steps enough for Prepare to end on a loaded 2-core machine: it ends in about ten)
+    common = ("--set", f"engine={recipe}", "--set", "parallel=1,1,2", "--steps", str(n),
+              "--set", f"job.compute_dtype={dtype}", "--end-after-events", "-1")
+    live = liver_native(tmp_path / "live", *common, "--events", str(events))
     assert live["rc"] == 0
     assert [e["status"] for e in live["events"]] == ["done"] and live["events"][0]["digest_equal"] is True
     cut = tmp_path / "cut.txt"
@@ -551,8 +628,8 @@ def test_any_optimizers_state_moves_live_equal_to_restart_and_close_to_one_proce
     def steps(r):
         return [(s["step"], s["parallel"], s["loss"], s["grad_norm"], s["digest"]) for s in r["steps"]]
 
-    assert steps(live) == steps(restart) and len(steps(live)) == 10
-    alone = [x.loss for x in trained_alone(recipe, jobfile.load(CONFIG, [{"job": {"compute_dtype": dtype}}]).job, 10)]
+    assert steps(live) == steps(restart) and len(steps(live)) == n
+    alone = [x.loss for x in trained_alone(recipe, jobfile.load(CONFIG, [{"job": {"compute_dtype": dtype}}]).job, n)]
     assert [s["loss"] for s in live["steps"]] == pytest.approx(alone, rel=1e-4 if dtype == "float32" else 2e-2)
     assert alone[-1] < alone[0]
 

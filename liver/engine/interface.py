@@ -21,7 +21,7 @@ import importlib.util
 import os
 import sys
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable, Protocol
 
 import torch
@@ -101,6 +101,8 @@ class Prebuilt:
     storage: dict[str, torch.Tensor]
     structure: Any = None
     wanted_bytes: int = 0  # the storage the switch would make (all of it in ``storage``, or none)
+    sharding: dict | None = None  # DTensor's propagation on the new mesh, worked out ahead (world/sharding.py)
+    ahead: dict[str, Any] = field(default_factory=dict)  # what was worked out ahead, for the record
 
     @property
     def storage_bytes(self) -> int:
@@ -190,9 +192,10 @@ class EngineAdapter(ABC):
         return self.build(job, world, device, state=deliver(into))
 
     def prebuild(self, job: JobConfig, world: World, device: torch.device, kept: frozenset[str],
-                 spare_bytes: int) -> Prebuilt:
+                 spare_bytes: int, like: TrainingEngine | None = None) -> Prebuilt:
         """Beside training, in the companion (``world`` registered in its thread only): what of
-        rank ``world.rank``'s engine can be made before the pause. Here: the storage of the shards
+        rank ``world.rank``'s engine can be made before the pause; ``like``: the engine this
+        process trains now (None for a joiner), read only. Here: the storage of the shards
         not ``kept``, where it fits in ``spare_bytes``; the engine itself is built on the
         delivered shards at the switch."""
         storage, wanted = new_storage(self.state_specs(job), self.view(job, world.layout), world.rank, device, kept,

@@ -194,6 +194,9 @@ class PrepareReport:
     prebuild_s: float = 0.0          # the new engine made before the pause (``EngineAdapter.prebuild``)
     prebuilt: str = ""               # what of it (``Prebuilt.path``); "" for a process leaving
     prebuilt_bytes: int = 0          # its storage, within the staging budget's spare
+    ahead: str = ""                  # what of its first step's DTensor work was done then (``ahead.py``)
+    ahead_s: float = 0.0             # its seconds, in the companion
+    ahead_error: str = ""            # why it stopped short, if it did (the rest is done at the first step)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

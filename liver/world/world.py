@@ -19,7 +19,7 @@ from torch.distributed import distributed_c10d as c10d
 from torch.distributed.device_mesh import DeviceMesh
 
 from liver.topology.layout import Layout
-from liver.world import overlay
+from liver.world import overlay, sharding
 from liver.world.group import Group, connect_once
 from liver.world.sharing import Sharing
 
@@ -64,17 +64,17 @@ def _unregister_name(name: str) -> None:
             pass
 
 
-def forget_meshes() -> None:
+def forget_meshes(keep: dict | None = None) -> None:
     """Drop what DTensor cached about meshes seen so far, before a model is laid out on a new one.
 
     DeviceMesh equality looks at ranks and shape only (not at the process's coordinate, nor at
     the groups): a mesh of another generation, or a fake one of a rehearsal, of the same shape
     compares equal, and DTensor's sharding propagation (a per-thread cache keyed by such specs)
     would hand back output specs that hold the old mesh object: a wrong coordinate, dead groups.
-    Both caches are the calling thread's own (checked on torch 2.13: an op run in another thread
-    leaves this thread's dispatch a miss), so this forgets only this thread's, and a new
-    generation's first step pays its sharding propagation in the training thread: the companion
-    cannot pay it beforehand."""
+    Both of DTensor's caches are the calling thread's own (checked on torch 2.13: an op run in
+    another thread leaves this thread's dispatch a miss), so this forgets only this thread's.
+    The thread starts a new table of propagations (``sharding.py``), or takes ``keep``: one the
+    companion filled for the World this thread now trains on (its first step then finds them)."""
     from torch.distributed.tensor import DTensor
     if hasattr(torch._C, "_clear_DTensor_sharding_propagator_cache"):  # the C++ dispatch's own cache
         torch._C._clear_DTensor_sharding_propagator_cache()
@@ -88,6 +88,7 @@ def forget_meshes() -> None:
             _redistribute._gen_transform_infos.cache_clear()
     except ImportError:  # pragma: no cover
         pass
+    sharding.forget(keep)
 
 
 def _entries(g: Group) -> dict:

@@ -18,7 +18,8 @@ from typing import Callable
 import torch
 
 from liver.engine.interface import EngineAdapter, Prebuilt, TrainingEngine, new_storage
-from liver.engine.native.engine import NativeEngine, build_model, fsdp, structure
+from liver.engine.native.ahead import first_step_ahead
+from liver.engine.native.engine import NativeEngine, build_model, fsdp, optimizer_state, structure
 from liver.engine.native.recipe import Recipe
 from liver.engine.native.resource import Placed, table
 from liver.engine.native.step import NativeStep
@@ -141,6 +142,7 @@ class NativeAdapter(EngineAdapter):
         adopt = {**(prebuilt.storage if prebuilt is not None else {}), **(kept or {})}
         engine = NativeEngine(self.recipe, job, world, device, initialise=False, specs=self._specs(job, world.layout),
                               adopt=adopt, model=prebuilt.structure if prebuilt is not None else None,
+                              sharding=prebuilt.sharding if prebuilt is not None else None,
                               boxes=self._boxes(job, world))
         delivered = deliver(engine.state)
         for name, t in delivered.items():
@@ -149,17 +151,21 @@ class NativeAdapter(EngineAdapter):
         return engine
 
     def prebuild(self, job: JobConfig, world: World, device: torch.device, kept: frozenset[str],
-                 spare_bytes: int) -> Prebuilt:
+                 spare_bytes: int, like: TrainingEngine | None = None) -> Prebuilt:
         """The model's structure on ``world``'s mesh (the recipe's model on the meta device, its
-        stage, its ``parallelize``), and the storage of the shards that do not stay where the
-        model can adopt it (not FSDP's parameters: FSDP2 makes its own) within ``spare_bytes``."""
+        stage, its ``parallelize``); its first step's DTensor work done ahead on it (``ahead.py``:
+        the table this thread filled goes to the switch); and the storage of the shards that do
+        not stay where the model can adopt it (not FSDP's parameters: FSDP2 makes its own) within
+        ``spare_bytes``."""
         if device.type == "cuda":
             torch.cuda.set_device(device)  # (this thread's: FSDP2 asks for the current device)
-        model = structure(self.recipe, job, world)
+        model = structure(self.recipe, job, world)  # (this thread's table of propagations starts here)
+        table, ahead = first_step_ahead(self.recipe, job, world, model, optimizer_state(self.recipe, job),
+                                 like.optimizer if isinstance(like, NativeEngine) else None)
         own = {p.spec.name for p in self.placed(job, world.layout) if p.spec.kind == "param"} if fsdp(model) else set()
         storage, wanted = new_storage(self.state_specs(job), self.view(job, world.layout), world.rank, device,
                                       kept | own, spare_bytes)
-        return Prebuilt(storage, model, wanted)
+        return Prebuilt(storage, model, wanted, sharding=table, ahead=ahead)
 
     def make_step(self, engine: TrainingEngine) -> NativeStep:
         return NativeStep(engine)

@@ -57,15 +57,16 @@ def fsdp(model: torch.nn.Module) -> bool:
 
 def build_model(recipe: Recipe, job: JobConfig, world: World, device: torch.device,
                 adopt: dict[str, torch.Tensor] | None = None, make_state: bool = True,
-                model: torch.nn.Module | None = None):
+                model: torch.nn.Module | None = None, sharding: dict | None = None):
     """The model and optimizer of ``world``'s rank, on ``device`` (``torch.device("meta")`` for
     metadata only); and their tensors as ``Placed``. The World must be registered
     (``World.activate``): DeviceMesh asks the default group for the rank. ``make_state``: the
     optimizer's state made now, to be written (a switch, a checkpoint's load); else the optimizer
     makes it at its first step, with its own initial values. ``adopt``: local tensors (by state
     name) to use as storage instead of new memory (``adopted``). ``model``: its ``structure``,
-    made before (on this World, in the companion)."""
-    forget_meshes()  # (meshes of other worlds compare equal to this one: liver/world/world.py)
+    made before (on this World, in the companion); ``sharding``: DTensor's propagation on this
+    World's meshes, worked out there (``ahead.py``): this thread's from now."""
+    forget_meshes(keep=sharding)  # (meshes of other worlds compare equal to this one: liver/world/world.py)
     if model is None:
         model = structure(recipe, job, world)
     adopt = adopt if device.type != "meta" and adopt else {}
@@ -172,17 +173,19 @@ class NativeEngine:
     def __init__(self, recipe: Recipe, job: JobConfig, world: World, device: torch.device, *,
                  initialise: bool = True, specs: list | None = None,
                  adopt: dict[str, torch.Tensor] | None = None, model: torch.nn.Module | None = None,
-                 boxes: dict[str, Box] | None = None) -> None:
+                 sharding: dict | None = None, boxes: dict[str, Box] | None = None) -> None:
         """``specs``: every logical tensor of the layout, in one order on every rank (the
         adapter's; with pipeline stages a rank's own model names only its stage's). ``adopt``:
         the old generation's shards that stay on this process in the same box, used as this
-        engine's storage (``build_model``). ``model``: its structure, made in Prepare.
+        engine's storage (``build_model``). ``model``: its structure, made in Prepare;
+        ``sharding``: DTensor's propagation on its mesh, worked out there (``ahead.py``).
         ``boxes``: this rank's box of each tensor it holds, from the layout's view (the adapter's,
         made once per layout); else each is worked out from its DTensor."""
         self._view_boxes = boxes
         self.recipe, self.job, self.world, self.layout, self.device = recipe, job, world, world.layout, device
         self.model, self.optimizer, self.placed = build_model(recipe, job, world, device, adopt,
-                                                              make_state=not initialise, model=model)
+                                                              make_state=not initialise, model=model,
+                                                              sharding=sharding)
         self.kinds = optimizer_state(recipe, job)
         self.scheduler = recipe.scheduler(self.optimizer, job)
         self.specs = list(specs) if specs is not None else [p.spec for p in self.placed]

@@ -1,0 +1,105 @@
+"""DTensor's sharding propagation, computed in one thread and used in another.
+
+For each operator on DTensors, DTensor works out how its output is laid out (its "sharding
+propagation"): milliseconds an operator the first time it meets a mesh and shapes, a lookup after.
+Its caches are the calling thread's own (a C++ one at dispatch, a Python one behind it), and
+LiveR forgets them at every switch (``forget_meshes``: meshes of two generations compare equal).
+So a new generation's first step paid every operator's propagation inside the pause: a tenth to a
+fifth of a second for a small model on CPU, most of it in the optimizer's step.
+
+Here the propagation's result is also kept in a table that a thread holds and may hand to
+another: the companion computes the new generation's propagation beside training (on the new
+mesh, over the model's meta tensors: ``liver/engine/native/ahead.py``) into a fresh table, and the
+training thread takes that table at the switch. The C++ cache stays per thread: its misses fall
+to the Python side, which finds the table's entry instead of propagating again.
+
+A table is filled in one thread for one World's meshes (``filling``) and read by threads working
+on that World (``forget(keep=table)``); it grows only while filled (an optimizer's scalar
+arguments make new keys every step: those stay in DTensor's own per-thread cache). A thread with
+no table uses DTensor's caching only.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from typing import Any, Iterator
+
+_here = threading.local()
+_installed: bool | None = None
+_lock = threading.Lock()
+
+
+def install() -> bool:
+    """Route DTensor's uncached propagation through the calling thread's table (once per process).
+    False where this torch has no such entry point (then each thread propagates for itself)."""
+    global _installed
+    with _lock:
+        if _installed is None:
+            _installed = _install()
+        return _installed
+
+
+def _install() -> bool:
+    try:
+        from torch.distributed.tensor import DTensor
+        from torch.distributed.tensor._sharding_prop import ShardingPropagator
+    except ImportError:  # pragma: no cover
+        return False
+    prop = getattr(getattr(DTensor, "_op_dispatcher", None), "sharding_propagator", None)
+    compute = getattr(prop, "propagate_op_sharding_non_cached", None)
+    if compute is None or not hasattr(ShardingPropagator, "_fake_mode_lock"):
+        return False
+    try:
+        from torch.distributed.tensor._dispatch import _are_we_tracing as tracing
+    except ImportError:  # pragma: no cover
+        return False
+    # two threads may now propagate at once: torch serialises its fake-tensor step when asked to
+    ShardingPropagator._fake_mode_lock = threading.Lock()
+
+    def propagate(schema: Any) -> Any:
+        table = getattr(_here, "table", None)
+        if table is None or tracing():
+            return compute(schema)
+        try:
+            return table[schema]
+        except KeyError:
+            pass
+        except TypeError:  # (a schema that cannot be hashed: computed each time, as DTensor does)
+            return compute(schema)
+        out = compute(schema)
+        _here.computed = getattr(_here, "computed", 0) + 1
+        if getattr(_here, "filling", False):  # (else DTensor's own per-thread cache keeps it)
+            table[schema] = out
+        return out
+
+    prop.propagate_op_sharding_non_cached = propagate
+    return True
+
+
+def forget(keep: dict | None = None) -> None:
+    """The calling thread's table is ``keep`` from now (one another thread filled for the World
+    this thread now works on), else none: what this thread propagated before is not looked up."""
+    if install():
+        _here.table, _here.filling, _here.computed = keep, False, 0
+
+
+@contextlib.contextmanager
+def filling() -> Iterator[dict]:
+    """A new table for the calling thread, which keeps every propagation it computes for the
+    duration (and reads the table after it); yields the table, to hand to another thread."""
+    table: dict = {}
+    if not install():
+        yield table
+        return
+    _here.table, _here.filling, _here.computed = table, True, 0
+    try:
+        yield table
+    finally:
+        _here.filling = False
+
+
+def computed() -> int:
+    """How many propagations the calling thread computed while it held a table (since it took
+    one): none, where the table held everything its steps met."""
+    return getattr(_here, "computed", 0)
