@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
-from torch.distributed.tensor import Replicate
+from torch.distributed.tensor import DTensor, Replicate
 from torch.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleInput, RowwiseParallel,
                                                parallelize_module)
 
@@ -139,9 +139,14 @@ class LlamaRecipe(Recipe):
 
     def optimizer(self, model, job):
         t = job.train
-        return torch.optim.AdamW(model.parameters(), lr=t.lr, betas=(t.beta1, t.beta2), eps=t.eps,
-                                 weight_decay=t.weight_decay,  # fused on GPUs, as TorchTitan; CPU: torch's default
-                                 fused=True if next(model.parameters()).is_cuda else None)
+        params = list(model.parameters())
+        # fused on GPUs, as TorchTitan; CPU: torch's default. Tensor parallelism without FSDP2 leaves
+        # the norms plain tensors beside DTensors, which one fused (or foreach) update cannot mix:
+        # there, the update a parameter at a time
+        mixed = 0 < sum(isinstance(p, DTensor) for p in params) < len(params)
+        return torch.optim.AdamW(params, lr=t.lr, betas=(t.beta1, t.beta2), eps=t.eps, weight_decay=t.weight_decay,
+                                 fused=True if params[0].is_cuda and not mixed else None,
+                                 foreach=False if mixed else None)
 
     def scheduler(self, optimizer, job):
         warmup = max(1, job.train.warmup_steps)

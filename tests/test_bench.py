@@ -77,10 +77,11 @@ def test_bench_dcp_times_a_step_and_a_save_and_load_of_the_whole_state(tmp_path,
 
 
 def test_bench_build_times_the_construction_a_switch_does_for_both_engines(capsys):
-    from liver.bench.build import run
+    from liver.bench.build import WAYS, run
     rows = run(EXAMPLE, "tiny", ["1,1,2", "2,1,1"], repeats=2)
     assert [r["parallel"] for r in rows] == ["tp1pp1dp2", "tp2pp1dp1"]
     assert all(r["native_s"] > 0 and r["reference_s"] > 0 and r["ratio"] > 0 for r in rows)
     assert all(r["native_prebuild_s"] > 0 and r["native_at_switch_prebuild_s"] == 0 for r in rows)
+    assert all(isinstance(r[f"{w}_first_extra_s"], float) for r in rows for w in WAYS) and rows[0]["with_first_step_ratio"] > 0
     assert main(["bench", "build", "--model", "tiny", "--parallel", "3,1,1"]) == 2
     assert "parallel.tp=3" in capsys.readouterr().err

@@ -296,7 +296,7 @@ def test_the_first_steps_sharding_is_worked_out_in_the_companion_and_changes_not
 
         def companion():
             with new.registered_here():
-                seen["pre"] = adapter.prebuild(job, new, cpu, frozenset(), 1 << 30, like=running)
+                seen["pre"] = adapter.prebuild(job, new, cpu, frozenset(), 1 << 30)
         t = threading.Thread(target=companion)
         t.start()
         t.join()
@@ -650,3 +650,22 @@ def test_pipeline_stages_train_the_model_a_single_stage_trains(tmp_path):
     alone = trained_alone(cfg.engine, cfg.job, 4)
     assert [s["loss"] for s in run["steps"]] == pytest.approx([s.loss for s in alone], rel=1e-4)
     assert [s["grad_norm"] for s in run["steps"]] == pytest.approx([s.grad_norm for s in alone], rel=1e-3)
+
+
+def test_the_examples_optimizer_never_mixes_dtensors_and_tensors_in_one_fused_update():
+    """Tensor parallelism without FSDP2 leaves the norms plain tensors beside DTensors, which one
+    fused or foreach update refuses ("got mixed torch.Tensor and DTensor", found on one H200):
+    there the example updates a parameter at a time; with FSDP2 every parameter is a DTensor."""
+    from liver.engine.native.engine import structure
+
+    adapter = load_adapter(EXAMPLE)
+    job = job_of(hidden=8, heads=4, ffn=8, vocab=8)
+    for parallel, foreach in ((ParallelConfig(tp=2), False), (ParallelConfig(tp=2, dp=2), None),
+                              (ParallelConfig(dp=2), None)):
+        world = FakeWorld.build_fake(0, adapter.layout(job, parallel), 0, "gloo", torch.device("cpu"))
+        with world.registered():
+            try:
+                group = adapter.recipe.optimizer(structure(adapter.recipe, job, world), job).param_groups[0]
+                assert group["foreach"] is foreach and not group["fused"], (parallel, group["foreach"])
+            finally:
+                forget_meshes()

@@ -99,7 +99,9 @@ def bench_build(args: argparse.Namespace) -> int:
         f"{r['model']} {r['parallel']:<12} on {r['device']}: left in the switch: native {r['native_s']:.3f} s "
         f"(made before: {r['native_prebuild_s']:.3f} s), reference {r['reference_s']:.3f} s: {r['ratio']:.2f}x; "
         f"native with storage made in the switch {r['native_structure_s']:.3f} s, all in the switch "
-        f"{r['native_at_switch_s']:.3f} s"))
+        f"{r['native_at_switch_s']:.3f} s; the first step's extra: native {r['native_first_extra_s']:.3f} s "
+        f"({r['native_at_switch_first_extra_s']:.3f} s with nothing made before), reference "
+        f"{r['reference_first_extra_s']:.3f} s; build and first step {r['with_first_step_ratio']:.2f}x"))
 
 
 def bench_overhead(args: argparse.Namespace) -> int:

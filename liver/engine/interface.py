@@ -192,10 +192,9 @@ class EngineAdapter(ABC):
         return self.build(job, world, device, state=deliver(into))
 
     def prebuild(self, job: JobConfig, world: World, device: torch.device, kept: frozenset[str],
-                 spare_bytes: int, like: TrainingEngine | None = None) -> Prebuilt:
+                 spare_bytes: int) -> Prebuilt:
         """Beside training, in the companion (``world`` registered in its thread only): what of
-        rank ``world.rank``'s engine can be made before the pause; ``like``: the engine this
-        process trains now (None for a joiner), read only. Here: the storage of the shards
+        rank ``world.rank``'s engine can be made before the pause. Here: the storage of the shards
         not ``kept``, where it fits in ``spare_bytes``; the engine itself is built on the
         delivered shards at the switch."""
         storage, wanted = new_storage(self.state_specs(job), self.view(job, world.layout), world.rank, device, kept,

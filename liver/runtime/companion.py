@@ -26,7 +26,7 @@ import torch
 import torch.distributed as dist
 
 from liver.host.cores import Binding, available
-from liver.engine.interface import EngineAdapter, Prebuilt, TrainingEngine
+from liver.engine.interface import EngineAdapter, Prebuilt
 from liver.transfer.executor import StreamingExecutor
 from liver.planner.plan import Plan
 from liver.runtime.pace import Pace
@@ -56,10 +56,9 @@ class Preparation:
 
     def __init__(self, *, adapter: EngineAdapter, job: JobConfig, spec: GenerationSpec, proc: int, store: dist.Store,
                  backend: str, device: torch.device, timeout_s: float, budget_bytes: int,
-                 connect: str = "background", running: TrainingEngine | None = None, pace: Pace | None = None) -> None:
+                 connect: str = "background", active: World | None = None, pace: Pace | None = None) -> None:
         self.adapter, self.job, self.spec, self.proc, self.store = adapter, job, spec, proc, store
-        self.running = running  # the engine this process trains now (None for a joiner)
-        self.active = running.world if running is not None else None  # (its Active World)
+        self.active = active  # this process's Active World (None for a joiner)
         # beside training: at most a share of each step (liver/runtime/pace.py); alone: no limit
         self.pace = pace or Pace(0.0)
         self.budget_bytes, self.connect_at = budget_bytes, connect
@@ -145,8 +144,7 @@ class Preparation:
             t3 = time.perf_counter()
             with self.world.registered_here():  # (in this thread only: the training thread keeps its own)
                 self.prebuilt = self.adapter.prebuild(self.job, self.world, self.device, self.executor.kept(),
-                                                      self.budget_bytes - self.executor.staging_bytes,
-                                                      like=self.running)
+                                                      self.budget_bytes - self.executor.staging_bytes)
             self.timings["prebuild_s"] = time.perf_counter() - t3
             self.timings["prebuilt"] = self.prebuilt.path
             self.timings["prebuilt_bytes"] = self.prebuilt.storage_bytes

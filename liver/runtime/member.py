@@ -308,7 +308,7 @@ class Member:
     def _prepare(self, g: int, step_s: float) -> None:
         spec = GenerationSpec.fetch(self.store, g)
         pace = Pace(self.config.prepare.companion_share, step_s)
-        self.companion = Companion(self._preparation(spec, store=self._side_store(), running=self.engine,
+        self.companion = Companion(self._preparation(spec, store=self._side_store(), active=self.engine.world,
                                                      pace=pace), self.binding)
         self._side_user = self.companion
         self.preparing_since = time.time()

@@ -43,19 +43,17 @@ def install() -> bool:
 def _install() -> bool:
     try:
         from torch.distributed.tensor import DTensor
-        from torch.distributed.tensor._sharding_prop import ShardingPropagator
+        from torch.distributed.tensor._dispatch import _are_we_tracing as tracing
     except ImportError:  # pragma: no cover
         return False
     prop = getattr(getattr(DTensor, "_op_dispatcher", None), "sharding_propagator", None)
     compute = getattr(prop, "propagate_op_sharding_non_cached", None)
-    if compute is None or not hasattr(ShardingPropagator, "_fake_mode_lock"):
+    if compute is None:
         return False
-    try:
-        from torch.distributed.tensor._dispatch import _are_we_tracing as tracing
-    except ImportError:  # pragma: no cover
-        return False
-    # two threads may now propagate at once: torch serialises its fake-tensor step when asked to
-    ShardingPropagator._fake_mode_lock = threading.Lock()
+    # two threads now propagate at once (the companion ahead, the training thread): one at a time,
+    # as torch asks of threads that both enter its fake-tensor step (re-entrant: a propagation
+    # may propagate the operators it decomposes into)
+    one_at_a_time = threading.RLock()
 
     def propagate(schema: Any) -> Any:
         table = getattr(_here, "table", None)
@@ -67,7 +65,8 @@ def _install() -> bool:
             pass
         except TypeError:  # (a schema that cannot be hashed: computed each time, as DTensor does)
             return compute(schema)
-        out = compute(schema)
+        with one_at_a_time:
+            out = compute(schema)
         _here.computed = getattr(_here, "computed", 0) + 1
         if getattr(_here, "filling", False):  # (else DTensor's own per-thread cache keeps it)
             table[schema] = out

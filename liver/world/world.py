@@ -64,7 +64,7 @@ def _unregister_name(name: str) -> None:
             pass
 
 
-def forget_meshes(keep: dict | None = None) -> None:
+def forget_meshes(keep: dict | None = None, device: torch.device | None = None) -> None:
     """Drop what DTensor cached about meshes seen so far, before a model is laid out on a new one.
 
     DeviceMesh equality looks at ranks and shape only (not at the process's coordinate, nor at
@@ -74,7 +74,33 @@ def forget_meshes(keep: dict | None = None) -> None:
     Both of DTensor's caches are the calling thread's own (checked on torch 2.13: an op run in
     another thread leaves this thread's dispatch a miss), so this forgets only this thread's.
     The thread starts a new table of propagations (``sharding.py``), or takes ``keep``: one the
-    companion filled for the World this thread now trains on (its first step then finds them)."""
+    companion filled for the World this thread now trains on (its first step then finds them).
+
+    ``device``: where the model trains. On an accelerator a backward runs in autograd's own
+    thread for that device, whose caches are its own too: they are forgotten there as well (found
+    on one H200, torch 2.11: the first backward on a new mesh equal to an earlier one resolved the
+    earlier one's destroyed group by name and failed)."""
+    _forget_here(keep)
+    if device is not None and device.type not in ("cpu", "meta"):
+        x = torch.zeros((), device=device, requires_grad=True)
+        _ForgetInBackward.apply(x, keep).backward()  # (autograd's device thread runs its backward)
+
+
+class _ForgetInBackward(torch.autograd.Function):
+    """Its backward, in whichever thread autograd runs it, forgets that thread's caches."""
+
+    @staticmethod
+    def forward(ctx, x, keep):
+        ctx.keep = keep
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx, grad):
+        _forget_here(ctx.keep)
+        return grad, None
+
+
+def _forget_here(keep: dict | None) -> None:
     from torch.distributed.tensor import DTensor
     if hasattr(torch._C, "_clear_DTensor_sharding_propagator_cache"):  # the C++ dispatch's own cache
         torch._C._clear_DTensor_sharding_propagator_cache()

@@ -151,7 +151,7 @@ class NativeAdapter(EngineAdapter):
         return engine
 
     def prebuild(self, job: JobConfig, world: World, device: torch.device, kept: frozenset[str],
-                 spare_bytes: int, like: TrainingEngine | None = None) -> Prebuilt:
+                 spare_bytes: int) -> Prebuilt:
         """The model's structure on ``world``'s mesh (the recipe's model on the meta device, its
         stage, its ``parallelize``); its first step's DTensor work done ahead on it (``ahead.py``:
         the table this thread filled goes to the switch); and the storage of the shards that do
@@ -160,8 +160,7 @@ class NativeAdapter(EngineAdapter):
         if device.type == "cuda":
             torch.cuda.set_device(device)  # (this thread's: FSDP2 asks for the current device)
         model = structure(self.recipe, job, world)  # (this thread's table of propagations starts here)
-        table, ahead = first_step_ahead(self.recipe, job, world, model, optimizer_state(self.recipe, job),
-                                 like.optimizer if isinstance(like, NativeEngine) else None)
+        table, ahead = first_step_ahead(self.recipe, job, world, model, optimizer_state(self.recipe, job), device)
         own = {p.spec.name for p in self.placed(job, world.layout) if p.spec.kind == "param"} if fsdp(model) else set()
         storage, wanted = new_storage(self.state_specs(job), self.view(job, world.layout), world.rank, device,
                                       kept | own, spare_bytes)

@@ -9,8 +9,8 @@ DTensor, so that its thread's table holds each propagation; the training thread 
 at the switch (``forget_meshes(keep=...)``):
 
 - the optimizer's step over every parameter, its state made as a switch makes it, with the
-  implementation (fused, foreach) the running optimizer uses (the recipe picks it from its
-  parameters' device, which here is the meta device);
+  implementation (fused, foreach) the recipe picks for parameters on the job's device (asked over
+  stand-ins there: the meta device would get another);
 - where the model's forward sends no message of its own (no FSDP2 module, one pipeline stage,
   no autocast: meta tensors are not cast), the recipe's ``loss`` forward and backward on a batch's
   shape.
@@ -37,11 +37,10 @@ IMPLEMENTATION = ("fused", "foreach", "capturable")
 
 
 def first_step_ahead(recipe: Recipe, job: JobConfig, world: World, model: torch.nn.Module, kinds,
-                     like: torch.optim.Optimizer | None = None,
-                     with_forward: bool = True) -> tuple[dict, dict[str, Any]]:
+                     device: torch.device, with_forward: bool = True) -> tuple[dict, dict[str, Any]]:
     """Runs the first step's DTensor operators on ``model`` (meta tensors, on ``world``'s mesh)
-    in the calling thread; ``kinds``: the optimizer's state (``optim.OptimizerState``); ``like``:
-    the optimizer this process runs now (its implementation copied), None for a joiner;
+    in the calling thread; ``kinds``: the optimizer's state (``optim.OptimizerState``);
+    ``device``: where the engine trains (the optimizer's implementation is the one it gets there);
     ``with_forward``: the forward and backward too, where the model allows. Returns the table of
     propagations (``sharding.filling``) and the record's ``ahead`` (what ran), ``ahead_s`` and,
     if something failed, ``ahead_error``. ``model`` is left as it was (no gradient kept)."""
@@ -55,7 +54,7 @@ def first_step_ahead(recipe: Recipe, job: JobConfig, world: World, model: torch.
             for p in params:  # (the forward's gradients where it ran, else stand-ins of their layout)
                 if p.requires_grad and p.grad is None:
                     p.grad = torch.empty_like(p)
-            _optimizer_step(recipe, job, model, kinds, like)
+            _optimizer_step(recipe, job, model, kinds, device)
             ran.append("optimizer step")
         except Exception as e:  # (what ran so far is kept; the rest is propagated at the first step)
             out["ahead_error"] = f"{type(e).__name__}: {e}"[:300]
@@ -79,14 +78,42 @@ def _forward(recipe: Recipe, job: JobConfig, world: World, model: torch.nn.Modul
     recipe.loss(model, meta(inputs), meta(targets)).backward()
 
 
-def _optimizer_step(recipe: Recipe, job: JobConfig, model: torch.nn.Module, kinds,
-                    like: torch.optim.Optimizer | None) -> None:
+def _optimizer_step(recipe: Recipe, job: JobConfig, model: torch.nn.Module, kinds, device: torch.device) -> None:
+    groups = implementation(recipe, job, model, device)  # (first: it borrows the model's parameters)
     opt = recipe.optimizer(model, job)
-    if like is not None:  # the running optimizer's kernels (same recipe, same device: the same choice)
-        for mine, theirs in zip(opt.param_groups, like.param_groups):
-            mine.update({k: theirs[k] for k in IMPLEMENTATION if k in theirs})
+    for mine, flags in zip(opt.param_groups, groups):
+        mine.update(flags)
     for group in opt.param_groups:
         for p in group["params"]:
             kinds.make(opt, group, p, {})
     with torch.no_grad():
         opt.step()
+
+
+def implementation(recipe: Recipe, job: JobConfig, model: torch.nn.Module, device: torch.device) -> list[dict]:
+    """Per parameter group, the flags (``IMPLEMENTATION``) the recipe's optimizer takes for
+    ``model`` were its parameters on ``device``: asked over one-element stand-ins there (DTensors
+    where the parameter is one, on its mesh and placements), put in the parameters' places for the
+    duration."""
+    held = []
+    try:
+        for mod in model.modules():
+            for name, p in list(mod._parameters.items()):
+                if p is not None:
+                    held.append((mod, name, p))
+                    mod._parameters[name] = torch.nn.Parameter(_stand_in(p, device), p.requires_grad)
+        try:
+            groups = recipe.optimizer(model, job).param_groups
+        except Exception:  # (a recipe whose optimizer wants more than stand-ins: as on the meta device)
+            groups = []
+    finally:
+        for mod, name, p in held:
+            mod._parameters[name] = p
+    return [{k: g[k] for k in IMPLEMENTATION if k in g} for g in groups]
+
+
+def _stand_in(p: torch.Tensor, device: torch.device) -> torch.Tensor:
+    local = torch.zeros((1,) * p.dim(), dtype=p.dtype, device=device)
+    if isinstance(p, DTensor):
+        return DTensor.from_local(local, p.device_mesh, p.placements, run_check=False)
+    return local

@@ -66,7 +66,7 @@ def build_model(recipe: Recipe, job: JobConfig, world: World, device: torch.devi
     name) to use as storage instead of new memory (``adopted``). ``model``: its ``structure``,
     made before (on this World, in the companion); ``sharding``: DTensor's propagation on this
     World's meshes, worked out there (``ahead.py``): this thread's from now."""
-    forget_meshes(keep=sharding)  # (meshes of other worlds compare equal to this one: liver/world/world.py)
+    forget_meshes(keep=sharding, device=device)  # (meshes of other worlds compare equal to this one: world.py)
     if model is None:
         model = structure(recipe, job, world)
     adopt = adopt if device.type != "meta" and adopt else {}
