@@ -3,9 +3,6 @@ in-memory store and a node whose processes the test plays, the ranks' side of th
 by the test; one pass of the controller's loop at a time. Milliseconds each; every path that the
 multi-process tests reach only by timing is reached here by construction."""
 
-import pickle
-from dataclasses import replace
-
 import pytest
 
 from fake_job import FakeNode, controller, run_until
@@ -192,13 +189,24 @@ def test_a_member_lost_during_the_switch_is_one_fail_stop_from_the_checkpoint(tm
     assert all(w.returncode is not None for p, w in node.workers.items() if p <= 3)
 
 
+def journaled(ctl, run_dir):
+    """What ``liver controller --resume`` reads: ``ctl``'s journal as its loop writes it (the
+    state snapshot under its locks, the bytes written after), read back from ``run_dir``."""
+    from liver.controller import journal
+    identity = {"cfg": ctl.cfg, "mode": ctl.mode, "token": "t", "url": "http://x:1", "store_pid": None,
+                "store_addr": "in-process"}
+    j = journal.Journal(run_dir, ctl.master)
+    with ctl.lock, ctl.nodes.lock:
+        blob = j.snapshot(ctl.state, ctl.nodes, identity)
+    assert blob is not None and j.snapshot(ctl.state, ctl.nodes, identity) is None  # (unchanged: not again)
+    j.write(blob)
+    return journal.read(run_dir)
+
+
 def test_a_controller_resumed_mid_prepare_withdraws_and_queues_the_event_again(tmp_path):
     ctl, node, ranks = pending_scale_out(tmp_path)
     g = ctl.state.pending.generation
-    journal = {"state": pickle.loads(pickle.dumps(ctl.state)), "token": "t", "url": "http://x:1",
-               "next_proc": ctl.nodes._next_proc, "next_slot": ctl.nodes._next_slot, "nodes": [],
-               "store_pid": None, "store_addr": "in-process"}
-    again = LiveController(ctl.cfg, [], tmp_path, resume=journal, store=ctl.master, node=node)
+    again = LiveController(ctl.cfg, [], tmp_path, resume=journaled(ctl, tmp_path), store=ctl.master, node=node)
     again.start()
     assert decided(again.store, g) == WITHDRAW and again.state.phase is Phase.STABLE
     assert outcomes(again) == [Outcome.REQUEUED] and again.state.queue[0].gpus == 4
@@ -210,10 +218,7 @@ def test_a_controller_resumed_after_the_commit_watches_the_switch_to_its_end(tmp
     ranks.ready()
     ctl.once()
     assert ranks.commit() == COMMIT
-    journal = {"state": pickle.loads(pickle.dumps(replace(ctl.state))), "token": "t", "url": "http://x:1",
-               "next_proc": ctl.nodes._next_proc, "next_slot": ctl.nodes._next_slot, "nodes": [],
-               "store_pid": None, "store_addr": "in-process"}
-    again = LiveController(ctl.cfg, [], tmp_path, resume=journal, store=ctl.master, node=node)
+    again = LiveController(ctl.cfg, [], tmp_path, resume=journaled(ctl, tmp_path), store=ctl.master, node=node)
     again.start()
     ranks = type(ranks)(again)
     assert again.state.phase is Phase.SWITCH

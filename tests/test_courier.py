@@ -87,3 +87,31 @@ def test_drain_does_not_wait_on_a_posting_thread_whose_store_is_gone(tmp_path):
     t0 = time.time()
     c.drain(timeout_s=10.0)
     assert time.time() - t0 < 2.0
+
+
+def test_a_step_whose_cut_breaks_is_still_posted():
+    """A peer lost in the boundary's collective: the cut raises, and the step it closed (done, its
+    state kept, the survivors heal from it) still has its record handed to the courier (once a
+    regression lost that line: CI's run of a leaving replica killed in Prepare)."""
+    import types
+
+    import torch
+
+    from liver.runtime.member import Member
+
+    class Broken:  # the Active World's group, a peer gone mid-collective
+        local, device = False, torch.device("cpu")
+
+        def allreduce(self, v, op):
+            raise RuntimeError("Connection closed by peer")
+
+    posted = []
+    m = Member.__new__(Member)
+    m.engine = types.SimpleNamespace(world=types.SimpleNamespace(all=Broken(), rank=0), step=7)
+    m.companion = None
+    m.courier = types.SimpleNamespace(wish=lambda: None, post=posted.append)
+    m.ckpt = types.SimpleNamespace(busy=lambda: False)
+    post = Post(_record(7), to_store=True)
+    with pytest.raises(RuntimeError, match="closed by peer"):
+        m.boundary(0.01, post)
+    assert posted == [post]

@@ -265,7 +265,9 @@ class Controller:
                     "url": self.endpoint.url if self.endpoint else None, "store_pid": self.store_pid,
                     "store_addr": self.store_addr}
         with self.lock, self.nodes.lock:  # (in that order, as the endpoint's threads take them)
-            self.journal.update(self.state, self.nodes, identity, force)
+            blob = self.journal.snapshot(self.state, self.nodes, identity, force)
+        if blob is not None:  # (written by this thread alone: the controller's loop)
+            self.journal.write(blob)
 
     def _recovery_digests(self) -> None:
         """The state digest each recovery started from, as its new generation's ranks reported it."""

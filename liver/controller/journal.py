@@ -24,10 +24,15 @@ NAME = "journal.pkl"
 VERSION = 2  # (2: the controller's state as one ``ControllerState``)
 
 
-def write(run_dir: Path, state: dict[str, Any]) -> None:
+def dumps(state: dict[str, Any]) -> bytes:
+    return pickle.dumps({"version": VERSION, **state}, protocol=pickle.HIGHEST_PROTOCOL)
+
+
+def write(run_dir: Path, blob: bytes) -> None:
+    """``blob`` (``dumps``) as the run's journal, atomically: a whole old one or a whole new one."""
     tmp = run_dir / f".{NAME}.tmp"
     with open(tmp, "wb") as f:
-        pickle.dump({"version": VERSION, **state}, f, protocol=pickle.HIGHEST_PROTOCOL)
+        f.write(blob)
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, run_dir / NAME)
@@ -58,9 +63,12 @@ class Journal:
         self._mark: tuple | None = None
         self._alive_said = 0.0
 
-    def update(self, state: ControllerState, nodes: Nodes, identity: dict[str, Any], force: bool = False) -> None:
+    def snapshot(self, state: ControllerState, nodes: Nodes, identity: dict[str, Any],
+                 force: bool = False) -> bytes | None:
         """``state`` and the remote nodes as they are now (held still by the caller's locks),
-        with the job's ``identity`` (its configuration, mode, endpoint, store)."""
+        with the job's ``identity`` (its configuration, mode, endpoint, store), as the journal's
+        bytes; None where nothing it holds changed. The caller writes them (``write``) once it
+        has let go of its locks: an endpoint's request does not wait for the disk."""
         now = time.time()
         if now - self._alive_said > 1.0:
             self.store.set(storehost.ALIVE_KEY, str(now))
@@ -71,10 +79,13 @@ class Journal:
                 tuple((n.name, n.lost, n.notice is not None, n._next, len(n.workers),
                        sum(w.returncode is None for w in n.workers.values())) for n in remote))
         if mark == self._mark and not force:
-            return
-        write(self.run_dir, {**identity, "state": state, "next_proc": nodes._next_proc, "next_slot": nodes._next_slot,
-                             "nodes": [n.record() for n in remote]})
+            return None
         self._mark = mark
+        return dumps({**identity, "state": state, "next_proc": nodes._next_proc, "next_slot": nodes._next_slot,
+                      "nodes": [n.record() for n in remote]})
+
+    def write(self, blob: bytes) -> None:
+        write(self.run_dir, blob)
 
 
 def restore(state: dict[str, Any], nodes: Nodes) -> ControllerState:
