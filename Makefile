@@ -21,7 +21,7 @@ demo: env
 	OMP_NUM_THREADS=1 $(BIN)/liver run --digest
 
 test: env
-	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q -x tests
+	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q -x --durations=25 tests
 
 clean:
 	rm -rf $(VENV) runs

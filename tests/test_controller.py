@@ -3,6 +3,8 @@ in-memory store and a node whose processes the test plays, the ranks' side of th
 by the test; one pass of the controller's loop at a time. Milliseconds each; every path that the
 multi-process tests reach only by timing is reached here by construction."""
 
+import json
+
 import pytest
 
 from fake_job import FakeNode, controller, run_until
@@ -45,6 +47,19 @@ def test_a_scale_out_prepares_with_cold_joiners_switches_and_is_done(tmp_path):
     assert ctl.state.active.generation == g and ctl.state.active.parallel.world_size == 4
     (rec,) = ctl.state.records
     assert outcome_of(rec) is Outcome.DONE and rec["joiners"] == [2, 3] and rec["switch_s"] == 0.01
+
+
+def test_a_step_trigger_seen_late_is_timed_from_the_step_in_the_log(tmp_path):
+    """A controller that looks only after the step ends its record carries have moved on (a loop
+    slowed down on a loaded machine) takes the trigger's time from rank 0's log of steps, not
+    from the latest step counted back."""
+    ctl, node, ranks = controller(tmp_path, "at step 3: scale-out 4\n")
+    g = ctl.state.active.generation
+    (tmp_path / "steps.jsonl").write_text("".join(
+        json.dumps({"step": k, "generation": g, "time": 1000.0 + k}) + "\n" for k in range(1, 300)) + '{"step": 3')
+    ranks.step(299)  # (its record's ends: none)
+    run_until(ctl, lambda: ctl.state.phase is Phase.PREPARE)
+    assert ctl.state.current.event.arrived == 1003.0
 
 
 @pytest.mark.parametrize("notice, kept, then", [

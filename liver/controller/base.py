@@ -11,6 +11,7 @@ the job restarts from the latest periodic checkpoint on the slots it still has.
 from __future__ import annotations
 
 import collections
+import json
 from dataclasses import replace
 import pickle
 import threading
@@ -399,8 +400,24 @@ class Controller:
                 if ev.arrived is None:
                     if ends is None and p.ends:  # (parsed only when an event waits for its trigger)
                         ends = {int(k): t for k, t in p.ends.items()}
+                    if ev.at_step is not None and ev.at_step < p.step and ev.at_step not in (ends or {}):
+                        ends = {**(ends or {}), **self._logged_end(ev.at_step, p.generation)}
                     self.state.queue[i] = replace(ev, arrived=trigger_time(ev.at_step, ev.at_time, p.step, p.time, p.step_s,
                                                                      self.state.t_start, now, ends))
+
+    def _logged_end(self, step: int, generation: int) -> dict[int, float]:
+        """{step: its end} from rank 0's log of steps (``steps.jsonl``, where this machine has it),
+        for a trigger seen later than the step ends a record carries (a controller slowed down);
+        else nothing, and the trigger is counted back from the latest step."""
+        for line in reversed((self.run_dir / "steps.jsonl").read_text().splitlines()
+                             if (self.run_dir / "steps.jsonl").exists() else []):
+            try:
+                s = json.loads(line)
+            except ValueError:  # (a line being written)
+                continue
+            if s.get("step") == step and s.get("generation") == generation:
+                return {step: float(s["time"])}
+        return {}
 
     def _refuse(self, ev: Event, e: ValueError) -> None:
         self.state.records.append(settle({"event": ev.to_dict()}, Outcome.REFUSED, f"refused: {e}"))

@@ -50,6 +50,7 @@ def _install() -> bool:
     compute = getattr(prop, "propagate_op_sharding_non_cached", None)
     if compute is None:
         return False
+    pointwise = getattr(prop, "op_to_schema_info_for_single_dim_strategy", {})
     # two threads now propagate at once (the companion ahead, the training thread): one at a time,
     # as torch asks of threads that both enter its fake-tensor step (re-entrant: a propagation
     # may propagate the operators it decomposes into)
@@ -65,15 +66,40 @@ def _install() -> bool:
             pass
         except TypeError:  # (a schema that cannot be hashed: computed each time, as DTensor does)
             return compute(schema)
+        blind = _scalar_blind(schema, pointwise)
+        if blind is not None and blind in table:
+            return table[blind]
         with one_at_a_time:
             out = compute(schema)
         _here.computed = getattr(_here, "computed", 0) + 1
         if getattr(_here, "filling", False):  # (else DTensor's own per-thread cache keeps it)
             table[schema] = out
+            if blind is not None:
+                table[blind] = out
         return out
 
     prop.propagate_op_sharding_non_cached = propagate
     return True
+
+
+def _scalar_blind(schema: Any, pointwise: dict) -> tuple | None:
+    """A pointwise operator's key without the values of its float arguments (the learning rate,
+    Adam's bias corrections: new every step). DTensor's own per-thread cache keys such an operator
+    so (checked on torch 2.13: steps whose bias corrections differ propagate nothing after the
+    first), so its propagation is the same for any value; the companion's step ran with other
+    values than the first step after the switch will. None for any other operator."""
+    if schema.op not in pointwise or schema.kwargs_schema:
+        return None
+    args = schema.args_schema
+    if not any(type(a) is float for a in args):
+        return None
+    try:
+        from torch.distributed.tensor._dtensor_spec import DTensorSpec
+    except ImportError:  # pragma: no cover
+        return None
+    if not all(type(a) is float or isinstance(a, DTensorSpec) for a in args):
+        return None
+    return ("scalar-blind", schema.op, tuple(float if type(a) is float else a for a in args))
 
 
 def forget(keep: dict | None = None) -> None:
