@@ -669,3 +669,43 @@ def test_the_examples_optimizer_never_mixes_dtensors_and_tensors_in_one_fused_up
                 assert group["foreach"] is foreach and not group["fused"], (parallel, group["foreach"])
             finally:
                 forget_meshes()
+
+
+def test_the_companions_table_answers_both_of_dtensors_ways_in():
+    """DTensor asks for a propagation two ways: where its C++ dispatch misses (torch 2.13) and
+    through its Python cache first (torch 2.11's dispatch). A thread holding a filled table gets
+    the table's answer either way, computing nothing; another thread's Python cache is untouched."""
+    import threading
+
+    from torch.distributed.tensor import DTensor, Shard
+
+    from liver.world import sharding
+
+    prop = DTensor._op_dispatcher.sharding_propagator
+    world = FakeWorld.build_fake(0, load_adapter(EXAMPLE).layout(job_of(8, 4, 8, 8), ParallelConfig(dp=2)), 0, "gloo",
+                                 torch.device("cpu"))
+    seen, out = [], {}
+    with world.registered():
+        try:
+            x = DTensor.from_local(torch.ones(4, 3), world.mesh()["dp"], [Shard(0)], run_check=False)
+            compute = prop.propagate_op_sharding_non_cached
+            prop.propagate_op_sharding_non_cached = lambda s: seen.append(s) or compute(s)
+            try:
+                forget_meshes()
+                with sharding.filling() as table:
+                    (x * 2.5).sum()
+            finally:
+                prop.propagate_op_sharding_non_cached = compute
+            assert seen and all(s in table for s in seen)
+
+            def other():  # (the training thread at the switch: the companion's table, its own caches cleared)
+                forget_meshes(keep=table)
+                out["answers"] = [prop.propagate_op_sharding(s) for s in seen] + \
+                    [prop.propagate_op_sharding_non_cached(s) for s in seen]
+                out["computed"] = sharding.computed()
+            t = threading.Thread(target=other)
+            t.start()
+            t.join()
+            assert out["computed"] == 0 and all(a is table[s] for a, s in zip(out["answers"], seen + seen))
+        finally:
+            forget_meshes()

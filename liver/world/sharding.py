@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 _here = threading.local()
 _installed: bool | None = None
@@ -56,30 +56,59 @@ def _install() -> bool:
     # may propagate the operators it decomposes into)
     one_at_a_time = threading.RLock()
 
-    def propagate(schema: Any) -> Any:
-        table = getattr(_here, "table", None)
-        if table is None or tracing():
-            return compute(schema)
-        try:
-            return table[schema]
-        except KeyError:
-            pass
-        except TypeError:  # (a schema that cannot be hashed: computed each time, as DTensor does)
-            return compute(schema)
-        blind = _scalar_blind(schema, pointwise)
-        if blind is not None and blind in table:
-            return table[blind]
-        with one_at_a_time:
-            out = compute(schema)
-        _here.computed = getattr(_here, "computed", 0) + 1
-        if getattr(_here, "filling", False):  # (else DTensor's own per-thread cache keeps it)
-            table[schema] = out
-            if blind is not None:
-                table[blind] = out
-        return out
+    def through_table(compute: Callable[[Any], Any], computed: Callable[[], int]) -> Callable[[Any], Any]:
+        def propagate(schema: Any) -> Any:
+            table = getattr(_here, "table", None)
+            if table is None or tracing():
+                return compute(schema)
+            try:
+                return table[schema]
+            except KeyError:
+                pass
+            except TypeError:  # (a schema that cannot be hashed: computed each time, as DTensor does)
+                return compute(schema)
+            blind = _scalar_blind(schema, pointwise)
+            if blind is not None and blind in table:
+                return table[blind]
+            before = computed()
+            with one_at_a_time:
+                out = compute(schema)
+            _here.computed = getattr(_here, "computed", 0) + (computed() - before)
+            if getattr(_here, "filling", False):  # (else DTensor's own per-thread cache keeps it)
+                table[schema] = out
+                if blind is not None:
+                    table[blind] = out
+            return out
+        return propagate
 
-    prop.propagate_op_sharding_non_cached = propagate
+    # both of DTensor's ways in: its C++ dispatch's miss (torch 2.13) and its Python cache (the
+    # thread's own; torch 2.11's dispatch asks it first), whose own misses count as computed
+    calls = [0]
+
+    def counted(schema: Any) -> Any:
+        calls[0] += 1
+        return compute(schema)
+    prop.propagate_op_sharding_non_cached = through_table(counted, lambda: calls[0])
+    cached = getattr(prop, "propagate_op_sharding", None)
+    if cached is not None and hasattr(cached, "cache_info"):
+        prop.propagate_op_sharding = _Cached(cached, through_table(cached, lambda: cached.cache_info().misses))
     return True
+
+
+class _Cached:
+    """DTensor's Python cache behind the table: called through it, cleared and read as before."""
+
+    def __init__(self, cached: Any, call: Callable[[Any], Any]) -> None:
+        self._cached, self._call = cached, call
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self._call(*args, **kwargs) if args and not kwargs else self._cached(*args, **kwargs)
+
+    def cache_clear(self) -> None:
+        self._cached.cache_clear()
+
+    def cache_info(self) -> Any:
+        return self._cached.cache_info()
 
 
 def _scalar_blind(schema: Any, pointwise: dict) -> tuple | None:
