@@ -1,10 +1,12 @@
-"""summary.json from the interleaved runs beside it: per scenario, each engine's live downtime
-(median over the runs) and the native one over the reference one."""
+"""summary.json from the interleaved runs beside it (or in the folder given: python3 summarise.py DIR):
+per scenario, each engine's live downtime (median over the runs) and the native one over the
+reference one."""
 import json
 import statistics
+import sys
 from pathlib import Path
 
-here = Path(__file__).parent
+here = Path(sys.argv[1]) if len(sys.argv) > 1 else Path(__file__).parent
 runs = {w: [json.loads(p.read_text()) for p in sorted(here.glob(f"bpair-{w}-*.json"))] for w in ("native", "reference")}
 out = []
 for i, row in enumerate(runs["native"][0]):

@@ -27,6 +27,7 @@ from typing import Any
 import torch
 from torch.distributed.tensor import DTensor
 
+from liver.engine.native.engine import fsdp
 from liver.engine.native.recipe import Recipe
 from liver.topology import JobConfig
 from liver.world import sharding
@@ -37,18 +38,18 @@ IMPLEMENTATION = ("fused", "foreach", "capturable")
 
 
 def first_step_ahead(recipe: Recipe, job: JobConfig, world: World, model: torch.nn.Module, kinds,
-                     device: torch.device, with_forward: bool = True) -> tuple[dict, dict[str, Any]]:
+                     device: torch.device) -> tuple[dict, dict[str, Any]]:
     """Runs the first step's DTensor operators on ``model`` (meta tensors, on ``world``'s mesh)
     in the calling thread; ``kinds``: the optimizer's state (``optim.OptimizerState``);
     ``device``: where the engine trains (the optimizer's implementation is the one it gets there);
-    ``with_forward``: the forward and backward too, where the model allows. Returns the table of
+    the forward and backward too, where the model allows. Returns the table of
     propagations (``sharding.filling``) and the record's ``ahead`` (what ran), ``ahead_s`` and,
     if something failed, ``ahead_error``. ``model`` is left as it was (no gradient kept)."""
     t0, ran, out = time.perf_counter(), [], {}
     params = list(model.parameters())
     with sharding.filling() as table:
         try:
-            if with_forward and _forward_ahead(job, world, model):
+            if _forward_ahead(job, world, model):
                 _forward(recipe, job, world, model)
                 ran.append("forward and backward")
             for p in params:  # (the forward's gradients where it ran, else stand-ins of their layout)
@@ -67,7 +68,6 @@ def first_step_ahead(recipe: Recipe, job: JobConfig, world: World, model: torch.
 
 
 def _forward_ahead(job: JobConfig, world: World, model: torch.nn.Module) -> bool:
-    from liver.engine.native.engine import fsdp
     return world.layout.pp == 1 and not fsdp(model) and job.compute_dtype == "float32" \
         and any(isinstance(p, DTensor) for p in model.parameters())
 
