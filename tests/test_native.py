@@ -206,23 +206,28 @@ def test_a_shard_that_stays_is_adopted_without_a_copy_except_into_fsdp2_buffers(
 
 
 @pytest.mark.parametrize("parallel,spare", [(ParallelConfig(tp=2, dp=2), 1 << 30), (ParallelConfig(dp=2), 1 << 30),
-                                            (ParallelConfig(tp=2), 0)])
-def test_the_model_prebuilt_in_another_thread_is_the_one_the_switch_would_build(parallel, spare):
-    """Prepare lays the next generation's model out on its mesh in the companion's thread, the
-    World registered there alone (the training thread's default group stays its own), with its
-    storage where it fits in the spare; the switch adopts that storage and gives the same
-    engine as one built there: the same tensors, boxes and placements, and the same step."""
+                                            (ParallelConfig(tp=2), 1 << 30), (ParallelConfig(tp=2), 0)])
+def test_the_engine_prebuilt_in_another_thread_is_the_one_the_switch_would_build(parallel, spare):
+    """Prepare makes the next generation's engine in the companion's thread, the World
+    registered there alone (the training thread's default group stays its own): its model laid
+    out on the new mesh, storage made and touched where it fits in the spare, the old engine's
+    kept shard adopted (not FSDP2's parameters: it makes its own); the switch takes it as it is
+    and gives the same engine as one built there: the same tensors, boxes and placements, and the
+    same step. A kept shard whose storage changed after Prepare (a user's ``p.data = ...``)
+    makes the switch build it anew, and say so. Over the spare: only the structure is made."""
     import threading
 
     import torch.distributed as dist
 
-    from liver.engine.native.engine import NativeEngine
+    from liver.engine.native.engine import NativeEngine, fsdp
 
     adapter = load_adapter(EXAMPLE)
     job = job_of(hidden=8, heads=4, ffn=8, vocab=8)
     layout = adapter.layout(job, parallel)
     active = FakeWorld.build_fake(0, adapter.layout(job, ParallelConfig(tp=4)), 3, "gloo", torch.device("cpu"))
     shadow = FakeWorld.build_fake(1, layout, 1, "gloo", torch.device("cpu"))
+    box = adapter._boxes(job, shadow)["norm.weight"]  # (the old engine's shard in the same box)
+    kept = {"norm.weight": torch.full([hi - lo for lo, hi in box], 0.5)}
     seen = {}
     with active.registered():
         def companion():
@@ -231,30 +236,39 @@ def test_the_model_prebuilt_in_another_thread_is_the_one_the_switch_would_build(
                 NativeEngine(adapter.recipe, job, warm, torch.device("cpu")).train_step()
             with shadow.registered_here():
                 seen["companion"] = dist.get_rank()
-                seen["prebuilt"] = adapter.prebuild(job, shadow, torch.device("cpu"), frozenset({"norm.weight"}), spare)
+                seen["prebuilt"] = adapter.prebuild(job, shadow, torch.device("cpu"), kept, spare)
         t = threading.Thread(target=companion)
         t.start()
         t.join()
         seen["training"] = dist.get_rank()
     assert (seen["companion"], seen["training"]) == (1, 3)
     pre = seen["prebuilt"]
-    assert pre.structure is not None and all(p.is_meta for p in pre.structure.parameters())
-    for p in pre.structure.parameters():  # laid out on the shadow's mesh, not on the warm-up's
+    model = pre.engine.model if spare else pre.structure
+    assert (pre.engine is not None) == bool(spare) and all(p.is_meta for p in model.parameters()) == (not spare)
+    for p in model.parameters():  # laid out on the shadow's mesh, not on the warm-up's
         assert all("gen1" in g for g in getattr(p, "device_mesh", shadow.mesh())._dim_group_names), p
-    assert bool(pre.storage) == (spare > 0) and "norm.weight" not in pre.storage
-    assert pre.path == ("structure and storage made before the pause" if spare else "structure made before the pause")
+    assert pre.path == ("engine made before the pause" if spare else "structure made before the pause")
+    if spare:
+        assert set(pre.adopted) == (set() if fsdp(model) else {"norm.weight"})
+        assert all(not t.any() for t in pre.storage.values())  # (touched: its pages are the process's now)
+        assert set(pre.storage) | set(pre.adopted) == set(pre.engine.state)
 
     def fill(state):  # the transfer's part: a value per tensor, the same for both builds
         with torch.no_grad():
             for i, (name, t) in enumerate(sorted(state.items())):
-                t.copy_(torch.arange(t.numel(), dtype=torch.float64).reshape(t.shape).to(t.dtype) / (i + 7))
+                if name not in kept:
+                    t.copy_(torch.arange(t.numel(), dtype=torch.float64).reshape(t.shape).to(t.dtype) / (i + 7))
+                elif t.data_ptr() != kept[name].data_ptr():
+                    t.copy_(kept[name])  # (the executor copies a kept shard it could not leave in place)
         return state
 
     with shadow.registered():
         try:
-            built = [adapter.enter(job, shadow, torch.device("cpu"), fill, prebuilt=p) for p in (pre, None)]
-            for name, t in pre.storage.items():
-                assert built[0].state[name].data_ptr() == t.data_ptr(), name  # written in place
+            built = [adapter.enter(job, shadow, torch.device("cpu"), fill, kept=k, prebuilt=p)  # (a kept shard each)
+                     for p, k in ((pre, kept), (None, {n: t.clone() for n, t in kept.items()}))]
+            assert pre.path == ("engine made before the pause" if spare else "structure made before the pause")
+            if spare:
+                assert built[0] is pre.engine
             a, b = (dict(e.model.named_parameters()) for e in built)
             laid = [{n: (getattr(p, "placements", None), p.shape) for n, p in x.items()} for x in (a, b)]
             assert laid[0] == laid[1]
@@ -268,6 +282,11 @@ def test_the_model_prebuilt_in_another_thread_is_the_one_the_switch_would_build(
             assert steps[0].loss == steps[1].loss
             if FAKE_REDUCE_SCATTER_WRITES or parallel.dp == 1:  # (else the gradients are uninitialised memory)
                 assert all(torch.equal(built[0].state[n], built[1].state[n]) for n in built[0].state)
+            if pre.adopted:  # the kept shard's storage changed after Prepare: the engine made then is not used
+                moved = {"norm.weight": kept["norm.weight"].clone()}
+                again = adapter.enter(job, shadow, torch.device("cpu"), fill, kept=moved, prebuilt=pre)
+                assert again is not pre.engine and pre.stale and pre.path.startswith("built at the switch")
+                assert again.state["norm.weight"].data_ptr() == moved["norm.weight"].data_ptr()
         finally:
             forget_meshes()
 
@@ -296,14 +315,14 @@ def test_the_first_steps_sharding_is_worked_out_in_the_companion_and_changes_not
 
         def companion():
             with new.registered_here():
-                seen["pre"] = adapter.prebuild(job, new, cpu, frozenset(), 1 << 30)
+                seen["pre"] = adapter.prebuild(job, new, cpu, {}, 1 << 30)
         t = threading.Thread(target=companion)
         t.start()
         t.join()
     old.deactivate()
     pre = seen["pre"]
     assert pre.ahead["ahead"] == ahead and "ahead_error" not in pre.ahead, pre.ahead
-    assert pre.sharding and all(p.grad is None for p in pre.structure.parameters())
+    assert pre.sharding and all(p.grad is None for p in pre.engine.model.parameters())
 
     def fill(state):
         with torch.no_grad():
@@ -425,8 +444,8 @@ def test_live_reshapes_of_a_users_model_equal_restart_through_dcp(tmp_path):
     # into FSDP2 the parameters are copied (its own padded buffers), their optimizer state adopted
     assert live["events"][1]["bytes_kept"] > 0 and live["events"][1]["bytes_kept_copied"] == 0
     assert 0 < live["events"][0]["bytes_kept_copied"] < live["events"][0]["bytes_kept"]
-    for e in live["events"]:  # the new model was laid out before the pause, its storage made there too
-        assert e["build"] == "structure and storage made before the pause", e
+    for e in live["events"]:  # the new engine was made before the pause: its model, storage and optimizer
+        assert e["build"] == "engine made before the pause", e
     total = live["steps"][-1]["step"]
     check_continuous(live, total)
     cuts = [e["last_old_step"] for e in live["events"]]

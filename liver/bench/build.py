@@ -46,7 +46,7 @@ def _enter_s(adapter: EngineAdapter, job, layout, device: torch.device, spare: i
     def prepare() -> None:
         t0 = time.perf_counter()
         with world.registered_here():
-            made.append(adapter.prebuild(job, world, device, frozenset(), spare))
+            made.append(adapter.prebuild(job, world, device, {}, spare))
         if device.type == "cuda":
             torch.cuda.synchronize(device)
         made.append(time.perf_counter() - t0)

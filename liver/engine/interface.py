@@ -22,7 +22,7 @@ import os
 import sys
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from typing import Any, Callable, Protocol
+from typing import Any, Callable, Mapping, Protocol
 
 import torch
 
@@ -96,13 +96,24 @@ class Prebuilt:
     """What Prepare made of the new generation's engine before the pause (``EngineAdapter.prebuild``):
     ``storage``, this rank's new-layout shards (by state name) that the transfer writes into, made
     and touched beside training within the spare of the staging budget; ``structure``, the
-    engine's own (a user's model, laid out on the new World's mesh, without storage)."""
+    engine's own (a user's model, laid out on the new World's mesh, without storage); or
+    ``engine``, the whole engine, its storage ``storage`` and the old shards it ``adopted`` (by
+    state name: the live tensors of this process's old engine that stay in the same box)."""
 
     storage: dict[str, torch.Tensor]
     structure: Any = None
     wanted_bytes: int = 0  # the storage the switch would make (all of it in ``storage``, or none)
     sharding: dict | None = None  # DTensor's propagation on the new mesh, worked out ahead (world/sharding.py)
     ahead: dict[str, Any] = field(default_factory=dict)  # what was worked out ahead, for the record
+    engine: Any = None
+    adopted: dict[str, torch.Tensor] = field(default_factory=dict)
+    stale: bool = False  # the engine was made, but its adopted shards changed after: not used (``still_adopts``)
+
+    def still_adopts(self, kept: dict[str, torch.Tensor]) -> bool:
+        """Every old shard the engine adopted is still the storage of the old engine's tensor
+        (``kept``, at the switch): else the engine holds stale memory and is not used."""
+        return all((k := kept.get(n)) is not None and k.data_ptr() == t.data_ptr() and k.shape == t.shape
+                   for n, t in self.adopted.items())
 
     @property
     def storage_bytes(self) -> int:
@@ -111,6 +122,10 @@ class Prebuilt:
     @property
     def path(self) -> str:
         """Which build the switch runs, for its record."""
+        if self.stale:
+            return "built at the switch (the old shards adopted before the pause had changed)"
+        if self.engine is not None:
+            return "engine made before the pause"
         made = [w for w, done in (("structure", self.structure is not None),
                                   ("storage", bool(self.storage) or not self.wanted_bytes)) if done]
         return " and ".join(made) + " made before the pause" if made else "built at the switch"
@@ -191,12 +206,13 @@ class EngineAdapter(ABC):
             into = prebuilt.storage
         return self.build(job, world, device, state=deliver(into))
 
-    def prebuild(self, job: JobConfig, world: World, device: torch.device, kept: frozenset[str],
+    def prebuild(self, job: JobConfig, world: World, device: torch.device, kept: Mapping[str, torch.Tensor],
                  spare_bytes: int) -> Prebuilt:
         """Beside training, in the companion (``world`` registered in its thread only): what of
-        rank ``world.rank``'s engine can be made before the pause. Here: the storage of the shards
-        not ``kept``, where it fits in ``spare_bytes``; the engine itself is built on the
-        delivered shards at the switch."""
+        rank ``world.rank``'s engine can be made before the pause. ``kept``: this process's old
+        shards that stay in the same box, by state name (the old engine's live tensors: it trains
+        on them until the switch). Here: the storage of the shards not ``kept``, where it fits in
+        ``spare_bytes``; the engine itself is built on the delivered shards at the switch."""
         storage, wanted = new_storage(self.state_specs(job), self.view(job, world.layout), world.rank, device, kept,
                                       spare_bytes)
         return Prebuilt(storage, wanted_bytes=wanted)

@@ -26,7 +26,7 @@ import torch
 import torch.distributed as dist
 
 from liver.host.cores import Binding, available
-from liver.engine.interface import EngineAdapter, Prebuilt
+from liver.engine.interface import EngineAdapter, Prebuilt, TrainingEngine
 from liver.transfer.executor import StreamingExecutor
 from liver.planner.plan import Plan
 from liver.runtime.pace import Pace
@@ -56,9 +56,11 @@ class Preparation:
 
     def __init__(self, *, adapter: EngineAdapter, job: JobConfig, spec: GenerationSpec, proc: int, store: dist.Store,
                  backend: str, device: torch.device, timeout_s: float, budget_bytes: int,
-                 connect: str = "background", active: World | None = None, pace: Pace | None = None) -> None:
+                 connect: str = "background", active: World | None = None, pace: Pace | None = None,
+                 old: TrainingEngine | None = None) -> None:
         self.adapter, self.job, self.spec, self.proc, self.store = adapter, job, spec, proc, store
-        self.active = active  # this process's Active World (None for a joiner)
+        self.active = active  # this process's Active World (None for a joiner, and in a heal)
+        self.old = old  # this process's engine on the old generation (None for a joiner): its kept shards
         # beside training: at most a share of each step (liver/runtime/pace.py); alone: no limit
         self.pace = pace or Pace(0.0)
         self.budget_bytes, self.connect_at = budget_bytes, connect
@@ -143,7 +145,7 @@ class Preparation:
             self._pause()
             t3 = time.perf_counter()
             with self.world.registered_here():  # (in this thread only: the training thread keeps its own)
-                self.prebuilt = self.adapter.prebuild(self.job, self.world, self.device, self.executor.kept(),
+                self.prebuilt = self.adapter.prebuild(self.job, self.world, self.device, self.kept(),
                                                       self.budget_bytes - self.executor.staging_bytes)
             self.timings["prebuild_s"] = time.perf_counter() - t3
             self.timings["prebuilt"] = self.prebuilt.path
@@ -156,6 +158,12 @@ class Preparation:
         self.built = True
         if not self.defer_connect:
             self.connect()
+
+    def kept(self) -> dict[str, torch.Tensor]:
+        """The old engine's tensors whose shard stays on this process in the same box (the new
+        engine may adopt their storage): the same expression the switch evaluates (``switch``)."""
+        state = self.old.state if self.old is not None else {}
+        return {n: state[n] for n in self.executor.kept() if n in state}
 
     @property
     def defer_connect(self) -> bool:

@@ -234,7 +234,7 @@ class Member:
             stale.release_compute()
             threading.Thread(target=stale.world.destroy, daemon=True).start()
             del stale, e
-        prep = self._preparation(spec, store=self.store)  # nothing shared with the broken groups
+        prep = self._preparation(spec, store=self.store, old=self.engine)  # nothing shared with the broken groups
         prep.run()
         if prep.defer_connect and prep.built and not prep.ready:
             prep.connect()
@@ -309,7 +309,7 @@ class Member:
         spec = GenerationSpec.fetch(self.store, g)
         pace = Pace(self.config.prepare.companion_share, step_s)
         self.companion = Companion(self._preparation(spec, store=self._side_store(), active=self.engine.world,
-                                                     pace=pace), self.binding)
+                                                     pace=pace, old=self.engine), self.binding)
         self._side_user = self.companion
         self.preparing_since = time.time()
         self.companion.start()

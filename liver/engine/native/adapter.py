@@ -13,11 +13,11 @@ from __future__ import annotations
 
 import dataclasses
 import threading
-from typing import Callable
+from typing import Callable, Mapping
 
 import torch
 
-from liver.engine.interface import EngineAdapter, Prebuilt, TrainingEngine, new_storage
+from liver.engine.interface import EngineAdapter, Prebuilt, TrainingEngine
 from liver.engine.native.ahead import first_step_ahead
 from liver.engine.native.engine import NativeEngine, build_model, fsdp, optimizer_state, structure
 from liver.engine.native.recipe import Recipe
@@ -136,35 +136,62 @@ class NativeAdapter(EngineAdapter):
               into: dict[str, torch.Tensor] | None = None,
               kept: dict[str, torch.Tensor] | None = None,
               prebuilt: Prebuilt | None = None) -> TrainingEngine:
-        """The new model first: its structure as Prepare made it (else made now), its storage
-        where a shard stays the old one's (re-wrapped on the new mesh without a copy), else
-        Prepare's, else new; then the executor writes the rest into it."""
-        adopt = {**(prebuilt.storage if prebuilt is not None else {}), **(kept or {})}
+        """The engine Prepare made, if the old shards it adopted are still the old engine's
+        storage (``Prebuilt.still_adopts``): this thread's DTensor caches then take the table
+        worked out ahead, and the executor writes the rest into its storage. Else the new model
+        now: its structure as Prepare made it (else made now), its storage where a shard stays
+        the old one's (re-wrapped on the new mesh without a copy), else Prepare's, else new."""
+        kept = kept or {}
+        if prebuilt is not None and prebuilt.engine is not None:
+            if prebuilt.still_adopts(kept):
+                forget_meshes(keep=prebuilt.sharding, device=device)
+                return self._delivered(prebuilt.engine, deliver)
+            prebuilt.engine, prebuilt.stale = None, True
+        adopt = {**(prebuilt.storage if prebuilt is not None else {}), **kept}
         engine = NativeEngine(self.recipe, job, world, device, initialise=False, specs=self._specs(job, world.layout),
                               adopt=adopt, model=prebuilt.structure if prebuilt is not None else None,
                               sharding=prebuilt.sharding if prebuilt is not None else None,
                               boxes=self._boxes(job, world))
+        return self._delivered(engine, deliver)
+
+    @staticmethod
+    def _delivered(engine: NativeEngine, deliver) -> NativeEngine:
         delivered = deliver(engine.state)
         for name, t in delivered.items():
             if t is not engine.state[name]:
                 raise RuntimeError(f"the transfer delivered {name!r} outside the engine's storage")
         return engine
 
-    def prebuild(self, job: JobConfig, world: World, device: torch.device, kept: frozenset[str],
+    def prebuild(self, job: JobConfig, world: World, device: torch.device, kept: Mapping[str, torch.Tensor],
                  spare_bytes: int) -> Prebuilt:
         """The model's structure on ``world``'s mesh (the recipe's model on the meta device, its
         stage, its ``parallelize``); its first step's DTensor work done ahead on it (``ahead.py``:
-        the table this thread filled goes to the switch); and the storage of the shards that do
-        not stay where the model can adopt it (not FSDP's parameters: FSDP2 makes its own) within
-        ``spare_bytes``."""
+        the table this thread filled goes to the switch); then, where the storage it needs beyond
+        the ``kept`` shards (which it adopts; FSDP2 makes its parameters' own) fits in
+        ``spare_bytes``, the whole engine on it: storage touched, optimizer and its state, LR
+        schedule. Else only the structure: the switch builds the engine on it."""
         if device.type == "cuda":
             torch.cuda.set_device(device)  # (this thread's: FSDP2 asks for the current device)
         model = structure(self.recipe, job, world)  # (this thread's table of propagations starts here)
         table, ahead = first_step_ahead(self.recipe, job, world, model, optimizer_state(self.recipe, job), device)
-        own = {p.spec.name for p in self.placed(job, world.layout) if p.spec.kind == "param"} if fsdp(model) else set()
-        storage, wanted = new_storage(self.state_specs(job), self.view(job, world.layout), world.rank, device,
-                                      kept | own, spare_bytes)
-        return Prebuilt(storage, model, wanted, sharding=table, ahead=ahead)
+        own = {p.spec.name for p in self.placed(job, world.layout) if p.spec.kind in ("param", "buffer")} \
+            if fsdp(model) else set()
+        wanted = sum(box_numel(b) * s.itemsize for s, b in self._held(job, world)
+                     if s.name not in kept or s.name in own)
+        if wanted > spare_bytes:
+            return Prebuilt({}, model, wanted, sharding=table, ahead=ahead)
+        try:
+            engine = NativeEngine(self.recipe, job, world, device, initialise=False,
+                                  specs=self._specs(job, world.layout), adopt=dict(kept), model=model,
+                                  boxes=self._boxes(job, world), here=False)
+        except torch.OutOfMemoryError:  # (the device's memory, not the budget, is short now: built at the switch)
+            return Prebuilt({}, structure(self.recipe, job, world), wanted, sharding=table, ahead=ahead)
+        adopted = {n: kept[n] for n, t in engine.state.items() if n in kept and kept[n].data_ptr() == t.data_ptr()}
+        storage = {n: t for n, t in engine.state.items() if n not in adopted}
+        with torch.no_grad():
+            for t in storage.values():
+                t.zero_()  # (written now: a host's pages are faulted in here, not in the pause)
+        return Prebuilt(storage, None, wanted, sharding=table, ahead=ahead, engine=engine, adopted=adopted)
 
     def make_step(self, engine: TrainingEngine) -> NativeStep:
         return NativeStep(engine)
@@ -172,10 +199,14 @@ class NativeAdapter(EngineAdapter):
     def drive(self, steps) -> None:
         self.recipe.loop(steps)
 
+    def _held(self, job: JobConfig, world: World) -> list[tuple[TensorSpec, tuple]]:
+        """Each tensor rank ``world.rank`` holds, with its box."""
+        t = self.view(job, world.layout)
+        return [(s, b) for s in self._specs(job, world.layout) if (b := t.box(s, world.rank)) is not None]
+
     def _boxes(self, job: JobConfig, world: World) -> dict:
         """Rank ``world.rank``'s box of each tensor it holds, from the layout's view."""
-        t = self.view(job, world.layout)
-        return {s.name: b for s in self._specs(job, world.layout) if (b := t.box(s, world.rank)) is not None}
+        return {s.name: b for s, b in self._held(job, world)}
 
     def _specs(self, job: JobConfig, layout: Layout) -> list[TensorSpec]:
         return [p.spec for p in self.placed(job, layout)]

@@ -57,7 +57,7 @@ def fsdp(model: torch.nn.Module) -> bool:
 
 def build_model(recipe: Recipe, job: JobConfig, world: World, device: torch.device,
                 adopt: dict[str, torch.Tensor] | None = None, make_state: bool = True,
-                model: torch.nn.Module | None = None, sharding: dict | None = None):
+                model: torch.nn.Module | None = None, sharding: dict | None = None, here: bool = True):
     """The model and optimizer of ``world``'s rank, on ``device`` (``torch.device("meta")`` for
     metadata only); and their tensors as ``Placed``. The World must be registered
     (``World.activate``): DeviceMesh asks the default group for the rank. ``make_state``: the
@@ -65,8 +65,12 @@ def build_model(recipe: Recipe, job: JobConfig, world: World, device: torch.devi
     makes it at its first step, with its own initial values. ``adopt``: local tensors (by state
     name) to use as storage instead of new memory (``adopted``). ``model``: its ``structure``,
     made before (on this World, in the companion); ``sharding``: DTensor's propagation on this
-    World's meshes, worked out there (``ahead.py``): this thread's from now."""
-    forget_meshes(keep=sharding, device=device)  # (meshes of other worlds compare equal to this one: world.py)
+    World's meshes, worked out there (``ahead.py``): this thread's from now. ``here``: built in
+    the thread that trains it (its DTensor caches forgotten first); else in the companion, whose
+    caches are its own (``structure``): the training thread forgets its own at the switch
+    (``NativeAdapter.enter``)."""
+    if here:
+        forget_meshes(keep=sharding, device=device)  # (meshes of other worlds compare equal to this one: world.py)
     if model is None:
         model = structure(recipe, job, world)
     adopt = adopt if device.type != "meta" and adopt else {}
@@ -173,19 +177,20 @@ class NativeEngine:
     def __init__(self, recipe: Recipe, job: JobConfig, world: World, device: torch.device, *,
                  initialise: bool = True, specs: list | None = None,
                  adopt: dict[str, torch.Tensor] | None = None, model: torch.nn.Module | None = None,
-                 sharding: dict | None = None, boxes: dict[str, Box] | None = None) -> None:
+                 sharding: dict | None = None, boxes: dict[str, Box] | None = None, here: bool = True) -> None:
         """``specs``: every logical tensor of the layout, in one order on every rank (the
         adapter's; with pipeline stages a rank's own model names only its stage's). ``adopt``:
         the old generation's shards that stay on this process in the same box, used as this
         engine's storage (``build_model``). ``model``: its structure, made in Prepare;
         ``sharding``: DTensor's propagation on its mesh, worked out there (``ahead.py``).
         ``boxes``: this rank's box of each tensor it holds, from the layout's view (the adapter's,
-        made once per layout); else each is worked out from its DTensor."""
+        made once per layout); else each is worked out from its DTensor. ``here``: built in the
+        thread that trains it; else in the companion, before the pause (``build_model``)."""
         self._view_boxes = boxes
         self.recipe, self.job, self.world, self.layout, self.device = recipe, job, world, world.layout, device
         self.model, self.optimizer, self.placed = build_model(recipe, job, world, device, adopt,
                                                               make_state=not initialise, model=model,
-                                                              sharding=sharding)
+                                                              sharding=sharding, here=here)
         self.kinds = optimizer_state(recipe, job)
         self.scheduler = recipe.scheduler(self.optimizer, job)
         self.specs = list(specs) if specs is not None else [p.spec for p in self.placed]
