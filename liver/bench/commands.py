@@ -99,9 +99,14 @@ def bench_build(args: argparse.Namespace) -> int:
         f"{r['model']} {r['parallel']:<12} on {r['device']}: left in the switch: native {r['native_s']:.3f} s "
         f"(made before: {r['native_prebuild_s']:.3f} s), reference {r['reference_s']:.3f} s: {r['ratio']:.2f}x; "
         f"native with storage made in the switch {r['native_structure_s']:.3f} s, all in the switch "
-        f"{r['native_at_switch_s']:.3f} s; the first step's extra: native {r['native_first_extra_s']:.3f} s "
-        f"({r['native_at_switch_first_extra_s']:.3f} s with nothing made before), reference "
-        f"{r['reference_first_extra_s']:.3f} s; build and first step {r['with_first_step_ratio']:.2f}x"))
+        f"{r['native_at_switch_s']:.3f} s; the first step's extra: native {_s(r['native_first_extra_s'])} "
+        f"({_s(r['native_at_switch_first_extra_s'])} with nothing made before), reference "
+        f"{_s(r['reference_first_extra_s'])}; build and first step "
+        f"{'-' if r['with_first_step_ratio'] is None else format(r['with_first_step_ratio'], '.2f')}x"))
+
+
+def _s(seconds: float | None) -> str:
+    return "no step (out of memory)" if seconds is None else f"{seconds:.3f} s"
 
 
 def bench_overhead(args: argparse.Namespace) -> int:

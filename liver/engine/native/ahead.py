@@ -11,20 +11,28 @@ at the switch (``forget_meshes(keep=...)``):
 - the optimizer's step over every parameter, its state made as a switch makes it, with the
   implementation (fused, foreach) the recipe picks for parameters on the job's device (asked over
   stand-ins there: the meta device would get another);
-- where the model's forward sends no message of its own (no FSDP2 module, one pipeline stage,
-  no autocast: meta tensors are not cast), the recipe's ``loss`` forward and backward on a batch's
-  shape.
+- the recipe's ``loss`` forward and backward on a batch's shape, where the model has one pipeline
+  stage and no autocast would run (meta tensors are not cast: float32, or FSDP2 casting). FSDP2's
+  modules would send messages in their forward (the all-gathers): for the duration, their hooks
+  are taken out of this structure (the companion's own object) and each parameter they manage
+  stands in as the unsharded parameter their all-gather would give (TP's DTensor on its mesh, in
+  FSDP2's compute dtype), as FSDP2 itself says it (``_fsdp_stand_ins``): what then propagates is
+  what the first step's forward and backward meet.
 
-What this does not meet (a recipe's own loop doing more than ``loss``, FSDP2's forward) is
-propagated at the first step, as before. A failure here costs only that: it is recorded.
+What this does not meet (a recipe's own loop doing more than ``loss``, a torch whose FSDP2 does
+not say its unsharded parameters) is propagated at the first step, as before. A failure here
+costs only that: it is recorded.
 """
 
 from __future__ import annotations
 
+import contextlib
 import time
+from collections import OrderedDict
 from typing import Any
 
 import torch
+from torch.distributed.fsdp import FSDPModule
 from torch.distributed.tensor import DTensor
 
 from liver.engine.native.engine import fsdp
@@ -50,8 +58,11 @@ def first_step_ahead(recipe: Recipe, job: JobConfig, world: World, model: torch.
     with sharding.filling() as table:
         try:
             if _forward_ahead(job, world, model):
-                _forward(recipe, job, world, model)
-                ran.append("forward and backward")
+                try:
+                    _forward(recipe, job, world, model)
+                    ran.append("forward and backward")
+                except Exception as e:  # (the optimizer's step is still worked out)
+                    out["ahead_error"] = f"forward: {type(e).__name__}: {e}"[:300]
             for p in params:  # (the forward's gradients where it ran, else stand-ins of their layout)
                 if p.requires_grad and p.grad is None:
                     p.grad = torch.empty_like(p)
@@ -68,14 +79,77 @@ def first_step_ahead(recipe: Recipe, job: JobConfig, world: World, model: torch.
 
 
 def _forward_ahead(job: JobConfig, world: World, model: torch.nn.Module) -> bool:
-    return world.layout.pp == 1 and not fsdp(model) and job.compute_dtype == "float32" \
-        and any(isinstance(p, DTensor) for p in model.parameters())
+    """One stage, a DTensor in the forward (TP's: FSDP2 alone all-gathers plain tensors), and
+    nothing an autocast would cast (float32, or FSDP2 casting to its compute dtype)."""
+    tp = [p for p in model.parameters() if isinstance(p, DTensor) and
+          (not fsdp(model) or p.device_mesh.ndim > 1)]
+    return world.layout.pp == 1 and bool(tp) and (job.compute_dtype == "float32" or fsdp(model))
 
 
 def _forward(recipe: Recipe, job: JobConfig, world: World, model: torch.nn.Module) -> None:
     inputs, targets = recipe.batch(job, world.coord.dp, world.layout.dp, 0)
     meta = lambda t: torch.empty(t.shape, dtype=t.dtype, device="meta")  # noqa: E731
-    recipe.loss(model, meta(inputs), meta(targets)).backward()
+    with _unsharded(model):
+        recipe.loss(model, meta(inputs), meta(targets)).backward()
+
+
+@contextlib.contextmanager
+def _unsharded(model: torch.nn.Module):
+    """FSDP2's modules of ``model`` without their forward hooks, each parameter they manage in its
+    module as its unsharded stand-in (``_fsdp_stand_ins``); all put back after. A model without
+    FSDP2: as it is."""
+    hooked = [m for m in model.modules() if isinstance(m, FSDPModule)]
+    swaps = _fsdp_stand_ins(hooked)  # (first: raises before anything is changed)
+    held = []
+    try:
+        for m in hooked:
+            state = m._get_fsdp_state()
+            ids = {h.id for h in (state._pre_forward_hook_handle, state._post_forward_hook_handle)}
+            held.append((m, m._forward_pre_hooks, m._forward_hooks))
+            m._forward_pre_hooks = OrderedDict((k, v) for k, v in m._forward_pre_hooks.items() if k not in ids)
+            m._forward_hooks = OrderedDict((k, v) for k, v in m._forward_hooks.items() if k not in ids)
+        for mod, name, stand_in in swaps:
+            held.append((mod, name, mod._parameters[name]))
+            mod._parameters[name] = stand_in
+        yield
+    finally:
+        for item in reversed(held):
+            if isinstance(item[1], str):
+                item[0]._parameters[item[1]] = item[2]
+            else:
+                item[0]._forward_pre_hooks, item[0]._forward_hooks = item[1], item[2]
+
+
+def _fsdp_stand_ins(modules: list) -> list[tuple[torch.nn.Module, str, torch.nn.Parameter]]:
+    """For each parameter FSDP2 manages in ``modules``: its module, its name, and the unsharded
+    parameter FSDP2's all-gather would give, on the meta device: a DTensor of TP's spec where the
+    parameter was one before FSDP2 (the spec as this torch's FSDP2 makes it: in its compute dtype
+    where it says so), else a plain tensor; in FSDP2's compute dtype. Read from FSDP2's own
+    records of its parameters (private: AttributeError where this torch keeps them otherwise)."""
+    from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
+
+    out = []
+    for m in modules:
+        state = m._get_fsdp_state()
+        groups = state.__dict__.get("_fsdp_param_groups")
+        if groups is None:  # (torch < 2.12: one group)
+            groups = [g] if (g := getattr(state, "_fsdp_param_group")) is not None else []
+        for group in groups:
+            for fp in group.fsdp_params:
+                info = fp._module_info
+                p = info.module._parameters[info.param_name]
+                dtype = group.mp_policy.param_dtype or p.dtype
+                spec = getattr(fp, "_unsharded_dtensor_spec", None) or getattr(fp, "_tp_spec", None)
+                if spec is None:
+                    local = torch.empty(fp._orig_size, dtype=dtype, device="meta")
+                else:
+                    shape, _ = compute_local_shape_and_global_offset(spec.shape, spec.mesh, spec.placements)
+                    local = torch.empty(shape, dtype=dtype, device="meta")
+                    if hasattr(fp, "_get_unsharded_dtensor_spec"):  # (torch >= 2.12: the spec in its dtype)
+                        spec = fp._get_unsharded_dtensor_spec(local)
+                    local = DTensor(local, spec, requires_grad=False)
+                out.append((info.module, info.param_name, torch.nn.Parameter(local, p.requires_grad)))
+    return out
 
 
 def _optimizer_step(recipe: Recipe, job: JobConfig, model: torch.nn.Module, kinds, device: torch.device) -> None:
