@@ -169,7 +169,8 @@ class NativeAdapter(EngineAdapter):
         the table this thread filled goes to the switch); then, where the storage it needs beyond
         the ``kept`` shards (which it adopts; FSDP2 makes its parameters' own) fits in
         ``spare_bytes``, the whole engine on it: storage touched, optimizer and its state, LR
-        schedule. Else only the structure: the switch builds the engine on it."""
+        schedule, its pipeline stage's schedule. Else only the structure: the switch builds the
+        engine on it."""
         if device.type == "cuda":
             torch.cuda.set_device(device)  # (this thread's: FSDP2 asks for the current device)
         model = structure(self.recipe, job, world)  # (this thread's table of propagations starts here)
@@ -186,6 +187,7 @@ class NativeAdapter(EngineAdapter):
                                   boxes=self._boxes(job, world), here=False)
         except torch.OutOfMemoryError:  # (the device's memory, not the budget, is short now: built at the switch)
             return Prebuilt({}, structure(self.recipe, job, world), wanted, sharding=table, ahead=ahead)
+        engine.prepare_pipeline()  # (its stages' schedule: the first step after the switch does not make it)
         adopted = {n: kept[n] for n, t in engine.state.items() if n in kept and kept[n].data_ptr() == t.data_ptr()}
         storage = {n: t for n, t in engine.state.items() if n not in adopted}
         with torch.no_grad():

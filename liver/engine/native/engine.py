@@ -380,32 +380,17 @@ class NativeEngine:
 
     def schedule_step(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         """Forward and backward of one step over this generation's pipeline (GPipe over the
-        layout's micro-batches, the recipe's ``criterion`` on the last stage; built at its first
-        step, its stage's activations given: no shape inference over the wire). Returns the mean
-        loss on the last stage, 0 on the others. On a fake World (a joiner's warm-up, the
-        template's rehearsal) each micro-batch runs through this stage alone: the same kernels and
-        DTensor collectives, no pipeline messages (no peer exists to answer them)."""
-        from torch.distributed.pipelining import PipelineStage, ScheduleGPipe
-
+        layout's micro-batches, the recipe's ``criterion`` on the last stage; made before, in
+        Prepare, or at its first step: ``_pipeline``). Returns the mean loss on the last stage, 0
+        on the others. On a fake World (a joiner's warm-up, the template's rehearsal) each
+        micro-batch runs through this stage alone: the same kernels and DTensor collectives, no
+        pipeline messages (no peer exists to answer them)."""
         lay, c = self.layout, self.world.coord
         first, last = c.pp == 0, c.pp == lay.pp - 1
         micro = lay.num_micro_batches
         n = inputs.shape[0] // micro
         if self._stage_input is None:
-            x, y = (torch.zeros(t.shape, dtype=t.dtype, device=self.device)
-                    for t in stage_activations(self.recipe, self.job, lay, c.pp, inputs[:n]))
-            # activations between stages carry gradients back: as examples they must require them
-            # (else the stage before gets none, and trains on nothing)
-            x.requires_grad_(not first and x.is_floating_point())
-            y.requires_grad_(not last and y.is_floating_point())
-            self._stage_input = x
-            if not isinstance(self.world, FakeWorld):
-                meta = {"input_args": x, "output_args": y,  # (the gradients' too where torch takes them)
-                        "output_grads": (None if last else y,), "input_grads": (None if first else x,)}
-                takes = inspect.signature(PipelineStage).parameters
-                stage = PipelineStage(self.model, c.pp, lay.pp, self.device, group=self.world.mesh()["pp"].get_group(),
-                                      **{k: v for k, v in meta.items() if k in takes})
-                self._schedule = ScheduleGPipe(stage, n_microbatches=micro, loss_fn=self.recipe.criterion)
+            self._pipeline(inputs[:n])
         losses: list[torch.Tensor] = []
         if self._schedule is not None:
             kw = {"target": targets, "losses": losses} if last else {}
@@ -417,6 +402,37 @@ class NativeEngine:
                 (part / micro).backward()
                 losses.append(part)
         return torch.stack([x.detach().float() for x in losses]).mean() if last else torch.zeros(())
+
+    def prepare_pipeline(self) -> None:
+        """With pipeline stages: this stage's schedule made now, from a batch's shape (Prepare
+        calls it on the engine it makes, so the first step after the switch does not)."""
+        if self.layout.pp > 1 and self._stage_input is None:
+            c = self.world.coord
+            inputs, _ = self.recipe.batch(self.job, c.dp, self.layout.dp, 0)
+            self._pipeline(inputs[: inputs.shape[0] // self.layout.num_micro_batches].to(self.device))
+
+    def _pipeline(self, micro_inputs: torch.Tensor) -> None:
+        """This stage's input example (its activations' shapes, worked out on the meta device:
+        no shape inference over the wire) and, on a real World, its schedule: GPipe over the
+        layout's micro-batches, the recipe's ``criterion`` on the last stage."""
+        from torch.distributed.pipelining import PipelineStage, ScheduleGPipe
+
+        lay, c = self.layout, self.world.coord
+        first, last = c.pp == 0, c.pp == lay.pp - 1
+        x, y = (torch.zeros(t.shape, dtype=t.dtype, device=self.device)
+                for t in stage_activations(self.recipe, self.job, lay, c.pp, micro_inputs))
+        # activations between stages carry gradients back: as examples they must require them
+        # (else the stage before gets none, and trains on nothing)
+        x.requires_grad_(not first and x.is_floating_point())
+        y.requires_grad_(not last and y.is_floating_point())
+        if not isinstance(self.world, FakeWorld):
+            meta = {"input_args": x, "output_args": y,  # (the gradients' too where torch takes them)
+                    "output_grads": (None if last else y,), "input_grads": (None if first else x,)}
+            takes = inspect.signature(PipelineStage).parameters
+            stage = PipelineStage(self.model, c.pp, lay.pp, self.device, group=self.world.mesh()["pp"].get_group(),
+                                  **{k: v for k, v in meta.items() if k in takes})
+            self._schedule = ScheduleGPipe(stage, n_microbatches=lay.num_micro_batches, loss_fn=self.recipe.criterion)
+        self._stage_input = x
 
     # ---- checkpoints -------------------------------------------------------------------------
     def checkpoint_tensors(self, tensors: dict[str, torch.Tensor] | None = None,
