@@ -189,7 +189,7 @@ def run_until(ctl, done, ranks: FakeRanks | None = None, step: int | None = None
         if done():
             return
     raise AssertionError(f"not reached after {passes} passes: phase {ctl.state.phase.value}, "
-                         f"records {[r.get('status') for r in ctl.state.records]}")
+                         f"records {[r.status for r in ctl.state.records]}")
 
 
 __all__ = ["FakeNode", "FakeRanks", "controller", "run_until", "Phase"]

@@ -11,14 +11,14 @@ from fake_job import FakeNode, controller, run_until
 from liver.controller.live import LiveController
 from liver.controller.restart import RestartController
 from liver.controller.phases import PENDING, Phase
-from liver.policy.outcome import Outcome, outcome_of
+from liver.policy.outcome import Outcome
 from liver.protocol.messages import Wish, read
 from liver.protocol.store import COMMIT, WITHDRAW, decided
 from liver.topology import ParallelConfig
 
 
 def outcomes(ctl):
-    return [outcome_of(r) for r in ctl.state.records]
+    return [r.outcome for r in ctl.state.records]
 
 
 def pending_scale_out(tmp_path, to: int = 4, **cfg):
@@ -46,7 +46,7 @@ def test_a_scale_out_prepares_with_cold_joiners_switches_and_is_done(tmp_path):
     switch(ctl, ranks, step=4)
     assert ctl.state.active.generation == g and ctl.state.active.parallel.world_size == 4
     (rec,) = ctl.state.records
-    assert outcome_of(rec) is Outcome.DONE and rec["joiners"] == [2, 3] and rec["switch_s"] == 0.01
+    assert rec.outcome is Outcome.DONE and rec["joiners"] == [2, 3] and rec["switch_s"] == 0.01
 
 
 def test_a_step_trigger_seen_late_is_timed_from_the_step_in_the_log(tmp_path):
@@ -116,7 +116,7 @@ def test_a_joiner_that_dies_in_prepare_cancels_and_re_plans_on_the_slots_left(tm
     assert ctl.state.pending.parallel.world_size == 3  # slot 2 is lost: 3 of the 4 asked
     switch(ctl, ranks, step=5)
     rec = ctl.state.records[-1]
-    assert outcome_of(rec) is Outcome.DONE and [a.get("cancelled") for a in rec["attempts"]][0].startswith("joiner 2")
+    assert rec.outcome is Outcome.DONE and [a.get("cancelled") for a in rec["attempts"]][0].startswith("joiner 2")
 
 
 def test_a_joiner_that_cannot_be_started_cancels_its_handoff_and_the_job_trains_on(tmp_path, monkeypatch):
@@ -129,7 +129,7 @@ def test_a_joiner_that_cannot_be_started_cancels_its_handoff_and_the_job_trains_
     ctl, node, ranks = controller(tmp_path, "at step 3: scale-out 4\n")
     run_until(ctl, lambda: ctl.state.current is None and ctl.state.records, ranks, step=3)
     (rec,) = ctl.state.records
-    assert outcome_of(rec) is Outcome.CANCELLED and "could not be started" in rec["status"]
+    assert rec.outcome is Outcome.CANCELLED and "could not be started" in rec.status
     assert ctl.state.phase is Phase.STABLE and ctl.state.active.generation == 0  # training on
     assert ranks.wish().wanted == 0
 
@@ -142,7 +142,7 @@ def test_a_notice_too_short_for_a_handoff_drops_replicas_and_the_survivors_heal(
     ranks.switch_into(g + 1, [0, 1], step=3)  # (the drop heals within one pass: written ahead)
     run_until(ctl, lambda: ctl.state.records, ranks, step=3)
     (rec,) = ctl.state.records
-    assert outcome_of(rec) is Outcome.DROPPED and rec["path"] == "drop" and rec["leaving_hold_only_replicas"]
+    assert rec.outcome is Outcome.DROPPED and rec["path"] == "drop" and rec["leaving_hold_only_replicas"]
     assert rec["deadline_met"] and rec["lost_steps"] == 0 and rec["restored_step"] == 3
     assert rec["predicted_handoff_s"] * 1.5 > 1.2 and [w.returncode for w in node.workers.values()].count(-9) == 1
     assert ctl.state.active.generation == g + 1 and ctl.state.active.kind == "heal"
@@ -173,7 +173,7 @@ def test_a_rank_lost_with_replicas_left_heals_without_the_checkpoint(tmp_path):
     node.exit(1, -9)
     ctl.once()
     (rec,) = ctl.state.records
-    assert outcome_of(rec) is Outcome.HEALED and rec["lost_steps"] == 0 and rec["restored_step"] == 7
+    assert rec.outcome is Outcome.HEALED and rec["lost_steps"] == 0 and rec["restored_step"] == 7
     assert rec["checkpoint"] is None and rec["digest_after"] == "after"
     assert ctl.state.active.generation == g + 1 and ctl.state.active.procs == (0,)
 
@@ -185,7 +185,7 @@ def test_a_rank_lost_without_replicas_recovers_from_the_checkpoint_on_fresh_proc
     node.exit(1, -9)
     ctl.once()
     (rec,) = ctl.state.records
-    assert outcome_of(rec) is Outcome.RECOVERED and rec["lost_steps"] == 7 and rec["failed_at_step"] == 7
+    assert rec.outcome is Outcome.RECOVERED and rec["lost_steps"] == 7 and rec["failed_at_step"] == 7
     assert ctl.state.active.kind == "recover" and set(ctl.state.active.procs).isdisjoint({0, 1})
     assert node.workers[0].returncode is not None  # every process of the broken generation stopped
 
@@ -258,7 +258,7 @@ def test_restart_mode_announces_a_step_trigger_ahead_stops_there_and_restarts_fr
     ranks.started_all(step=5)
     ctl.once()
     (rec,) = ctl.state.records
-    assert outcome_of(rec) is Outcome.DONE and rec["digest_before"] == "before" and rec["digest_after"] == "after"
+    assert rec.outcome is Outcome.DONE and rec["digest_before"] == "before" and rec["digest_after"] == "after"
     assert rec["load_s"] == 0.5 and ctl.state.phase is Phase.STABLE
 
 

@@ -4,17 +4,28 @@ beside it is for people."""
 import json
 from pathlib import Path
 
-from liver.policy.outcome import DROPPED_SAYS, HEALED_SAYS, SETTLED, Outcome, outcome_of, settle
+from liver.policy.outcome import DROPPED_SAYS, HEALED_SAYS, SETTLED, Outcome, outcome_of
 
 RESULTS = Path(__file__).resolve().parent.parent / "bench" / "results"
 FINDINGS = ("non-finite-loss", "checkpoint-failed")
 
 
 def test_a_record_says_its_outcome_and_its_sentence():
-    rec = settle({"event": {"kind": "scale-out"}}, Outcome.CANCELLED, "cancelled: a joiner was lost")
-    assert rec["outcome"] == "cancelled" and outcome_of(rec) is Outcome.CANCELLED
-    assert outcome_of({**rec, "status": "done"}) is Outcome.CANCELLED  # the value wins over any sentence
-    assert settle({}, Outcome.DONE) == {"outcome": "done", "status": "done"}
+    """In the controller a record's outcome is the enum; the report's form (and a journal written
+    before records were typed) carries its value beside the sentence."""
+    import pytest
+
+    from liver.controller.records import EventRecord
+    rec = EventRecord.of({"kind": "scale-out"}, Outcome.STARTED, gpus=2)
+    assert rec.settle(Outcome.CANCELLED, "cancelled: a joiner was lost") is rec and rec.outcome is Outcome.CANCELLED
+    d = rec.to_dict()
+    assert d == {"event": {"kind": "scale-out"}, "outcome": "cancelled", "status": "cancelled: a joiner was lost",
+                 "gpus": 2}
+    assert outcome_of(d) is Outcome.CANCELLED and outcome_of({**d, "status": "done"}) is Outcome.CANCELLED
+    assert EventRecord.from_dict(d) == rec and EventRecord.from_dict(d).to_dict() == d
+    assert EventRecord.of({}, Outcome.DONE).to_dict() == {"event": {}, "outcome": "done", "status": "done"}
+    with pytest.raises(KeyError, match="settle"):
+        rec["outcome"] = "done"  # (what happened is a value, set by settle)
     assert {o for o in Outcome if o in SETTLED} == {Outcome.DONE, Outcome.RECOVERED, Outcome.HEALED, Outcome.DROPPED}
 
 

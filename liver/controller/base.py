@@ -37,9 +37,9 @@ from liver.controller.endpoint import ControlEndpoint
 from liver.controller.watch import ProgressWatch
 from liver.controller.leaving import choose_leaving
 from liver.policy.events import Event, EventKind, parse_action
-from liver.policy.outcome import Outcome, outcome_of, settle
+from liver.policy.outcome import Outcome
 from liver.controller.phases import Phase, Trigger, advance
-from liver.controller.records import Handling, first, least, new_record
+from liver.controller.records import EventRecord, Handling, first, least, new_record
 from liver.controller.state import ControllerState
 from liver.protocol import store as protocol
 from liver.protocol.agent import NODE_LOST
@@ -206,11 +206,13 @@ class Controller:
                 self.store.set(storehost.STOP_KEY, "1")
         why = "interrupted (Ctrl-C)" if self.interrupted else "training ended"
         if self.state.current is not None:
-            settle(self.state.current.record, Outcome.NOT_COMPLETED, f"not completed: {why} in phase {self.state.phase.value}")
+            self.state.current.record.settle(Outcome.NOT_COMPLETED, f"not completed: {why} in phase {self.state.phase.value}")
             self.state.records.append(self.state.current.record)
         for ev in self.state.queue:
-            self.state.records.append(settle({"event": ev.to_dict()}, Outcome.NOT_REACHED, f"not reached: {why}"))
-        return {"mode": self.mode, "records": self.state.records, "wall_s": time.time() - self.state.started_at,
+            self.state.records.append(EventRecord.of(ev.to_dict(), Outcome.NOT_REACHED, f"not reached: {why}"))
+        # (the report's boundary: plain data from here)
+        return {"mode": self.mode, "records": [r.to_dict() for r in self.state.records],
+                "wall_s": time.time() - self.state.started_at,
                 "interrupted": self.interrupted}
 
     def start(self) -> None:
@@ -226,11 +228,10 @@ class Controller:
         start = self.cfg.checkpoint.start_from
         self._start_generation(parallel, slots=self.nodes.free_slots()[: self.cfg.gpus], load_from=start, kind="start")
         if start is not None:
-            self.state.records.append({"event": {"kind": "start", "source": "checkpoint.start_from"},
-                                       "outcome": Outcome.RESUMED.value,
-                                       "status": "resumed from an earlier run's checkpoint", "checkpoint": start,
-                                       "restored_step": saved_step(start), "generation": self.state.gen,
-                                       "new": parallel.short(), "t_event": time.time()})
+            self.state.records.append(EventRecord.of(
+                {"kind": "start", "source": "checkpoint.start_from"}, Outcome.RESUMED,
+                "resumed from an earlier run's checkpoint", checkpoint=start, restored_step=saved_step(start),
+                generation=self.state.gen, new=parallel.short(), t_event=time.time()))
 
     def _resume_phase(self) -> None:
         """What a controller that came back does first about the phase it was in (the mode's)."""
@@ -273,7 +274,7 @@ class Controller:
     def _recovery_digests(self) -> None:
         """The state digest each recovery started from, as its new generation's ranks reported it."""
         for rec in self.state.records:
-            if outcome_of(rec) in (Outcome.RECOVERED, Outcome.RESUMED):
+            if rec.outcome in (Outcome.RECOVERED, Outcome.RESUMED):
                 procs = list(GenerationSpec.fetch(self.store, rec["generation"]).procs)
                 starts = self._collect(rec["generation"], procs, StartReport) or {}
                 rec["digest_after"] = first(starts.values(), "digest_after")
@@ -315,7 +316,7 @@ class Controller:
             self.state.queue.clear()
             self.state.queue.extend(rest)
             gone = events[position - 1]
-        self.state.records.append(settle({"event": gone.to_dict()}, Outcome.WITHDRAWN, "withdrawn before it was handled"))
+        self.state.records.append(EventRecord.of(gone.to_dict(), Outcome.WITHDRAWN, "withdrawn before it was handled"))
         return {"withdrawn": gone.describe(), "queued": len(rest)}
 
     def status(self) -> dict[str, Any]:
@@ -420,7 +421,7 @@ class Controller:
         return {}
 
     def _refuse(self, ev: Event, e: ValueError) -> None:
-        self.state.records.append(settle({"event": ev.to_dict()}, Outcome.REFUSED, f"refused: {e}"))
+        self.state.records.append(EventRecord.of(ev.to_dict(), Outcome.REFUSED, f"refused: {e}"))
         self.phase_log("refused", event=ev.describe(), error=str(e))
 
     # ---- generations ---------------------------------------------------------------------
@@ -680,10 +681,10 @@ class Controller:
                 if preempted:
                     raise ValueError("its deadline passed")
                 self.validate(ev, n)
-                settle(self.state.current.record, Outcome.REQUEUED, "interrupted by a fail-stop; re-queued")
+                self.state.current.record.settle(Outcome.REQUEUED, "interrupted by a fail-stop; re-queued")
                 self.state.queue.appendleft(ev)
             except ValueError:
-                settle(self.state.current.record, *((Outcome.DEADLINE_MISSED, "deadline missed: the leaving processes were "
+                self.state.current.record.settle(*((Outcome.DEADLINE_MISSED, "deadline missed: the leaving processes were "
                                                "stopped at the deadline and the job recovered on the others")
                                               if preempted else
                                               (Outcome.SUPERSEDED, "superseded by the fail-stop recovery")))
@@ -691,16 +692,14 @@ class Controller:
             self.state.current = None
         self.go(Trigger.FAIL_STOP)
         self._start_generation(parallel, sorted(survivors), ck["path"] if ck else None, "recover")
-        rec = {"event": {"kind": "fail-stop", "source": self._dead(dead)},
-               "outcome": Outcome.RECOVERED.value, "status": "recovered", "generation": self.state.gen,
-               "old_generation": old_generation,
-               "old": old.short(), "new": parallel.short(),
-               "failed_at_step": failed_step, "restored_step": ck["step"] if ck else 0,
-               "lost_steps": failed_step - (ck["step"] if ck else 0), "checkpoint": ck["path"] if ck else None,
-               "lost_slots": sorted(dead_slots), "t_event": t0,
-               # what the dead processes said last (a traceback's final line, where there was one)
-               "last_words": {w.proc: _last_line(self.nodes.log_tail(w.proc, 2000)) for w in dead},
-               **({"named_not_honoured": not_honoured} if not_honoured else {})}
+        rec = EventRecord.of(
+            {"kind": "fail-stop", "source": self._dead(dead)}, Outcome.RECOVERED, generation=self.state.gen,
+            old_generation=old_generation, old=old.short(), new=parallel.short(), failed_at_step=failed_step,
+            restored_step=ck["step"] if ck else 0, lost_steps=failed_step - (ck["step"] if ck else 0),
+            checkpoint=ck["path"] if ck else None, lost_slots=sorted(dead_slots), t_event=t0,
+            # what the dead processes said last (a traceback's final line, where there was one)
+            last_words={w.proc: _last_line(self.nodes.log_tail(w.proc, 2000)) for w in dead},
+            **({"named_not_honoured": not_honoured} if not_honoured else {}))
         self.state.records.append(rec)
         self.phase_log("fail-stop", **{k: rec[k] for k in ("failed_at_step", "restored_step", "lost_steps", "new",
                                                           "last_words")})
@@ -752,8 +751,8 @@ class Controller:
         self.state.suspending = False
         if self.state.current is not None:
             rec = self.state.current.record
-            rec.update(status=f"suspended: every GPU gone, {how}", checkpoint=path, saved_step=step, t_done=now,
-                       restored_step=step, lost_steps=self.step - step)
+            rec.settle(Outcome.SUSPENDED, f"suspended: every GPU gone, {how}")
+            rec.update(checkpoint=path, saved_step=step, t_done=now, restored_step=step, lost_steps=self.step - step)
             if self.state.current.deadline_at is not None:
                 rec["deadline_met"] = path is not None and step == self.step and now <= self.state.current.deadline_at
             self.state.records.append(rec)
@@ -765,18 +764,17 @@ class Controller:
         """Every process of the job killed or its node lost: the newest checkpoint stands; the job
         waits for GPUs to come back (a scale-out, a node registering) and resumes from it."""
         if self.state.current is not None:
-            settle(self.state.current.record, Outcome.SUPERSEDED, "superseded: every GPU of the job is gone")
+            self.state.current.record.settle(Outcome.SUPERSEDED, "superseded: every GPU of the job is gone")
             self.state.records.append(self.state.current.record)
             self.state.current = None
         self.go(Trigger.FAIL_STOP)
         ck = self._newest_checkpoint()
-        self.state.records.append({"event": {"kind": "fail-stop", "source": self._dead(dead)},
-                             "outcome": Outcome.SUSPENDED.value,
-                             "status": "suspended: every process of the job is gone; waiting for GPUs",
-                             "old_generation": self.state.active.generation, "old": self.state.active.parallel.short(),
-                             "failed_at_step": failed_step, "restored_step": ck["step"] if ck else 0,
-                             "lost_steps": failed_step - (ck["step"] if ck else 0),
-                             "checkpoint": ck["path"] if ck else None, "t_event": t0})
+        self.state.records.append(EventRecord.of(
+            {"kind": "fail-stop", "source": self._dead(dead)}, Outcome.SUSPENDED,
+            "suspended: every process of the job is gone; waiting for GPUs",
+            old_generation=self.state.active.generation, old=self.state.active.parallel.short(),
+            failed_at_step=failed_step, restored_step=ck["step"] if ck else 0,
+            lost_steps=failed_step - (ck["step"] if ck else 0), checkpoint=ck["path"] if ck else None, t_event=t0))
         self._suspend(ck["path"] if ck else None, ck["step"] if ck else 0,
                       "the periodic checkpoint stands" if ck else "no checkpoint stands: from step 0")
 
@@ -795,7 +793,7 @@ class Controller:
                 ev = None  # (nothing queued, or the head's time has not come)
         if ev is None:
             if not self.state.queue and self.cfg.controller.end_after_events is not None and not self.remote:
-                self.state.records.append(settle({"event": {"kind": "end", "source": "controller"}}, Outcome.ENDED,
+                self.state.records.append(EventRecord.of({"kind": "end", "source": "controller"}, Outcome.ENDED,
                                            "ended with no GPU: nothing queued would bring one back"))
                 self.go(Trigger.END)
             return
@@ -812,11 +810,10 @@ class Controller:
         self.state.suspended = None
         self.go(Trigger.RESUME)
         self._start_generation(tgt, free[: ev.gpus], s["path"], "resume")
-        self.state.records.append({"event": ev.to_dict(), "outcome": Outcome.RESUMED.value,
-                             "status": "resumed from the state on disk", "gpus": ev.gpus,
-                             "arrived": ev.arrived, "t_event": now, "generation": self.state.gen, "old": s["parallel"],
-                             "new": tgt.short(), "checkpoint": s["path"], "restored_step": s["step"],
-                             "suspended_s": now - s["since"], "lost_steps": s["at_step"] - s["step"]})
+        self.state.records.append(EventRecord.of(
+            ev.to_dict(), Outcome.RESUMED, "resumed from the state on disk", gpus=ev.gpus, arrived=ev.arrived,
+            t_event=now, generation=self.state.gen, old=s["parallel"], new=tgt.short(), checkpoint=s["path"],
+            restored_step=s["step"], suspended_s=now - s["since"], lost_steps=s["at_step"] - s["step"]))
 
     # ---- event records -------------------------------------------------------------------
     def _arrival(self, ev: Event) -> float:
@@ -831,7 +828,7 @@ class Controller:
     def _close(self, outcome: Outcome, trigger: Trigger, says: str | None = None) -> None:
         h = self.state.current
         rec = h.record
-        settle(rec, outcome, says)
+        rec.settle(outcome, says)
         rec["t_done"] = time.time()
         # the controller loop's CPU time from the event to its end (its routine polling included)
         rec["controller_cpu_s"] = time.thread_time() - h.cpu0

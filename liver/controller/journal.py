@@ -18,6 +18,7 @@ import torch.distributed as dist
 
 from liver.controller import storehost
 from liver.controller.nodes import Nodes, RemoteNode
+from liver.controller.records import EventRecord
 from liver.controller.state import ControllerState
 
 NAME = "journal.pkl"
@@ -93,6 +94,11 @@ def restore(state: dict[str, Any], nodes: Nodes) -> ControllerState:
     s: ControllerState = state["state"]
     if s.current is not None:  # (its CPU count starts again in this process)
         s.current.cpu0 = time.thread_time()
+    # (a journal written before records were typed holds their report form)
+    s.records = [r if isinstance(r, EventRecord) else EventRecord.from_dict(r) for r in s.records]
+    for h in (s.current, s.missed):
+        if h is not None and not isinstance(h.record, EventRecord):
+            h.record = EventRecord.from_dict(h.record)
     nodes._next_proc, nodes._next_slot = state["next_proc"], state["next_slot"]
     for rec in state["nodes"]:
         node = RemoteNode.restored(rec)

@@ -17,9 +17,9 @@ from liver.host.priority import this_thread
 from liver.controller.base import Controller, ControllerError, forked_workers
 from liver.policy.decisions import NoticeAction, ScaleInPath, on_notice, scale_in_path
 from liver.policy.events import Event, EventKind
-from liver.policy.outcome import DROPPED_SAYS, HEALED_SAYS, Outcome, outcome_of, settle
+from liver.policy.outcome import DROPPED_SAYS, HEALED_SAYS, Outcome
 from liver.controller.phases import PENDING, Phase, Trigger
-from liver.controller.records import switch_metrics
+from liver.controller.records import EventRecord, switch_metrics
 from liver import logs
 from liver.controller import heal
 from liver.policy import costs, target
@@ -60,7 +60,7 @@ class LiveController(Controller):
         for p in h.leaving:
             self.nodes.workers[p].leaving = False
         h.record["attempts"][-1]["cancelled"] = "the controller restarted"
-        settle(h.record, Outcome.REQUEUED, "interrupted by a controller restart; queued again")
+        h.record.settle(Outcome.REQUEUED, "interrupted by a controller restart; queued again")
         self.state.records.append(h.record)
         with self.lock:
             self.state.queue.appendleft(h.event)
@@ -155,12 +155,12 @@ class LiveController(Controller):
                 self.state.records.append(rec)
                 return
             if missed is not None:  # (its record is written: it says how the job went on after all)
-                settle(missed.record, Outcome.DEADLINE_MISSED, "deadline missed: the leaving processes were stopped at "
-                       "the deadline and the job recovered on the others from the checkpoint")
+                missed.record.settle(Outcome.DEADLINE_MISSED, "deadline missed: the leaving processes were stopped at "
+                                     "the deadline and the job recovered on the others from the checkpoint")
                 return super()._fail_stop(dead, preempted, named=missed.target)
         super()._fail_stop(dead, preempted)
 
-    def _try_heal(self, dead: list[Worker], parallel=None) -> dict[str, Any] | None:
+    def _try_heal(self, dead: list[Worker], parallel=None) -> EventRecord | None:
         """``_heal``; None (logged) where it could not, so the caller falls back to the checkpoint."""
         try:
             return self._heal(dead, parallel)
@@ -181,11 +181,11 @@ class LiveController(Controller):
         for p in h.leaving:
             self.nodes.workers[p].leaving = False
         if preempted:
-            settle(h.record, Outcome.DEADLINE_MISSED, "deadline missed: the leaving processes were stopped at the "
-                   "deadline and the survivors healed from their replicas")
+            h.record.settle(Outcome.DEADLINE_MISSED, "deadline missed: the leaving processes were stopped at the "
+                            "deadline and the survivors healed from their replicas")
             self.state.missed = h
         else:
-            settle(h.record, Outcome.REQUEUED, "interrupted by a fail-stop; re-queued")
+            h.record.settle(Outcome.REQUEUED, "interrupted by a fail-stop; re-queued")
             with self.lock:
                 self.state.queue.appendleft(h.event)
         self.state.records.append(h.record)
@@ -246,19 +246,19 @@ class LiveController(Controller):
         before = None  # the survivors' state as they stopped, from their own parts of the digest
         if all(r.hashes is not None for r in stalled.values()):
             before = combine(specs, [r.hashes for r in stalled.values()], next(iter(stalled.values())).scalars)
-        rec = {"event": {"kind": "fail-stop", "source": self._dead(dead)},
-               "outcome": Outcome.HEALED.value, "status": HEALED_SAYS, "generation": self.state.gen,
-               "old_generation": old.generation, "old": old.parallel.short(), "new": parallel.short(),
-               "failed_at_step": failed_step, "restored_step": step, "lost_steps": max(0, failed_step - step),
-               # steps the survivors completed that the lost rank 0 had not logged yet (trained, kept)
-               "steps_unlogged": list(range(failed_step + 1, step + 1)),
-               "checkpoint": None, "lost_slots": sorted(w.slot for w in dead), "t_event": t0,
-               # survivors that stopped a step behind the others: their state was not used, they received
-               "stopped_behind": sorted(set(survivors) - set(givers)),
-               "heal_s": time.time() - t0, "bytes_moved": plan.bytes_moved,
-               "digest_before": before, "digest_after": first(switched.values(), "digest_after"),
-               "last_words": {w.proc: self.nodes.log_tail(w.proc, 2000).strip().splitlines()[-1:] for w in dead},
-               **({"named_not_honoured": not_honoured} if not_honoured else {})}
+        rec = EventRecord.of(
+            {"kind": "fail-stop", "source": self._dead(dead)}, Outcome.HEALED, HEALED_SAYS, generation=self.state.gen,
+            old_generation=old.generation, old=old.parallel.short(), new=parallel.short(), failed_at_step=failed_step,
+            restored_step=step, lost_steps=max(0, failed_step - step),
+            # steps the survivors completed that the lost rank 0 had not logged yet (trained, kept)
+            steps_unlogged=list(range(failed_step + 1, step + 1)),
+            checkpoint=None, lost_slots=sorted(w.slot for w in dead), t_event=t0,
+            # survivors that stopped a step behind the others: their state was not used, they received
+            stopped_behind=sorted(set(survivors) - set(givers)),
+            heal_s=time.time() - t0, bytes_moved=plan.bytes_moved,
+            digest_before=before, digest_after=first(switched.values(), "digest_after"),
+            last_words={w.proc: self.nodes.log_tail(w.proc, 2000).strip().splitlines()[-1:] for w in dead},
+            **({"named_not_honoured": not_honoured} if not_honoured else {}))
         self.phase_log("healed", restored_step=step, lost_steps=rec["lost_steps"], heal_s=round(rec["heal_s"], 3))
         return rec
 
@@ -334,7 +334,7 @@ class LiveController(Controller):
         """This job's slowest handoff without cold processes so far (prepare + switch), else the
         simulator's calibrated model of one, for the machine's profile: (seconds, which)."""
         past = [r["prepare_s"] + r["switch_s"] for r in self.state.records
-                if outcome_of(r) is Outcome.DONE and not r.get("joiners") and "switch_s" in r]
+                if r.outcome is Outcome.DONE and not r.get("joiners") and "switch_s" in r]
         if past:
             return max(past), "measured"
         hw = self.hardware
@@ -355,13 +355,13 @@ class LiveController(Controller):
         rec.update(t_stopped=stopped, deadline_met=stopped <= h.deadline_at, t_done=time.time())
         self.state.current = None
         if healed is None:
-            settle(rec, Outcome.RECOVERED, "recovered: the leaving processes were stopped before the deadline; the "
-                   "survivors could not go on from their own state, so from the checkpoint (next record)")
+            rec.settle(Outcome.RECOVERED, "recovered: the leaving processes were stopped before the deadline; the "
+                       "survivors could not go on from their own state, so from the checkpoint (next record)")
             self.state.records.append(rec)
             return Controller._fail_stop(self, gone, named=h.target)
         rec.update({k: healed[k] for k in ("generation", "new", "failed_at_step", "restored_step", "lost_steps",
-                                           "steps_unlogged", "heal_s", "bytes_moved", "digest_before", "digest_after")},
-                   outcome=Outcome.DROPPED.value, status=DROPPED_SAYS)
+                                           "steps_unlogged", "heal_s", "bytes_moved", "digest_before", "digest_after")})
+        rec.settle(Outcome.DROPPED, DROPPED_SAYS)
         self.state.records.append(rec)
 
     def _launch(self) -> None:
@@ -486,7 +486,7 @@ class LiveController(Controller):
                 return
             self._take(due[0])
         h = self.state.current
-        notice = {"event": head.to_dict(), "arrived": self._arrival(head), "t_event": time.time()}
+        notice = EventRecord.of(head.to_dict(), Outcome.STARTED, arrived=self._arrival(head), t_event=time.time())
         if decide(self.store, self.state.pending.generation, WITHDRAW) != WITHDRAW:
             with self.lock:  # the scale-out is switching: the notice is next
                 self.state.queue.appendleft(head)
@@ -494,14 +494,14 @@ class LiveController(Controller):
         self._wish()
         if action is NoticeAction.MERGE:  # still a scale-out, to fewer GPUs
             h.event = replace(h.event, gpus=head.gpus, parallel=head.parallel)
-            self.state.records.append(settle({**notice}, Outcome.MERGED, f"merged into the pending scale-out (now to {head.gpus})"))
+            self.state.records.append(notice.settle(Outcome.MERGED, f"merged into the pending scale-out (now to {head.gpus})"))
             return self._cancel(f"scale-in notice to {head.gpus} GPUs", replan=True)
         self._cancel(f"scale-in notice to {head.gpus} GPUs", replan=False)
         if action is NoticeAction.DROP_THEN_BEGIN:
             self._begin(head)
         else:
-            self.state.records.append(settle({**notice}, Outcome.DONE, "done: the job already has that many GPUs once the "
-                                       "pending scale-out is dropped"))
+            self.state.records.append(notice.settle(Outcome.DONE, "done: the job already has that many GPUs once the "
+                                                    "pending scale-out is dropped"))
 
     def _cancel(self, why: str, replan: bool) -> None:
         """The pending generation went stale and its withdrawal holds: drop it (the Active World

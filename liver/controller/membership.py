@@ -15,11 +15,12 @@ from liver.config import RunConfig
 from liver.config.fields import from_dict, to_dict
 from liver.controller.nodes import Nodes, RemoteNode
 from liver.controller.phases import Phase
+from liver.controller.records import EventRecord
 from liver.controller.state import ControllerState
 from liver.policy import target
 from liver.policy.decisions import join_total
 from liver.policy.events import Event, EventKind
-from liver.policy.outcome import Outcome, settle
+from liver.policy.outcome import Outcome
 from liver.protocol.agent import Register, Registered, Sync, SyncReply
 
 
@@ -148,7 +149,7 @@ class Membership:
             if held:
                 self.host.state.queue.appendleft(ev)  # (ahead of anything queued: the provider does not wait)
             else:
-                self.host.state.records.append(settle({"event": ev.to_dict()}, Outcome.DONE, "done: the node held no rank"))
+                self.host.state.records.append(EventRecord.of(ev.to_dict(), Outcome.DONE, "done: the node held no rank"))
 
     def node_joined(self, name: str) -> None:
         n_now = self.host._projected_gpus()

@@ -11,7 +11,6 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING, Any, Iterator
 
-from liver.policy.outcome import outcome_of
 
 try:  # (a GPU image without it: the job runs, /metrics says what is missing)
     from prometheus_client import CollectorRegistry, generate_latest
@@ -89,7 +88,7 @@ class Metrics:
         ev = CounterMetricFamily("liver_events", "events handled, by kind and outcome", labels=["kind", "outcome"])
         counts: dict[tuple[str, str], int] = {}
         for r in records:
-            key = (r.get("event", {}).get("kind", "?"), outcome_of(r).value)
+            key = (r.event.get("kind", "?"), r.outcome.value)
             counts[key] = counts.get(key, 0) + 1
         for (kind, out), n in sorted(counts.items()):
             ev.add_metric([kind, out], n)

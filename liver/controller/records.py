@@ -9,7 +9,7 @@ from typing import Any
 
 from liver.config.fields import to_dict
 from liver.policy.events import Event
-from liver.policy.outcome import Outcome
+from liver.policy.outcome import Outcome, outcome_of
 from liver.protocol.messages import SwitchReport
 from liver.topology import ParallelConfig
 
@@ -25,12 +25,77 @@ def first(reports, key: str):
 
 
 @dataclass(slots=True)
+class EventRecord:
+    """What became of one event, as the controller keeps it: the event in its report form
+    (``event``), what happened to it (``outcome``, a value that every decision and reader
+    compares), the sentence a person reads where it says more than the outcome's word (``says``),
+    and what was measured and decided about it (``figures``, by the report's keys; read and written
+    as the record's items). Plain data only at the report's boundary (``to_dict``); the journal
+    keeps it whole."""
+
+    event: dict[str, Any]
+    outcome: Outcome = Outcome.STARTED
+    says: str | None = None
+    figures: dict[str, Any] = field(default_factory=dict)
+
+    _OWN = frozenset({"event", "outcome", "status"})
+
+    @classmethod
+    def of(cls, event: dict[str, Any], outcome: Outcome, says: str | None = None, **figures: Any) -> EventRecord:
+        return cls(event, outcome, says, figures)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> EventRecord:
+        """A record in its report form (a journal written before records were typed)."""
+        rest = {k: v for k, v in d.items() if k not in cls._OWN}
+        out = outcome_of(d)
+        return cls(dict(d.get("event", {})), out, d.get("status") if d.get("status") != out.value else None, rest)
+
+    def settle(self, outcome: Outcome, says: str | None = None) -> EventRecord:
+        """What became of it; ``says``: the sentence, where more than the outcome's word."""
+        self.outcome, self.says = outcome, says
+        return self
+
+    @property
+    def status(self) -> str:
+        """The sentence a person reads (never matched: compare ``outcome``)."""
+        return self.says if self.says is not None else self.outcome.value
+
+    def to_dict(self) -> dict[str, Any]:
+        """The report's form: the event, ``outcome`` as its value, ``status`` as its sentence, the figures."""
+        return {"event": self.event, "outcome": self.outcome.value, "status": self.status, **self.figures}
+
+    # the figures, as the record's items
+    def __getitem__(self, key: str) -> Any:
+        return self.figures[key]
+
+    def __setitem__(self, key: str, value: Any) -> None:
+        if key in self._OWN:
+            raise KeyError(f"{key!r} is the record's own (settle() for the outcome)")
+        self.figures[key] = value
+
+    def __contains__(self, key: str) -> bool:
+        return key in self.figures
+
+    def get(self, key: str, default: Any = None) -> Any:
+        return self.figures.get(key, default)
+
+    def setdefault(self, key: str, default: Any) -> Any:
+        return self.figures.setdefault(key, default)
+
+    def update(self, *more: dict[str, Any], **figures: Any) -> None:
+        for d in (*more, figures):
+            for k, v in d.items():
+                self[k] = v
+
+
+@dataclass(slots=True)
 class Handling:
     """The event the controller is handling: the event itself, its record for the report, and
     what only the controller needs while it handles it."""
 
     event: Event
-    record: dict[str, Any]
+    record: EventRecord
     cpu0: float = field(default_factory=time.thread_time)  # the controller thread's CPU at its start
     target: ParallelConfig | None = None
     leaving: list[int] = field(default_factory=list)   # processes that leave with it
@@ -48,15 +113,15 @@ class Handling:
 
 
 def new_record(ev: Event, arrived: float, old: ParallelConfig, new: ParallelConfig, old_generation: int,
-               step: int) -> dict[str, Any]:
+               step: int) -> EventRecord:
     """``arrived``: when its trigger happened (a step's end, a trace time, a request's arrival):
     its deadline counts from there; ``t_event``: when the controller took it."""
     now = time.time()
-    return {"event": ev.to_dict(), "outcome": Outcome.STARTED.value, "status": "started", "gpus": ev.gpus, "arrived": arrived,
-            "t_triggered": arrived, "t_taken": now, "taken_after_trigger_s": now - arrived,
-            "deadline_at": arrived + ev.deadline_s if ev.deadline_s is not None else None,
-            "old": old.short(), "new": new.short(), "old_generation": old_generation,
-            "t_event": now, "step_at_event": step}
+    return EventRecord.of(ev.to_dict(), Outcome.STARTED, gpus=ev.gpus, arrived=arrived, t_triggered=arrived,
+                          t_taken=now, taken_after_trigger_s=now - arrived,
+                          deadline_at=arrived + ev.deadline_s if ev.deadline_s is not None else None,
+                          old=old.short(), new=new.short(), old_generation=old_generation, t_event=now,
+                          step_at_event=step)
 
 
 def switch_metrics(done: dict[int, SwitchReport], leavers: dict[int, SwitchReport]) -> dict[str, Any]:

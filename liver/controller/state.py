@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from liver.controller.phases import Phase
-from liver.controller.records import Handling
+from liver.controller.records import EventRecord, Handling
 from liver.policy.events import Event
 from liver.protocol.messages import GenerationSpec, Progress
 
@@ -34,7 +34,7 @@ class ControllerState:
     # ---- events ------------------------------------------------------------------------------
     queue: collections.deque[Event] = field(default_factory=collections.deque)  # waiting, in order
     current: Handling | None = None           # the event being handled
-    records: list[dict[str, Any]] = field(default_factory=list)  # every event's record, in order
+    records: list[EventRecord] = field(default_factory=list)  # every event's record, in order
     missed: Handling | None = None            # live mode: the scale-in whose missed deadline the next heal completes
     announced_at: int | None = None           # restart mode: the step the workers were told ahead to stop after
     # ---- nodes -------------------------------------------------------------------------------

@@ -7,15 +7,15 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass
-from typing import Any
 
+from liver.controller.records import EventRecord
 from liver.policy.outcome import Outcome
 from liver.protocol.messages import Progress
 
 
 @dataclass(frozen=True)
 class Finding:
-    record: dict[str, Any]  # for the report (``records``)
+    record: EventRecord  # for the report (``records``)
     message: str
     error: bool             # an error for the operator, else a warning
     stop: bool = False      # the job should end at this step
@@ -43,9 +43,9 @@ class ProgressWatch:
         msg = (f"loss {p.loss} at step {p.step} (generation {p.generation}): not finite; "
                + ("the job ends here (controller.stop_on_nonfinite_loss)" if self.stop_on_nonfinite
                   else "training goes on"))
-        return Finding({"event": {"kind": "non-finite-loss", "source": f"step {p.step}"},
-                        "outcome": (Outcome.ESCALATED if self.stop_on_nonfinite else Outcome.REPORTED).value, "status": msg,
-                        "step": p.step, "generation": p.generation, "t_event": time.time()},
+        return Finding(EventRecord.of({"kind": "non-finite-loss", "source": f"step {p.step}"},
+                                      Outcome.ESCALATED if self.stop_on_nonfinite else Outcome.REPORTED, msg,
+                                      step=p.step, generation=p.generation, t_event=time.time()),
                        msg, error=True, stop=self.stop_on_nonfinite)
 
     def _checkpoint(self, p: Progress) -> Finding | None:
@@ -62,9 +62,9 @@ class ProgressWatch:
         escalated = p.checkpoint_failures >= self.escalate_after
         msg = (f"checkpoint failed ({p.checkpoint_failures} in a row) at step {p.step}: {p.checkpoint_error}; "
                f"{stands}")
-        return Finding({"event": {"kind": "checkpoint-failed", "source": f"step {p.step}"},
-                        "outcome": (Outcome.ESCALATED if escalated else Outcome.REPORTED).value,
-                        "status": "escalated: " + msg if escalated else msg, "step": p.step,
-                        "failures_in_a_row": p.checkpoint_failures, "error": p.checkpoint_error,
-                        "checkpoint_step": p.checkpoint_step, "t_event": time.time()},
+        return Finding(EventRecord.of({"kind": "checkpoint-failed", "source": f"step {p.step}"},
+                                      Outcome.ESCALATED if escalated else Outcome.REPORTED,
+                                      "escalated: " + msg if escalated else msg, step=p.step,
+                                      failures_in_a_row=p.checkpoint_failures, error=p.checkpoint_error,
+                                      checkpoint_step=p.checkpoint_step, t_event=time.time()),
                        ("ESCALATED: " if escalated else "") + msg, error=escalated)

@@ -2,9 +2,10 @@
 ``/metrics``, the benches, the simulator's calibration); the record's ``status`` is the sentence
 a person reads, made beside it and never matched.
 
-A record is serialised at the report's and the journal's boundary as plain JSON: ``outcome`` as
-the enum's value. ``outcome_of`` also reads records written before ``outcome`` existed (the
-reports committed under bench/results), from their sentence, in this one place.
+The controller keeps each record typed (``liver.controller.records.EventRecord``); in its report
+form, plain JSON, ``outcome`` is the enum's value. ``outcome_of`` reads a record in that form, and
+also one written before ``outcome`` existed (the reports committed under bench/results), from its
+sentence, in this one place.
 """
 
 from __future__ import annotations
@@ -43,13 +44,6 @@ WITHOUT_CHECKPOINT = frozenset({Outcome.HEALED, Outcome.DROPPED})
 HEALED_SAYS = "healed from the surviving replicas"
 DROPPED_SAYS = ("done: no handoff fits the deadline; the leaving replicas were stopped and the survivors went on "
                 "from their own state")
-
-
-def settle(record: dict[str, Any], outcome: Outcome, says: str | None = None) -> dict[str, Any]:
-    """Sets the record's outcome and its sentence (default: the outcome's own word)."""
-    record["outcome"] = outcome.value
-    record["status"] = says if says is not None else outcome.value
-    return record
 
 
 def outcome_of(record: dict[str, Any]) -> Outcome:
