@@ -303,10 +303,14 @@ def _native_overhead(d: dict[str, Any]) -> list[str]:
 
 
 def _build(rows: list[dict[str, Any]]) -> list[str]:
+    def extra(r: dict[str, Any], way: str) -> str:
+        x = r[f"{way}_first_extra_s"]
+        return "no step (out of memory)" if x is None else f"{max(0.0, x) * 1e3:.0f} ms"
     return [f"{r['model']} {r['parallel']} on {r['device']}: left in the switch, native {r['native_at_switch_s'] * 1e3:.0f} ms "
             f"with nothing made before, {r['native_structure_s'] * 1e3:.0f} ms with its model laid out before, "
-            f"{r['native_s'] * 1e3:.0f} ms with its storage too (Prepare: {r['native_prebuild_s'] * 1e3:.0f} ms); "
-            f"reference {r['reference_s'] * 1e3:.1f} ms: {r['ratio']:.1f}x" for r in rows]
+            f"{r['native_s'] * 1e3:.1f} ms made whole before (Prepare: {r['native_prebuild_s'] * 1e3:.0f} ms); "
+            f"reference {r['reference_s'] * 1e3:.1f} ms: {r['ratio']:.2f}x; the first step's extra, native "
+            f"{extra(r, 'native')}, reference {extra(r, 'reference')}" for r in rows]
 
 
 def _engines_reconfig(rows: list[dict[str, Any]]) -> list[str]:

@@ -105,7 +105,10 @@ def _once(name: str, first: str, action: str, mode: str, steps: int, calm: int, 
             "bytes_moved": mine[0].get("bytes_moved"), "events": len(mine),
             "preparing_ratios": ratios, "windows": windows, "placebo_windows": pooled["placebo_windows"],
             "preparing_ratios_generation": report.preparing_ratios(rep["steps"], mine, None)[0],
-            "transfer_s": med("transfer_s"), "run_dir": str(run_dir)}
+            "transfer_s": med("transfer_s"), "run_dir": str(run_dir),
+            # each event's own (the scenario's, and the events back: another change), to pool over runs
+            "downtimes_s": [e["downtime_s"] for e in mine], "downtimes_back_s": [e["downtime_s"] for e in rep["events"][1::2]],
+            "first_step_extras_s": [e["first_step_extra_s"] for e in mine]}
 
 
 def run(repeats: int = 1, steps: int = 20, run_dir: Path | None = None, calm: int = 60,
@@ -158,5 +161,8 @@ def run(repeats: int = 1, steps: int = 20, run_dir: Path | None = None, calm: in
                      "cycles": cycles, "live_events": sum(x["events"] for x in live),
                      "steady_overhead_per_repeat": [x["steady_overhead"] for x in live],
                      "bytes_moved": live[0]["bytes_moved"], "transfer_s": med(live, "transfer_s"),
+                     "downtime_live_all_s": [d for x in live for d in x["downtimes_s"]],
+                     "downtime_live_back_all_s": [d for x in live for d in x["downtimes_back_s"]],
+                     "first_step_extra_live_all_s": [d for x in live for d in x["first_step_extras_s"]],
                      "run_dirs": [x["run_dir"] for x in live + restart + forked]})
     return rows
