@@ -279,3 +279,38 @@ def test_restart_mode_two_events_at_one_step_each_stop_the_job(tmp_path):
     ranks.started_all(step=6)
     ctl.once()
     assert outcomes(ctl) == [Outcome.DONE, Outcome.DONE] and ctl.state.active.parallel.short() == "tp2pp2dp1"
+
+
+def test_a_scale_in_to_no_gpu_saves_suspends_and_a_scale_out_resumes_from_the_save(tmp_path):
+    """Every GPU's notice: the state saved at the next boundary, every process let go, the job
+    suspended (``suspension.py``); the next scale-out resumes it from that save on fresh
+    processes; with nothing else queued, the records say each step."""
+    ctl, node, ranks = controller(tmp_path, "at step 3: scale-in 0 deadline 60s\nat step 3: scale-out 2\n")
+    run_until(ctl, lambda: ctl.state.suspending, ranks, step=3)
+    assert ranks.wish().stop_at == 4 and all(node.workers[p].leaving for p in ctl.state.active.procs)
+    ranks.step(4)
+    ranks.saved(str(tmp_path / "saved"), step=4)
+    ctl.once()
+    assert ctl.state.phase is Phase.SUSPENDED and ctl.state.suspended["step"] == 4
+    ctl.once()  # (a scale-out is queued: it resumes the job)
+    assert ctl.state.phase is Phase.STABLE and ctl.state.suspended is None
+    assert ctl.state.active.kind == "resume" and ctl.state.active.load_from == str(tmp_path / "saved")
+    suspended, resumed = ctl.state.records
+    assert suspended.outcome is Outcome.SUSPENDED and suspended["saved_step"] == 4 and suspended["deadline_met"]
+    assert resumed.outcome is Outcome.RESUMED and resumed["restored_step"] == 4 and resumed["lost_steps"] == 0
+
+
+def test_every_process_lost_at_once_suspends_on_the_newest_checkpoint(tmp_path):
+    """Every process killed at once (no survivor, no error of their own): the job waits with the
+    newest checkpoint (none here: from step 0), and ends with no GPU when nothing queued would
+    bring one back."""
+    ctl, node, ranks = controller(tmp_path)
+    ranks.step(5)
+    ctl.once()
+    for p in list(ctl.state.active.procs):
+        node.exit(p, -9)
+    ctl.once()
+    assert ctl.state.phase is Phase.SUSPENDED
+    lost, = [r for r in ctl.state.records if r.event.get("kind") == "fail-stop"]
+    assert lost.outcome is Outcome.SUSPENDED and lost["lost_steps"] == 5 and lost["checkpoint"] is None
+    assert ctl.state.suspended["path"] is None and ctl.state.suspended["step"] == 0

@@ -24,9 +24,10 @@ from liver.host import cores
 from liver.agent.node import NodeAgent, Worker
 from liver.controller.metrics import Metrics
 from liver.controller.membership import Membership
+from liver.controller.suspension import Suspension
 from liver.controller.nodes import Node, Nodes, RemoteNode
 from liver.agent import starters
-from liver.checkpoint.periodic import latest, saved_step
+from liver.checkpoint.periodic import saved_step
 from liver.config import RunConfig
 from liver.config.fields import to_dict
 from liver.controller import journal, storehost
@@ -43,7 +44,7 @@ from liver.controller.records import EventRecord, Handling, first, least, new_re
 from liver.controller.state import ControllerState
 from liver.protocol import store as protocol
 from liver.protocol.agent import NODE_LOST
-from liver.protocol.messages import (M, GenerationSpec, Progress, Saved, StartReport, Wish, beat_key, read,
+from liver.protocol.messages import (M, GenerationSpec, Progress, StartReport, Wish, beat_key, read,
                                     read_if)
 from liver.protocol.worker import WorkerConfig
 from liver.runtime import preload
@@ -150,6 +151,7 @@ class Controller:
         self._stashed: list[Worker] = []  # exits a wait saw first, for the loop (``_polled``)
         self.watch = ProgressWatch(cfg.controller.stop_on_nonfinite_loss, cfg.checkpoint.escalate_after)
         self.membership = Membership(self, url=lambda: self.endpoint.url if self.endpoint else "?")
+        self.suspension = Suspension(self)  # no GPU left: the state on disk until GPUs come back
         # the journal, where the store outlives this process (``liver controller``): a controller
         # started again on the run goes on from it
         self.journal = journal.Journal(run_dir, self.store) if self.store_pid is not None else None
@@ -251,9 +253,9 @@ class Controller:
         self._exits(self._polled())
         if not self.finished:
             if self.state.phase is Phase.SUSPENDED:
-                self._while_suspended()
+                self.suspension.while_suspended()
             elif self.state.suspending:
-                self._watch_suspend()
+                self.suspension.watch()
             else:
                 self.tick()
             if self.state.phase is Phase.STABLE:
@@ -656,12 +658,12 @@ class Controller:
         self.nodes.stop_all()
         if not survivors and all(w.returncode is not None and w.returncode < 0 or w.returncode == NODE_LOST
                                  for w in dead):
-            return self._lost_every_gpu(dead, failed_step, t0)
+            return self.suspension.every_gpu_lost(dead, failed_step, t0)
         if not survivors:  # every process ended on an error of its own: a bug to show, not GPUs lost
             tails = "\n".join(f"--- process {w.proc} (slot {w.slot}), exit {w.returncode}:\n"
                               f"{self.nodes.log_tail(w.proc, 1500)}" for w in dead)
             raise ControllerError("every process of the job died; nothing to recover on. Last words:\n" + tails)
-        ck = self._newest_checkpoint()
+        ck = self.suspension.newest_checkpoint()
         n = len(survivors)
         old = self.state.active.parallel
         if named is None and preempted and self.state.current is not None:
@@ -703,117 +705,6 @@ class Controller:
         self.state.records.append(rec)
         self.phase_log("fail-stop", **{k: rec[k] for k in ("failed_at_step", "restored_step", "lost_steps", "new",
                                                           "last_words")})
-
-    # ---- no GPU left: the state on disk until GPUs come back ----------------------------------
-    def _newest_checkpoint(self) -> dict[str, Any] | None:
-        """The newest whole checkpoint of this run ({step, path}), else the one the job started from
-        (``checkpoint.start_from``), else None (from step 0)."""
-        ck = latest(self.run_dir / "ckpt", verify=True)  # the newest whose files are whole
-        start = self.cfg.checkpoint.start_from
-        if ck is None and start is not None:
-            step = saved_step(start)
-            ck = {"path": start, "step": step if step is not None else 0}
-        return ck
-
-    def _suspend_begin(self, ev: Event) -> None:
-        """A scale-in to 0 (every GPU's notice): the state saved at the next boundary (the
-        restart's stop), every process let go, then ``SUSPENDED`` until a scale-out; a deadline
-        that comes first stops them and the periodic checkpoint is what stands."""
-        old = self.state.active
-        rec = new_record(ev, self._arrival(ev), old.parallel, old.parallel, old.generation, self.step)
-        rec["new"] = "none (0 GPUs)"
-        self.state.current = Handling(event=ev, record=rec, leaving=list(old.procs))
-        for p in old.procs:
-            self.nodes.workers[p].leaving = True
-        self._wish(stop_at=self.step + 1)
-        self.state.suspending = True
-        self.go(Trigger.STOP)
-        self.phase_log("suspend", event=ev.describe(), old=old.parallel.short())
-
-    def _watch_suspend(self) -> None:
-        h, g = self.state.current, self.state.active.generation
-        saved = read_if(self.store, Saved.key(g), Saved)
-        if saved is not None and all(self.nodes.workers[p].returncode is not None for p in self.state.active.procs):
-            return self._suspend(saved.path, saved.step, "its state saved at the notice")
-        if h.deadline_at is not None and time.time() > h.deadline_at:  # the provider takes the GPUs now
-            self.nodes.stop_all()
-            ck = self._newest_checkpoint()
-            self._suspend(ck["path"] if ck else None, ck["step"] if ck else 0,
-                          "the deadline came before the save: the periodic checkpoint stands" if ck else
-                          "the deadline came before the save and no checkpoint stands: from step 0")
-
-    def _suspend(self, path: str | None, step: int, how: str) -> None:
-        """No GPU from here: the job waits with the state of step ``step`` at ``path`` (None: from
-        step 0), the event in flight closed with it."""
-        now = time.time()
-        self.state.suspended = {"path": path, "step": step, "at_step": self.step, "since": now,
-                          "parallel": self.state.active.parallel.short()}
-        self.state.suspending = False
-        if self.state.current is not None:
-            rec = self.state.current.record
-            rec.settle(Outcome.SUSPENDED, f"suspended: every GPU gone, {how}")
-            rec.update(checkpoint=path, saved_step=step, t_done=now, restored_step=step, lost_steps=self.step - step)
-            if self.state.current.deadline_at is not None:
-                rec["deadline_met"] = path is not None and step == self.step and now <= self.state.current.deadline_at
-            self.state.records.append(rec)
-            self.state.current = None
-        self.go(Trigger.SUSPEND)
-        self.phase_log("suspended", checkpoint=path, from_step=step, how=how)
-
-    def _lost_every_gpu(self, dead: list[Worker], failed_step: int, t0: float) -> None:
-        """Every process of the job killed or its node lost: the newest checkpoint stands; the job
-        waits for GPUs to come back (a scale-out, a node registering) and resumes from it."""
-        if self.state.current is not None:
-            self.state.current.record.settle(Outcome.SUPERSEDED, "superseded: every GPU of the job is gone")
-            self.state.records.append(self.state.current.record)
-            self.state.current = None
-        self.go(Trigger.FAIL_STOP)
-        ck = self._newest_checkpoint()
-        self.state.records.append(EventRecord.of(
-            {"kind": "fail-stop", "source": self._dead(dead)}, Outcome.SUSPENDED,
-            "suspended: every process of the job is gone; waiting for GPUs",
-            old_generation=self.state.active.generation, old=self.state.active.parallel.short(),
-            failed_at_step=failed_step, restored_step=ck["step"] if ck else 0,
-            lost_steps=failed_step - (ck["step"] if ck else 0), checkpoint=ck["path"] if ck else None, t_event=t0))
-        self._suspend(ck["path"] if ck else None, ck["step"] if ck else 0,
-                      "the periodic checkpoint stands" if ck else "no checkpoint stands: from step 0")
-
-    def _while_suspended(self) -> None:
-        """In order, each queued event once due (a step trigger is due at once: no step runs): a
-        scale-out resumes the job from its state on disk on the GPUs it gives; anything else is
-        refused. With nothing queued and an end set (``end_after_events``), the job ends."""
-        with self.lock:
-            ev = self.state.queue[0] if self.state.queue else None
-            if ev is not None and ev.arrived is None:
-                ev = self.state.queue[0] = replace(ev, arrived=time.time() if ev.at_step is not None else
-                                             trigger_time(None, ev.at_time, 0, 0.0, 0.0, self.state.t_start, time.time()))
-            if ev is not None and ev.arrived is not None:
-                self.state.queue.popleft()
-            else:
-                ev = None  # (nothing queued, or the head's time has not come)
-        if ev is None:
-            if not self.state.queue and self.cfg.controller.end_after_events is not None and not self.remote:
-                self.state.records.append(EventRecord.of({"kind": "end", "source": "controller"}, Outcome.ENDED,
-                                           "ended with no GPU: nothing queued would bring one back"))
-                self.go(Trigger.END)
-            return
-        if ev.kind is EventKind.SCALE_OUT:
-            self.state.lost_slots.clear()  # the event reports capacity
-        try:
-            tgt = self.validate(ev, 0)
-            free = [s for s in self.nodes.free_slots() if s not in self.state.lost_slots]
-            if len(free) < ev.gpus:
-                raise ValueError(f"{ev.source}: scale-out {ev.gpus}: only {len(free)} free slots")
-        except ValueError as e:
-            return self._refuse(ev, e)
-        s, now = self.state.suspended, time.time()
-        self.state.suspended = None
-        self.go(Trigger.RESUME)
-        self._start_generation(tgt, free[: ev.gpus], s["path"], "resume")
-        self.state.records.append(EventRecord.of(
-            ev.to_dict(), Outcome.RESUMED, "resumed from the state on disk", gpus=ev.gpus, arrived=ev.arrived,
-            t_event=now, generation=self.state.gen, old=s["parallel"], new=tgt.short(), checkpoint=s["path"],
-            restored_step=s["step"], suspended_s=now - s["since"], lost_steps=s["at_step"] - s["step"]))
 
     # ---- event records -------------------------------------------------------------------
     def _arrival(self, ev: Event) -> float:

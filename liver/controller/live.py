@@ -295,7 +295,7 @@ class LiveController(Controller):
     # ---- starting a handoff ----------------------------------------------------------------
     def _begin(self, ev: Event) -> None:
         if ev.kind is EventKind.SCALE_IN and ev.gpus == 0:
-            return self._suspend_begin(ev)  # every GPU goes: the state to disk, the job waits
+            return self.suspension.begin(ev)  # every GPU goes: the state to disk, the job waits
         if ev.kind is EventKind.SCALE_OUT:
             self.state.lost_slots.clear()  # the event reports capacity: slots lost earlier may be back
         try:

@@ -48,7 +48,7 @@ class RestartController(Controller):
         announced = ev.at_step is not None and ev.at_step == self.state.announced_at  # (the workers stop after it)
         self.state.announced_at = None
         if ev.kind is EventKind.SCALE_IN and ev.gpus == 0:
-            return self._suspend_begin(ev)  # every GPU goes: the state to disk, the job waits
+            return self.suspension.begin(ev)  # every GPU goes: the state to disk, the job waits
         if ev.kind is EventKind.SCALE_OUT:
             self.state.lost_slots.clear()  # the event reports capacity: slots lost earlier may be back
         try:
