@@ -293,9 +293,9 @@ def test_the_engine_prebuilt_in_another_thread_is_the_one_the_switch_would_build
 
 @pytest.mark.parametrize("parallel,dtype,ahead", [
     (ParallelConfig(tp=2), "float32", "forward and backward and optimizer step"),
-    (ParallelConfig(dp=2), "float32", "optimizer step"),
-    (ParallelConfig(tp=2, dp=2), "float32", "forward and backward and optimizer step"),
-    (ParallelConfig(tp=2, dp=2), "bfloat16", "forward and backward and optimizer step")])
+    (ParallelConfig(dp=2), "float32", "optimizer step and FSDP2's initialisation"),
+    (ParallelConfig(tp=2, dp=2), "float32", "forward and backward and optimizer step and FSDP2's initialisation"),
+    (ParallelConfig(tp=2, dp=2), "bfloat16", "forward and backward and optimizer step and FSDP2's initialisation")])
 def test_the_first_steps_sharding_is_worked_out_in_the_companion_and_changes_nothing(parallel, dtype, ahead,
                                                                                      monkeypatch):
     """The companion runs the new generation's first step's DTensor operators on the meta

@@ -56,6 +56,7 @@ def _enter_s(adapter: EngineAdapter, job, layout, device: torch.device, spare: i
     thread, the World registered in that thread only; and the first step beyond the second."""
     cuda = device.type == "cuda"
     if cuda:
+        torch.cuda.init()  # (resetting the allocator's statistics needs it initialised)
         torch.cuda.reset_peak_memory_stats(device)
     base = torch.cuda.memory_allocated(device) if cuda else 0
     world = adapter.mock_world(0, layout, 0, "gloo" if device.type == "cpu" else "nccl", device)
@@ -109,8 +110,6 @@ def run(engine: str, model: str, layouts: list[str], repeats: int, sets: list[st
     cfg = build_config({"preset": model, "engine": engine}, *[override(t) for t in sets])
     native = load_adapter(cfg.engine)
     device = torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu")
-    if device.type == "cuda":
-        torch.cuda.init()  # (the allocator's statistics are reset per way: they need it initialised)
     parallels = [ParallelConfig.parse(p) for p in layouts]
     for p in parallels:  # (a layout either engine refuses: refused now, naming it)
         native.layout(cfg.job, p), REFERENCE.layout(cfg.job, p)
@@ -133,6 +132,7 @@ def run(engine: str, model: str, layouts: list[str], repeats: int, sets: list[st
             extras = [x.first_extra_s for x in xs[1:]]  # (None: its steps ran out of memory)
             row[f"{way}_first_extra_s"] = None if any(math.isnan(e) for e in extras) else statistics.median(extras)
             row[f"{way}_all_s"] = [x.switch_s for x in xs[1:]]
+            row[f"{way}_first_extra_all_s"] = [None if math.isnan(x.first_extra_s) else x.first_extra_s for x in xs[1:]]
             if device.type == "cuda":  # (the largest over the repeats; left: after the last)
                 row[f"{way}_built_bytes"] = xs[-1].built_bytes
                 row[f"{way}_peak_bytes"] = max(x.peak_bytes for x in xs)

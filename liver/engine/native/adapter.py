@@ -18,7 +18,7 @@ from typing import Callable, Mapping
 import torch
 
 from liver.engine.interface import EngineAdapter, Prebuilt, TrainingEngine
-from liver.engine.native.ahead import first_step_ahead
+from liver.engine.native.ahead import first_step_ahead, fsdp_initialised
 from liver.engine.native.engine import NativeEngine, build_model, fsdp, optimizer_state, structure
 from liver.engine.native.recipe import Recipe
 from liver.engine.native.resource import Placed, table
@@ -188,6 +188,12 @@ class NativeAdapter(EngineAdapter):
         except torch.OutOfMemoryError:  # (the device's memory, not the budget, is short now: built at the switch)
             return Prebuilt({}, structure(self.recipe, job, world), wanted, sharding=table, ahead=ahead)
         engine.prepare_pipeline()  # (its stages' schedule: the first step after the switch does not make it)
+        try:  # (what FSDP2's first forward would initialise: done here, or left to it)
+            if fsdp_initialised(engine.model):
+                ahead = {**ahead, "ahead": ahead["ahead"] + " and FSDP2's initialisation"}
+        except Exception as e:  # (its state half made: this engine is not used; the switch builds one)
+            ahead = {**ahead, "ahead_error": f"FSDP2's initialisation: {type(e).__name__}: {e}"[:300]}
+            return Prebuilt({}, structure(self.recipe, job, world), wanted, sharding=table, ahead=ahead)
         adopted = {n: kept[n] for n, t in engine.state.items() if n in kept and kept[n].data_ptr() == t.data_ptr()}
         storage = {n: t for n, t in engine.state.items() if n not in adopted}
         with torch.no_grad():

@@ -191,3 +191,19 @@ def _stand_in(p: torch.Tensor, device: torch.device) -> torch.Tensor:
     if isinstance(p, DTensor):
         return DTensor.from_local(local, p.device_mesh, p.placements, run_check=False)
     return local
+
+
+def fsdp_initialised(model: torch.nn.Module) -> bool:
+    """FSDP2's lazy initialisation, which its first forward runs (the root's and every group's
+    state: names, dtypes, streams; no message), run now on a materialised ``model`` whose root
+    module is FSDP2's (else the root is whichever module runs forward first: left to it). True
+    where it ran. Private to FSDP2 (``_lazy_init``): False where this torch has none."""
+    if not isinstance(model, FSDPModule):
+        return False
+    state = model._get_fsdp_state()
+    init = getattr(state, "_lazy_init", None)
+    if init is None:
+        return False
+    init()
+    return True
+
