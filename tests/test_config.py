@@ -167,3 +167,17 @@ def test_without_the_simulators_extra_liver_sim_says_what_to_install(tmp_path):
             f"sys.exit(main(['sim', 'project', 'downtime', '--out', {str(tmp_path)!r}]))\n")
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert p.returncode == 2 and "pip install 'liver[sim]'" in p.stderr, p.stderr
+
+
+def test_the_liver_command_ends_with_mains_code_and_its_output_written(tmp_path):
+    """``liver`` (``cli.entry``) ends the process as soon as ``main`` returns, without the
+    interpreter's teardown: its exit code is main's, and what it printed is all there."""
+    import subprocess
+    import sys
+
+    p = subprocess.run([sys.executable, "-m", "liver.cli", "run", "--set", "parallel=3,1,1", "--set", "gpus=3",
+                        "--run-dir", str(tmp_path / "a")], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 2 and "parallel.tp=3 does not divide" in p.stderr and "Traceback" not in p.stderr, p.stderr
+    p = subprocess.run([sys.executable, "-m", "liver.cli", "sim", "project", "--help"], capture_output=True, text=True,
+                       timeout=120)
+    assert p.returncode == 0 and "usage: liver sim project" in p.stdout
