@@ -145,7 +145,9 @@ class Preparation:
             self._pause()
             t3 = time.perf_counter()
             with self.world.registered_here():  # (in this thread only: the training thread keeps its own)
-                self.prebuilt = self.adapter.prebuild(self.job, self.world, self.device, self.kept(),
+                # the old engine's shards that stay in their box: as the switch will find them (``switch``)
+                kept = self.executor.kept_of(self.old.state if self.old is not None else None)
+                self.prebuilt = self.adapter.prebuild(self.job, self.world, self.device, kept,
                                                       self.budget_bytes - self.executor.staging_bytes)
             self.timings["prebuild_s"] = time.perf_counter() - t3
             self.timings["prebuilt"] = self.prebuilt.path
@@ -158,12 +160,6 @@ class Preparation:
         self.built = True
         if not self.defer_connect:
             self.connect()
-
-    def kept(self) -> dict[str, torch.Tensor]:
-        """The old engine's tensors whose shard stays on this process in the same box (the new
-        engine may adopt their storage): the same expression the switch evaluates (``switch``)."""
-        state = self.old.state if self.old is not None else {}
-        return {n: state[n] for n in self.executor.kept() if n in state}
 
     @property
     def defer_connect(self) -> bool:

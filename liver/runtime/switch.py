@@ -48,7 +48,7 @@ def switch(*, adapter: EngineAdapter, job: JobConfig, old: TrainingEngine | None
         if old is not None:  # the old generation's groups are not the default any more
             old.world.deactivate()
         new_world.activate()  # (DeviceMesh asks the default group for the rank)
-        kept = {n: old.state[n] for n in executor.kept() if n in old.state} if old is not None else {}
+        kept = executor.kept_of(old.state if old is not None else None)
         t1 = time.perf_counter()
         engine = adapter.enter(job, new_world, device, deliver, into, kept=kept, prebuilt=prebuilt)
         engine.load_scalars(scalars)

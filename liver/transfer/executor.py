@@ -172,6 +172,10 @@ class StreamingExecutor:
         new engine may adopt the old storage (``EngineAdapter.enter``'s ``kept``)."""
         return frozenset(n for step in self._steps for n in step.keeps)
 
+    def kept_of(self, state: dict[str, torch.Tensor] | None) -> dict[str, torch.Tensor]:
+        """Of ``state`` (this process's old engine's, None for a joiner), the tensors ``kept``."""
+        return {n: state[n] for n in self.kept() if n in state} if state is not None else {}
+
     def _new_shard(self, name: str) -> None:
         if name not in self._shapes:
             spec = self.specs[name]

@@ -1,50 +1,10 @@
 """One H200: where a new engine's first step beyond its second goes, for the example at 1B on rank 0 of
-tp1pp1dp8 over a mock world, with the switch's prebuild (the first step's DTensor work done ahead): the
-first and third steps under cProfile, the functions whose cumulative time differs most."""
-import cProfile
-import pstats
-import threading
-import time
+tp1pp1dp8 over a mock world, with the switch's prebuild: the probe in bench/probe/first_step (run here
+with this folder's arguments; first_step_gpu.txt came from the same code, then kept in this file)."""
+import runpy
+import sys
+from pathlib import Path
 
-import torch
-
-from liver.bench import build
-from liver.config.jobfile import build as build_config, override
-from liver.engine.interface import load_adapter
-from liver.topology import ParallelConfig
-from liver.world import sharding
-
-cfg = build_config({"preset": "1b", "engine": "examples/llama.py:RECIPE"}, override("job.train.micro_batch=1"),
-                   override("job.model.vocab_size=50304"))
-ad = load_adapter(cfg.engine)
-dev = torch.device("cuda", 0)
-lay = ad.layout(cfg.job, ParallelConfig.parse("1,1,8"))
-build._enter_s(ad, cfg.job, lay, dev, build.ALL)  # (warm: kernels, cuBLAS)
-world = ad.mock_world(0, lay, 0, "nccl", dev)
-made = []
-
-
-def prepare():
-    with world.registered_here():
-        made.append(ad.prebuild(cfg.job, world, dev, frozenset(), build.ALL))
-
-
-t = threading.Thread(target=prepare)
-t.start()
-t.join()
-print("ahead:", made[0].ahead, "table:", len(made[0].sharding or {}))
-stats = []
-with world.registered():
-    e = ad.enter(cfg.job, world, dev, lambda s: s, prebuilt=made[0])
-    for i in range(3):
-        p = cProfile.Profile()
-        t0 = time.perf_counter()
-        p.enable()
-        e.train_step()
-        torch.cuda.synchronize()
-        p.disable()
-        print("step", i, round(time.perf_counter() - t0, 4), "propagations computed so far", sharding.computed())
-        stats.append({(f, l, fn): v[3] for (f, l, fn), v in pstats.Stats(p).stats.items()})
-diff = sorted(((stats[0].get(k, 0) - stats[2].get(k, 0), k) for k in stats[0]), reverse=True)[:30]
-for d, (f, l, fn) in diff:
-    print(f"{d:8.4f}  {fn}  {f.split('site-packages/')[-1]}:{l}")
+sys.argv = [sys.argv[0], "1b", "1,1,8", "job.model.vocab_size=50304"]
+runpy.run_path(str(Path(__file__).resolve().parents[2] / "probe" / "first_step" / "first_step_gpu.py"),
+               run_name="__main__")

@@ -179,21 +179,26 @@ class NativeAdapter(EngineAdapter):
             if fsdp(model) else set()
         wanted = sum(box_numel(b) * s.itemsize for s, b in self._held(job, world)
                      if s.name not in kept or s.name in own)
+
+        def structure_only(model: torch.nn.Module | None = None) -> Prebuilt:
+            """The switch builds the engine (on a fresh structure where this one got storage)."""
+            return Prebuilt({}, model or structure(self.recipe, job, world), wanted, sharding=table, ahead=ahead)
+
         if wanted > spare_bytes:
-            return Prebuilt({}, model, wanted, sharding=table, ahead=ahead)
+            return structure_only(model)
         try:
             engine = NativeEngine(self.recipe, job, world, device, initialise=False,
                                   specs=self._specs(job, world.layout), adopt=dict(kept), model=model,
                                   boxes=self._boxes(job, world), here=False)
-        except torch.OutOfMemoryError:  # (the device's memory, not the budget, is short now: built at the switch)
-            return Prebuilt({}, structure(self.recipe, job, world), wanted, sharding=table, ahead=ahead)
+        except torch.OutOfMemoryError:  # (the device's memory, not the budget, is short now)
+            return structure_only()
         engine.prepare_pipeline()  # (its stages' schedule: the first step after the switch does not make it)
         try:  # (what FSDP2's first forward would initialise: done here, or left to it)
             if fsdp_initialised(engine.model):
                 ahead = {**ahead, "ahead": ahead["ahead"] + " and FSDP2's initialisation"}
-        except Exception as e:  # (its state half made: this engine is not used; the switch builds one)
+        except Exception as e:  # (its state half made: this engine is not used)
             ahead = {**ahead, "ahead_error": f"FSDP2's initialisation: {type(e).__name__}: {e}"[:300]}
-            return Prebuilt({}, structure(self.recipe, job, world), wanted, sharding=table, ahead=ahead)
+            return structure_only()
         adopted = {n: kept[n] for n, t in engine.state.items() if n in kept and kept[n].data_ptr() == t.data_ptr()}
         storage = {n: t for n, t in engine.state.items() if n not in adopted}
         with torch.no_grad():

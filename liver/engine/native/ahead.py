@@ -100,24 +100,23 @@ def _unsharded(model: torch.nn.Module):
     FSDP2: as it is."""
     hooked = [m for m in model.modules() if isinstance(m, FSDPModule)]
     swaps = _fsdp_stand_ins(hooked)  # (first: raises before anything is changed)
-    held = []
+    hooks, params = [], []  # (what was taken out, to be put back)
     try:
         for m in hooked:
             state = m._get_fsdp_state()
             ids = {h.id for h in (state._pre_forward_hook_handle, state._post_forward_hook_handle)}
-            held.append((m, m._forward_pre_hooks, m._forward_hooks))
+            hooks.append((m, m._forward_pre_hooks, m._forward_hooks))
             m._forward_pre_hooks = OrderedDict((k, v) for k, v in m._forward_pre_hooks.items() if k not in ids)
             m._forward_hooks = OrderedDict((k, v) for k, v in m._forward_hooks.items() if k not in ids)
         for mod, name, stand_in in swaps:
-            held.append((mod, name, mod._parameters[name]))
+            params.append((mod, name, mod._parameters[name]))
             mod._parameters[name] = stand_in
         yield
     finally:
-        for item in reversed(held):
-            if isinstance(item[1], str):
-                item[0]._parameters[item[1]] = item[2]
-            else:
-                item[0]._forward_pre_hooks, item[0]._forward_hooks = item[1], item[2]
+        for mod, name, p in params:
+            mod._parameters[name] = p
+        for m, pre, post in hooks:
+            m._forward_pre_hooks, m._forward_hooks = pre, post
 
 
 def _fsdp_stand_ins(modules: list) -> list[tuple[torch.nn.Module, str, torch.nn.Parameter]]:
