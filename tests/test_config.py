@@ -181,3 +181,9 @@ def test_the_liver_command_ends_with_mains_code_and_its_output_written(tmp_path)
     p = subprocess.run([sys.executable, "-m", "liver.cli", "sim", "project", "--help"], capture_output=True, text=True,
                        timeout=120)
     assert p.returncode == 0 and "usage: liver sim project" in p.stdout
+    code = ("import atexit, sys; atexit.register(print, 'interpreter teardown')\n"  # (skipped: the process ends first)
+            "sys.argv = ['liver', 'run', '--set', 'parallel=3,1,1', '--set', 'gpus=3', '--run-dir', "
+            f"{str(tmp_path / 'b')!r}]\n"
+            "from liver.cli import entry; entry()\n")
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 2 and "interpreter teardown" not in p.stdout and "does not divide" in p.stderr, p
