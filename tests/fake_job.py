@@ -1,5 +1,5 @@
 """A controller's job in this process, for in-process tests of the controller (as torchft tests its
-Manager): a real controller (``LiveController``, ``RestartController``) over an in-memory store
+Manager): a real controller (``Controller``, in the mode its configuration names) over an in-memory store
 (``HashStore``) and one node whose processes are played by the test (``FakeNode``); the ranks'
 side of the protocol written by the test (``FakeRanks``: steps, ready, commit, switch reports,
 exits). Each pass of the controller's loop is one call (``Controller.once``): a scenario runs in
@@ -15,7 +15,7 @@ import torch.distributed as dist
 
 from liver.agent.node import Worker
 from liver.config import RunConfig
-from liver.controller.live import LiveController
+from liver.controller.controller import Controller
 from liver.controller.phases import Phase
 from liver.policy.events import Event, parse_schedule_text
 from liver.protocol.messages import (PrepareReport, Progress, Saved, StartReport, Stalled, StopReport,
@@ -168,13 +168,13 @@ def config(gpus: int = 2, slots: int = 4, mode: str = "live", parallel=None, **c
     return cfg
 
 
-def controller(tmp_path: Path, schedule: str = "", cls=LiveController, **cfg):
-    """A controller of ``cls`` over a HashStore and a ``FakeNode``, its first generation started
+def controller(tmp_path: Path, schedule: str = "", **cfg):
+    """A controller over a HashStore and a ``FakeNode``, its first generation started
     (not yet trained a step), its events from ``schedule`` (a schedule file's text)."""
     c = config(**cfg)
     events: list[Event] = parse_schedule_text(schedule, "schedule") if schedule else []
     node = FakeNode(0, c.slots)
-    ctl = cls(c, events, tmp_path, store=dist.HashStore(), node=node)
+    ctl = Controller(c, events, tmp_path, store=dist.HashStore(), node=node)
     ctl.start()
     return ctl, node, FakeRanks(ctl)
 

@@ -8,8 +8,7 @@ import json
 import pytest
 
 from fake_job import FakeNode, controller, run_until
-from liver.controller.live import LiveController
-from liver.controller.restart import RestartController
+from liver.controller.controller import Controller
 from liver.controller.phases import PENDING, Phase
 from liver.policy.outcome import Outcome
 from liver.protocol.messages import Wish, read
@@ -208,7 +207,7 @@ def journaled(ctl, run_dir):
     """What ``liver controller --resume`` reads: ``ctl``'s journal as its loop writes it (the
     state snapshot under its locks, the bytes written after), read back from ``run_dir``."""
     from liver.controller import journal
-    identity = {"cfg": ctl.cfg, "mode": ctl.mode, "token": "t", "url": "http://x:1", "store_pid": None,
+    identity = {"cfg": ctl.cfg, "mode": ctl.mode.name, "token": "t", "url": "http://x:1", "store_pid": None,
                 "store_addr": "in-process"}
     j = journal.Journal(run_dir, ctl.master)
     with ctl.lock, ctl.nodes.lock:
@@ -221,7 +220,7 @@ def journaled(ctl, run_dir):
 def test_a_controller_resumed_mid_prepare_withdraws_and_queues_the_event_again(tmp_path):
     ctl, node, ranks = pending_scale_out(tmp_path)
     g = ctl.state.pending.generation
-    again = LiveController(ctl.cfg, [], tmp_path, resume=journaled(ctl, tmp_path), store=ctl.master, node=node)
+    again = Controller(ctl.cfg, [], tmp_path, resume=journaled(ctl, tmp_path), store=ctl.master, node=node)
     again.start()
     assert decided(again.store, g) == WITHDRAW and again.state.phase is Phase.STABLE
     assert outcomes(again) == [Outcome.REQUEUED] and again.state.queue[0].gpus == 4
@@ -233,7 +232,7 @@ def test_a_controller_resumed_after_the_commit_watches_the_switch_to_its_end(tmp
     ranks.ready()
     ctl.once()
     assert ranks.commit() == COMMIT
-    again = LiveController(ctl.cfg, [], tmp_path, resume=journaled(ctl, tmp_path), store=ctl.master, node=node)
+    again = Controller(ctl.cfg, [], tmp_path, resume=journaled(ctl, tmp_path), store=ctl.master, node=node)
     again.start()
     ranks = type(ranks)(again)
     assert again.state.phase is Phase.SWITCH
@@ -244,7 +243,7 @@ def test_a_controller_resumed_after_the_commit_watches_the_switch_to_its_end(tmp
 
 # ---- restart mode ------------------------------------------------------------------------------
 def test_restart_mode_announces_a_step_trigger_ahead_stops_there_and_restarts_from_the_save(tmp_path):
-    ctl, node, ranks = controller(tmp_path, "at step 5: scale-out 4\n", cls=RestartController, mode="restart")
+    ctl, node, ranks = controller(tmp_path, "at step 5: scale-out 4\n", mode="restart")
     ranks.step(2)
     ctl.once()
     assert ranks.wish().stop_at == 5  # known ahead: the ranks stop exactly after step 5, not one later
@@ -264,8 +263,7 @@ def test_restart_mode_announces_a_step_trigger_ahead_stops_there_and_restarts_fr
 
 def test_restart_mode_two_events_at_one_step_each_stop_the_job(tmp_path):
     """The second event's step was announced for the first: it stops the new generation anew."""
-    ctl, node, ranks = controller(tmp_path, "at step 5: scale-out 4\nat step 5: reshape 2,2,1\n",
-                                  cls=RestartController, mode="restart")
+    ctl, node, ranks = controller(tmp_path, "at step 5: scale-out 4\nat step 5: reshape 2,2,1\n", mode="restart")
     run_until(ctl, lambda: ctl.state.phase is Phase.STOP, ranks, step=5)
     ranks.saved(str(tmp_path / "h1"), step=5)
     ctl.once()
@@ -314,3 +312,16 @@ def test_every_process_lost_at_once_suspends_on_the_newest_checkpoint(tmp_path):
     lost, = [r for r in ctl.state.records if r.event.get("kind") == "fail-stop"]
     assert lost.outcome is Outcome.SUSPENDED and lost["lost_steps"] == 5 and lost["checkpoint"] is None
     assert ctl.state.suspended["path"] is None and ctl.state.suspended["step"] == 0
+
+
+def test_every_mode_the_configuration_allows_is_a_strategy_the_controller_runs(tmp_path):
+    """``controller.mode`` is checked against names the configuration keeps (it imports no
+    controller); each is a ``Mode`` of that name, and a controller holds the one its job names."""
+    from liver.controller.config import MODES as ALLOWED
+    from liver.controller.mode import Mode
+    from liver.controller.modes import MODES
+
+    assert set(MODES) == set(ALLOWED) and all(issubclass(m, Mode) and m.name == n for n, m in MODES.items())
+    for name in ALLOWED:
+        ctl, _, _ = controller(tmp_path / name, mode=name)
+        assert type(ctl.mode) is MODES[name] and ctl.status()["mode"] == name

@@ -290,8 +290,8 @@ def test_a_resumed_controller_withdraws_what_the_dead_one_announced_after_its_jo
 
     import torch.distributed as dist
 
-    from liver.controller.base import ControllerError
-    from liver.controller.live import LiveController
+    from liver.controller.failures import ControllerError
+    from liver.controller.live import LiveMode
     from liver.controller.membership import Membership
     from liver.controller.phases import Phase
     from liver.protocol.agent import Register
@@ -301,14 +301,14 @@ def test_a_resumed_controller_withdraws_what_the_dead_one_announced_after_its_jo
     for g in (1, 2):
         store.set(f"gen/{g}", "{}")
     ctl = SimpleNamespace(store=store, state=ControllerState(gen=0, phase=Phase.STABLE), run_dir=Path("/nonexistent"),
-                          _wish=lambda: said.append("nothing wanted"), phase_log=lambda what, **kw: said.append(what))
-    LiveController._forget_unjournaled(ctl)
+                          wish=lambda: said.append("nothing wanted"), phase_log=lambda what, **kw: said.append(what))
+    LiveMode(ctl)._forget_unjournaled()
     assert ctl.state.gen == 2 and decided(store, 1) == decided(store, 2) == WITHDRAW
     assert said == ["nothing wanted", "cancelled", "cancelled"]
     store.set("gen/3", "{}")
     assert decide(store, 3, COMMIT) == COMMIT
     with pytest.raises(ControllerError, match="generation 3 was committed"):
-        LiveController._forget_unjournaled(ctl)
+        LiveMode(ctl)._forget_unjournaled()
 
     nodes = Nodes()
     n = nodes.add(lambda base: RemoteNode("n", base, 2, "vm", agent_pid=5))

@@ -195,8 +195,8 @@ def test_step_lines_carry_their_time_and_are_told_apart_from_a_processs_last_wor
     import logging
 
     from liver import logs
-    from liver.controller.base import _last_line
+    from liver.controller.failures import last_line
     rec = logging.LogRecord("liver.steps", logging.INFO, "", 0, "step: 7     loss: 3.1", None, None)
     line = logging.Formatter(logs.STEP_FORMAT).format(rec)
     assert line.startswith("[liver] 2") and line.endswith("step: 7     loss: 3.1") and logs.is_step_line(line)
-    assert _last_line(f"Traceback ...\nValueError: bad\n{line}\n") == "ValueError: bad"
+    assert last_line(f"Traceback ...\nValueError: bad\n{line}\n") == "ValueError: bad"

@@ -9,7 +9,7 @@ from typing import Any
 from liver.config import RunConfig
 from liver.controller import report as rep
 from liver.controller.admission import check_schedule
-from liver.controller.modes import CONTROLLERS
+from liver.controller.controller import Controller
 from liver.policy.events import Event
 
 
@@ -21,7 +21,7 @@ def run_job(cfg: RunConfig, events: list[Event], run_dir: Path, meta: dict[str, 
     that died, to go on from."""
     check_schedule(cfg, events)
     run_dir.mkdir(parents=True, exist_ok=True)
-    ctl = CONTROLLERS[cfg.controller.mode](cfg, events, run_dir, token=token, local_node=local_node, resume=resume)
+    ctl = Controller(cfg, events, run_dir, token=token, local_node=local_node, resume=resume)
     result = ctl.run()
     report = rep.build(run_dir, result, {"params": cfg.job.model.num_params(), "backend": cfg.backend,
                                          "interrupted": result["interrupted"],

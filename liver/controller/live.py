@@ -10,11 +10,12 @@ from __future__ import annotations
 import threading
 from dataclasses import replace
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any, Callable
 
 from liver.agent.node import Worker
 from liver.host.priority import this_thread
-from liver.controller.base import Controller, ControllerError, forked_workers
+from liver.controller.failures import ControllerError
+from liver.controller.mode import Mode, forked_workers
 from liver.policy.decisions import NoticeAction, ScaleInPath, on_notice, scale_in_path
 from liver.policy.events import Event, EventKind
 from liver.policy.outcome import DROPPED_SAYS, HEALED_SAYS, Outcome
@@ -28,22 +29,24 @@ from liver.engine.digest import combine
 from liver.protocol.messages import Failure, GenerationSpec, Stalled, SwitchReport, beat_key, read_if
 from liver.protocol.store import COMMIT, WITHDRAW, decide, decided, get, publish_plan
 
+if TYPE_CHECKING:
+    from liver.controller.controller import Controller
 
 SILENT_S = 3.0  # a survivor's heartbeat this old during a heal: it will not report (six beats missed)
 
 
-class LiveController(Controller):
-    mode = "live"
+class LiveMode(Mode):
+    name = "live"
 
     @staticmethod
     def starter(backend: str, engine: str) -> dict[str, Any]:
         return forked_workers(backend, engine, joiners=True)
 
-    def __init__(self, *args: Any, **kw: Any) -> None:
+    def __init__(self, ctl: Controller) -> None:
+        super().__init__(ctl)
         self._idle: bool | None = None  # the loop thread's priority: idle, normal, or never set (None)
-        super().__init__(*args, **kw)
 
-    def _resume_phase(self) -> None:
+    def resume(self) -> None:
         """Back after a restart: a pending generation no rank committed yet is withdrawn and its
         event queued again first (its joiners stopped: they prepared for a controller that is
         gone); one that was committed is switching, and is watched to its end as before.
@@ -54,7 +57,7 @@ class LiveController(Controller):
         g, h = self.state.pending.generation, self.state.current
         if decide(self.store, g, WITHDRAW) != WITHDRAW:
             return self._committed()
-        self._wish()
+        self.ctl.wish()
         for p in h.joiners:
             self.nodes.kill(p)
         for p in h.leaving:
@@ -62,11 +65,11 @@ class LiveController(Controller):
         h.record["attempts"][-1]["cancelled"] = "the controller restarted"
         h.record.settle(Outcome.REQUEUED, "interrupted by a controller restart; queued again")
         self.state.records.append(h.record)
-        with self.lock:
+        with self.ctl.lock:
             self.state.queue.appendleft(h.event)
         self.state.current, self.state.pending = None, None
-        self.go(Trigger.CANCEL)
-        self.phase_log("cancelled", generation=g, why="the controller restarted; its event is queued again")
+        self.ctl.go(Trigger.CANCEL)
+        self.ctl.phase_log("cancelled", generation=g, why="the controller restarted; its event is queued again")
 
     def _forget_unjournaled(self) -> None:
         """The controller that died may have announced a generation (its spec in the store, its
@@ -78,41 +81,41 @@ class LiveController(Controller):
         while self.store.check([GenerationSpec.key_of(g)]):
             if decide(self.store, g, WITHDRAW) != WITHDRAW:  # (a switch takes Prepare's seconds: not seen)
                 raise ControllerError(f"generation {g} was committed by the ranks after the journal's last write; "
-                                      f"this controller cannot go on from {self.run_dir / 'journal.pkl'}")
+                                      f"this controller cannot go on from {self.ctl.run_dir / 'journal.pkl'}")
             stale.append(g)
             g += 1
         if not stale:
             return
         self.state.gen = stale[-1]
         if self.state.phase not in PENDING:
-            self._wish()
+            self.ctl.wish()
         for g in stale:
-            self.phase_log("cancelled", generation=g, why="announced by the controller that died after its journal's "
+            self.ctl.phase_log("cancelled", generation=g, why="announced by the controller that died after its journal's "
                                                           "last write; withdrawn")
 
-    def run(self) -> dict[str, Any]:
-        """The loop in a thread of its own at low CPU priority while nothing is due (``_loop_priority``):
+    def drive(self, loop: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+        """The ``loop`` in a thread of its own at low CPU priority while nothing is due (``_loop_priority``):
         on a node whose cores the ranks keep busy, its polling takes little of their time (the store
         it serves runs in a thread made before, at normal priority). The caller's thread keeps its own."""
         box: dict[str, Any] = {}
         done = threading.Event()  # (not Thread.is_alive: a Ctrl-C inside join() can make it lie)
 
-        def loop() -> None:
+        def low() -> None:
             this_thread(low=True)
             self._idle = True
             try:
-                box["report"] = Controller.run(self)
+                box["report"] = loop()
             except BaseException as e:  # raised again in the caller's thread
                 box["error"] = e
             finally:
                 done.set()
 
-        threading.Thread(target=loop, name="liver-controller", daemon=True).start()
+        threading.Thread(target=low, name="liver-controller", daemon=True).start()
         while not done.is_set():
             try:
                 done.wait(0.2)
             except KeyboardInterrupt:
-                self.interrupted = True  # the loop ends, stopping the workers, and reports
+                self.ctl.interrupted = True  # the loop ends, stopping the workers, and reports
                 self.nodes.interrupt()   # (even one waiting for a zygote still importing)
         if "error" in box:
             raise box["error"]
@@ -127,10 +130,10 @@ class LiveController(Controller):
             self._idle = idle
 
     def tick(self) -> None:
-        with self.lock:
-            due = self._due()
+        with self.ctl.lock:
+            due = self.ctl.due()
             self._loop_priority(due is not None)
-            ev = self._take(due[0]) if due is not None and self.state.phase is Phase.STABLE else None
+            ev = self.ctl.take(due[0]) if due is not None and self.state.phase is Phase.STABLE else None
         if self.state.phase is Phase.STABLE:
             if ev is not None:
                 self._begin(ev)
@@ -144,9 +147,9 @@ class LiveController(Controller):
             self._watch_cleanup()
 
     # ---- a fail-stop healed from the survivors ---------------------------------------------
-    def _fail_stop(self, dead: list[Worker], preempted: bool = False) -> None:
+    def fail_stop(self, dead: list[Worker], preempted: bool = False) -> None:
         """Healed from the survivors' memory where they hold every shard (``heal.py``); else the
-        checkpoint (``Controller._fail_stop``)."""
+        checkpoint (``Failures.from_checkpoint``)."""
         if self.cfg.controller.heal_timeout_s > 0 and (self.state.current is None or self._drop_pending(preempted)):
             missed, self.state.missed = self.state.missed, None
             rec = self._try_heal(dead, missed.target if missed is not None else None)
@@ -157,8 +160,8 @@ class LiveController(Controller):
             if missed is not None:  # (its record is written: it says how the job went on after all)
                 missed.record.settle(Outcome.DEADLINE_MISSED, "deadline missed: the leaving processes were stopped at "
                                      "the deadline and the job recovered on the others from the checkpoint")
-                return super()._fail_stop(dead, preempted, named=missed.target)
-        super()._fail_stop(dead, preempted)
+                return self.ctl.failures.from_checkpoint(dead, preempted, named=missed.target)
+        self.ctl.failures.from_checkpoint(dead, preempted)
 
     def _try_heal(self, dead: list[Worker], parallel=None) -> EventRecord | None:
         """``_heal``; None (logged) where it could not, so the caller falls back to the checkpoint."""
@@ -186,58 +189,58 @@ class LiveController(Controller):
             self.state.missed = h
         else:
             h.record.settle(Outcome.REQUEUED, "interrupted by a fail-stop; re-queued")
-            with self.lock:
+            with self.ctl.lock:
                 self.state.queue.appendleft(h.event)
         self.state.records.append(h.record)
         self.state.current, self.state.pending = None, None
-        self._wish()
-        self.go(Trigger.FAIL_STOP)
+        self.ctl.wish()
+        self.ctl.go(Trigger.FAIL_STOP)
         return True
 
     def _heal(self, dead: list[Worker], parallel=None) -> dict[str, Any] | None:
         """The next generation built from the survivors' own state at the step they stopped at
         (to ``parallel`` where it fits their count): its record, or None where they cannot."""
-        t0, old, failed_step = time.time(), self.state.active, self._failed_step()
-        a, job = self.adapter, self.job
+        t0, old, failed_step = time.time(), self.state.active, self.ctl.failures.failed_step()
+        a, job = self.ctl.adapter, self.ctl.job
         view = heal.surviving_view(a.view(job, a.layout(job, old.parallel)), old.procs, [w.proc for w in dead])
         survivors = [old.procs[r] for r in view.ranks]
         specs = a.state_specs(job)
         missing = heal.uncovered(view, specs)
         if missing is not None:
-            self.phase_log("no-heal", why=missing[:200])
+            self.ctl.phase_log("no-heal", why=missing[:200])
             return None
         if self.state.progress is None or self.state.progress.generation != old.generation:
-            self.phase_log("no-heal", why="the generation had not trained a step yet (it was starting)")
+            self.ctl.phase_log("no-heal", why="the generation had not trained a step yet (it was starting)")
             return None
         not_honoured = None
         if parallel is None or parallel.world_size != len(survivors):
-            named, parallel = parallel, target.choose(a, job, len(survivors), self.hardware, current=old.parallel)
+            named, parallel = parallel, target.choose(a, job, len(survivors), self.ctl.hardware, current=old.parallel)
             if named is not None:
                 not_honoured = (f"the event asked for {named.short()} ({named.world_size} GPUs); {len(survivors)} "
                                 f"survived, so {parallel.short()}")
         stalled = self._wait_for(old.generation, survivors, Stalled, self.cfg.controller.heal_timeout_s, beats=True)
         if stalled is None:
-            self.phase_log("no-heal", why=f"not every survivor reported (one exited, went silent, or took over "
+            self.ctl.phase_log("no-heal", why=f"not every survivor reported (one exited, went silent, or took over "
                                           f"{self.cfg.controller.heal_timeout_s:g} s)")
             return None
         found = heal.healing_step(view, specs, {old.procs.index(p): r.step for p, r in stalled.items()})
         if found is None:
-            self.phase_log("no-heal", why="no step's survivors hold the whole state: "
+            self.ctl.phase_log("no-heal", why="no step's survivors hold the whole state: "
                                           f"{sorted({r.step for r in stalled.values()})}")
             return None
         step, view = found  # survivors a step behind give nothing and receive their shards
         givers = [old.procs[r] for r in view.ranks]
         stalled = {p: stalled[p] for p in givers}
-        plan = self.plan(old.parallel, parallel, givers, survivors, old_view=view)
+        plan = self.ctl.plan(old.parallel, parallel, givers, survivors, old_view=view)
         self.state.gen += 1
         spec = GenerationSpec(generation=self.state.gen, parallel=parallel, procs=tuple(plan.placement), kind="heal",
-                              nodes=self.node_names(plan.placement),
+                              nodes=self.ctl.node_names(plan.placement),
                               old_generation=old.generation, old_parallel=old.parallel, old_procs=tuple(givers),
                               old_ranks=view.ranks)
         publish_plan(self.store, self.state.gen, plan)
         spec.publish(self.store)
         self.store.set(Stalled.heal_key(old.generation), str(self.state.gen))
-        self.phase_log("heal", generation=self.state.gen, new=parallel.short(), procs=list(plan.placement), from_step=step,
+        self.ctl.phase_log("heal", generation=self.state.gen, new=parallel.short(), procs=list(plan.placement), from_step=step,
                        bytes_moved=plan.bytes_moved)
         switched = self._wait_for(self.state.gen, survivors, SwitchReport, self.cfg.controller.prepare_timeout_s)
         if switched is None:
@@ -247,7 +250,7 @@ class LiveController(Controller):
         if all(r.hashes is not None for r in stalled.values()):
             before = combine(specs, [r.hashes for r in stalled.values()], next(iter(stalled.values())).scalars)
         rec = EventRecord.of(
-            {"kind": "fail-stop", "source": self._dead(dead)}, Outcome.HEALED, HEALED_SAYS, generation=self.state.gen,
+            {"kind": "fail-stop", "source": self.ctl.failures.says(dead)}, Outcome.HEALED, HEALED_SAYS, generation=self.state.gen,
             old_generation=old.generation, old=old.parallel.short(), new=parallel.short(), failed_at_step=failed_step,
             restored_step=step, lost_steps=max(0, failed_step - step),
             # steps the survivors completed that the lost rank 0 had not logged yet (trained, kept)
@@ -259,19 +262,19 @@ class LiveController(Controller):
             digest_before=before, digest_after=first(switched.values(), "digest_after"),
             last_words={w.proc: self.nodes.log_tail(w.proc, 2000).strip().splitlines()[-1:] for w in dead},
             **({"named_not_honoured": not_honoured} if not_honoured else {}))
-        self.phase_log("healed", restored_step=step, lost_steps=rec["lost_steps"], heal_s=round(rec["heal_s"], 3))
+        self.ctl.phase_log("healed", restored_step=step, lost_steps=rec["lost_steps"], heal_s=round(rec["heal_s"], 3))
         return rec
 
     def _wait_for(self, g: int, procs: list[int], cls, timeout_s: float, beats: bool = False):
         """Every process's ``cls`` report of generation ``g``, or None at the timeout or as soon as
         one of them exits (``beats``: or stops its heartbeat, stopped or hung: it will never report)."""
         end = time.time() + timeout_s
-        while time.time() < end and not self.interrupted:
-            got = self._collect(g, procs, cls)
+        while time.time() < end and not self.ctl.interrupted:
+            got = self.ctl.collect(g, procs, cls)
             if got is not None:
                 return got
             polled = self.nodes.poll()
-            self._stashed += polled  # (the loop handles them after: a consumed exit is never lost)
+            self.ctl.failures.stash(polled)  # (the loop handles them after: a consumed exit is never lost)
             if any(w.proc in procs for w in polled):
                 return None
             if beats and self._silent(procs):
@@ -288,36 +291,31 @@ class LiveController(Controller):
         now = time.time()
         for p, k in zip(procs, keys):
             if now - float(self.store.get(k)) > SILENT_S:
-                self.phase_log("no-heal", why=f"process {p} wrote no heartbeat for {SILENT_S:g} s (stopped or hung)")
+                self.ctl.phase_log("no-heal", why=f"process {p} wrote no heartbeat for {SILENT_S:g} s (stopped or hung)")
                 return True
         return False
 
     # ---- starting a handoff ----------------------------------------------------------------
     def _begin(self, ev: Event) -> None:
-        if ev.kind is EventKind.SCALE_IN and ev.gpus == 0:
-            return self.suspension.begin(ev)  # every GPU goes: the state to disk, the job waits
-        if ev.kind is EventKind.SCALE_OUT:
-            self.state.lost_slots.clear()  # the event reports capacity: slots lost earlier may be back
-        try:
-            h = self._handling(ev)
-        except ValueError as e:
-            return self._refuse(ev, e)
+        h = self.handle(ev)
+        if h is None:
+            return
         self.state.current = h
         if ev.kind is EventKind.SCALE_IN and ev.deadline_s is not None:
             path = self._path(h)
             if path is ScaleInPath.DROP:
                 return self._drop(h)
             h.forced = path is ScaleInPath.RUSH
-        self.go(Trigger.BEGIN)
+        self.ctl.go(Trigger.BEGIN)
         self._launch()
 
     # ---- a scale-in with a deadline: its path, decided before it starts ----------------------
     def _path(self, h) -> ScaleInPath:
         """What the notice needs (the bytes only the leaving ranks hold, the predicted handoff) and
         the path it takes (``decisions.scale_in_path``), written into its record."""
-        old, a, job = self.state.active, self.adapter, self.job
+        old, a, job = self.state.active, self.ctl.adapter, self.ctl.job
         stay = [p for p in old.procs if p not in h.leaving]
-        plan = self.plan(old.parallel, h.target, list(old.procs), stay)
+        plan = self.ctl.plan(old.parallel, h.target, list(old.procs), stay)
         view = heal.surviving_view(a.view(job, a.layout(job, old.parallel)), old.procs, h.leaving)
         replicas = heal.uncovered(view, a.state_specs(job)) is None
         predicted, source = self._predicted_handoff_s(old.parallel, h.target, plan)
@@ -326,7 +324,7 @@ class LiveController(Controller):
         h.record.update(path=path.value, predicted_handoff_s=predicted, predicted_from=source,
                         seconds_left=left, leaving_hold_only_replicas=replicas,
                         bytes_off_leaving=sum(plan.rank_bytes_out.get(p, 0) for p in h.leaving))
-        self.phase_log("path", path=path.value, predicted_s=round(predicted, 3), source=source,
+        self.ctl.phase_log("path", path=path.value, predicted_s=round(predicted, 3), source=source,
                        seconds_left=round(left, 3), replicas=replicas, bytes_off_leaving=h.record["bytes_off_leaving"])
         return path
 
@@ -337,8 +335,8 @@ class LiveController(Controller):
                 if r.outcome is Outcome.DONE and not r.get("joiners") and "switch_s" in r]
         if past:
             return max(past), "measured"
-        hw = self.hardware
-        model = costs.live(self.job, old, new, hw.costs, plan=costs.work(plan), share=self.cfg.prepare.companion_share)
+        hw = self.ctl.hardware
+        model = costs.live(self.ctl.job, old, new, hw.costs, plan=costs.work(plan), share=self.cfg.prepare.companion_share)
         return model.prepare_s + model.downtime_s, f"model ({hw.profile.name})"
 
     def _drop(self, h) -> None:
@@ -349,7 +347,7 @@ class LiveController(Controller):
         for w in gone:
             self.nodes.kill(w.proc)
         stopped = time.time()
-        self.phase_log("drop", procs=h.leaving, new=h.target.short())
+        self.ctl.phase_log("drop", procs=h.leaving, new=h.target.short())
         healed = self._try_heal(gone, h.target) if self.cfg.controller.heal_timeout_s > 0 else None
         rec = h.record
         rec.update(t_stopped=stopped, deadline_met=stopped <= h.deadline_at, t_done=time.time())
@@ -358,7 +356,7 @@ class LiveController(Controller):
             rec.settle(Outcome.RECOVERED, "recovered: the leaving processes were stopped before the deadline; the "
                        "survivors could not go on from their own state, so from the checkpoint (next record)")
             self.state.records.append(rec)
-            return Controller._fail_stop(self, gone, named=h.target)
+            return self.ctl.failures.from_checkpoint(gone, named=h.target)
         rec.update({k: healed[k] for k in ("generation", "new", "failed_at_step", "restored_step", "lost_steps",
                                            "steps_unlogged", "heal_s", "bytes_moved", "digest_before", "digest_after")})
         rec.settle(Outcome.DROPPED, DROPPED_SAYS)
@@ -372,10 +370,10 @@ class LiveController(Controller):
             self.state.slot_of[p] = s
         new_procs = [p for p in old.procs if p not in h.leaving] + h.joiners
         t0 = time.perf_counter()
-        plan = self.plan(old.parallel, h.target, list(old.procs), new_procs)
+        plan = self.ctl.plan(old.parallel, h.target, list(old.procs), new_procs)
         self.state.gen += 1
         spec = GenerationSpec(generation=self.state.gen, parallel=h.target, procs=tuple(plan.placement),
-                              nodes=self.node_names(plan.placement),
+                              nodes=self.ctl.node_names(plan.placement),
                               old_generation=old.generation, old_parallel=old.parallel,
                               old_procs=old.procs, kind=h.event.kind.value)
         publish_plan(self.store, self.state.gen, plan)  # before the spec: a worker that sees one finds both
@@ -398,8 +396,8 @@ class LiveController(Controller):
                                     replan=False)
         for p in h.leaving:
             self.nodes.workers[p].leaving = True
-        self._wish(wanted=self.state.gen, force=self.state.gen if h.forced else 0)
-        self.phase_log("prepare", generation=self.state.gen, event=h.event.kind.value, old=rec["old"], new=rec["new"],
+        self.ctl.wish(wanted=self.state.gen, force=self.state.gen if h.forced else 0)
+        self.ctl.phase_log("prepare", generation=self.state.gen, event=h.event.kind.value, old=rec["old"], new=rec["new"],
                        joiners=h.joiners, leaving=h.leaving, bytes_moved=plan.bytes_moved)
 
     # ---- while it prepares -----------------------------------------------------------------
@@ -422,24 +420,24 @@ class LiveController(Controller):
             left = h.deadline_at - now
             if left < max(0.25 * h.event.deadline_s, h.record.get("predicted_handoff_s", 1.0)) and not h.forced:
                 h.forced = True  # the fastest safe path: finish preparing in the foreground
-                self._wish(wanted=g, force=g)
-                self.phase_log("deadline-near", generation=g, seconds_left=round(left, 3))
+                self.ctl.wish(wanted=g, force=g)
+                self.ctl.phase_log("deadline-near", generation=g, seconds_left=round(left, 3))
             if left < 0:  # the provider takes the GPUs now: every leaving process goes, in one recovery
                 rec["deadline_met"] = False
                 gone = [self.nodes.workers[p] for p in h.leaving if self.nodes.workers[p].returncode is None]
                 for w in gone:
                     w.leaving = False
                     self.nodes.kill(w.proc)
-                self.phase_log("preempted", procs=[w.proc for w in gone])
+                self.ctl.phase_log("preempted", procs=[w.proc for w in gone])
                 if gone:
-                    return self._fail_stop(gone, preempted=True)
+                    return self.fail_stop(gone, preempted=True)
 
     def _mark_ready(self, now: float) -> None:
         rec = self.state.current.record
         rec["t_ready"] = now
         rec["prepare_s"] = now - self.state.current.attempt_started
-        self.go(Trigger.READY)
-        self.phase_log("ready", generation=self.state.pending.generation, prepare_s=round(rec["prepare_s"], 4))
+        self.ctl.go(Trigger.READY)
+        self.ctl.phase_log("ready", generation=self.state.pending.generation, prepare_s=round(rec["prepare_s"], 4))
 
     def _failure(self, g: int) -> Failure | None:
         for p in self.state.members:
@@ -456,8 +454,8 @@ class LiveController(Controller):
             # re-plan has no key)
             times = [t for t in (get(self.store, f"ready/{g}/{p}") for p in self.state.members) if t is not None]
             self._mark_ready(max(times) if times else time.time())
-        self.go(Trigger.COMMIT)
-        self.phase_log("commit", generation=self.state.pending.generation)
+        self.ctl.go(Trigger.COMMIT)
+        self.ctl.phase_log("commit", generation=self.state.pending.generation)
 
     def _withdraw_then(self, dropped) -> bool:
         """Withdraw the pending generation: True (and ``dropped()`` called) where the withdrawal
@@ -465,7 +463,7 @@ class LiveController(Controller):
         the switch goes on, and whatever wanted the withdrawal waits for its end."""
         g = self.state.pending.generation
         if decide(self.store, g, WITHDRAW) == WITHDRAW:
-            self._wish()
+            self.ctl.wish()
             dropped()
             return True
         self._committed()
@@ -475,8 +473,8 @@ class LiveController(Controller):
         """A preemption notice must not wait behind a scale-out that has not switched yet: the
         pending scale-out is re-planned to the smaller total (or dropped, and the scale-in goes
         first). Nothing was committed, so nothing is lost."""
-        with self.lock:
-            due = self._due(notices_only=True)  # wherever it waits in the queue
+        with self.ctl.lock:
+            due = self.ctl.due(notices_only=True)  # wherever it waits in the queue
             head = due[1] if due is not None else None
             n_active = len(self.state.active.procs)
             action = on_notice(self.state.current.event.kind if self.state.current else None, head.kind if head else None,
@@ -484,14 +482,14 @@ class LiveController(Controller):
                                head.deadline_s is not None)
             if action is NoticeAction.WAIT:
                 return
-            self._take(due[0])
+            self.ctl.take(due[0])
         h = self.state.current
-        notice = EventRecord.of(head.to_dict(), Outcome.STARTED, arrived=self._arrival(head), t_event=time.time())
+        notice = EventRecord.of(head.to_dict(), Outcome.STARTED, arrived=self.ctl.arrival(head), t_event=time.time())
         if decide(self.store, self.state.pending.generation, WITHDRAW) != WITHDRAW:
-            with self.lock:  # the scale-out is switching: the notice is next
+            with self.ctl.lock:  # the scale-out is switching: the notice is next
                 self.state.queue.appendleft(head)
             return self._committed()
-        self._wish()
+        self.ctl.wish()
         if action is NoticeAction.MERGE:  # still a scale-out, to fewer GPUs
             h.event = replace(h.event, gpus=head.gpus, parallel=head.parallel)
             self.state.records.append(notice.settle(Outcome.MERGED, f"merged into the pending scale-out (now to {head.gpus})"))
@@ -512,30 +510,29 @@ class LiveController(Controller):
         for p in h.leaving:
             self.nodes.workers[p].leaving = False
         h.record["attempts"][-1]["cancelled"] = why
-        self.phase_log("cancelled", generation=self.state.pending.generation, why=why)
+        self.ctl.phase_log("cancelled", generation=self.state.pending.generation, why=why)
         ev = h.event
         if replan and ev.kind is EventKind.SCALE_OUT:
-            gpus = min(ev.gpus, self.capacity())  # (a named configuration that no longer fits: the controller chooses)
+            gpus = min(ev.gpus, self.ctl.capacity())  # (a named configuration that no longer fits: the controller chooses)
             ev = replace(ev, gpus=gpus, parallel=ev.parallel if ev.parallel and ev.parallel.world_size == gpus else None)
         try:
             if not replan:
                 raise ValueError(why)
-            fresh = self._handling(ev)
+            fresh = self.ctl.handling(ev)
         except ValueError as e:
-            return self._close(Outcome.CANCELLED, Trigger.CANCEL, f"cancelled: {why}; {e}" if replan else f"cancelled: {why}")
+            return self.ctl.close_event(Outcome.CANCELLED, Trigger.CANCEL, f"cancelled: {why}; {e}" if replan else f"cancelled: {why}")
         h.event, h.target, h.leaving, h.join_slots, h.forced = fresh.event, fresh.target, fresh.leaving, fresh.join_slots, False
         h.record["new"], h.record["gpus"] = fresh.target.short(), fresh.event.gpus
-        self.go(Trigger.REPLAN)
+        self.ctl.go(Trigger.REPLAN)
         self._launch()
 
-    def _breaks_handoff(self, w: Worker) -> bool:
+    def breaks_handoff(self, w: Worker) -> bool:
         """A process of the switch under way (a joiner receiving, a source sending, one leaving
         with its shards): the old shards are released as they are sent, so there is no way back
         but the checkpoint, and its peers would wait on it until their groups' timeout."""
         return self.state.phase is Phase.SWITCH and w.proc in self.state.members
 
-    def _joiner_died(self, w: Worker) -> None:
-        super()._joiner_died(w)
+    def joiner_died(self, w: Worker) -> None:
         if self.state.current is None or self.state.phase not in PENDING or w.proc not in self.state.pending.procs:
             return
         self.state.lost_slots.add(w.slot)
@@ -543,12 +540,12 @@ class LiveController(Controller):
                                                         replan=True)):
             # rank 0 had committed first: the switch cannot complete without it (as a member lost
             # in the switch, ``_breaks_handoff``), one fail-stop at once, naming it
-            self._fail_stop([w])
+            self.fail_stop([w])
 
     # ---- the switch and after ----------------------------------------------------------------
     def _watch_switch(self) -> None:
         g = self.state.pending.generation
-        done = self._collect(g, list(self.state.pending.procs), SwitchReport)
+        done = self.ctl.collect(g, list(self.state.pending.procs), SwitchReport)
         if done is None:
             return
         h = self.state.current
@@ -559,9 +556,9 @@ class LiveController(Controller):
         if h.event.deadline_s is not None:
             rec["deadline_met"] = rec["switch_end"] <= h.deadline_at
         self.state.active, self.state.pending = self.state.pending, None
-        self.go(Trigger.SWITCHED)
-        self.phase_log("switch", generation=self.state.active.generation, switch_s=round(rec["switch_s"], 4),
-                       transfer_s=round(rec["transfer_s"], 4), **self._where(self.state.active))
+        self.ctl.go(Trigger.SWITCHED)
+        self.ctl.phase_log("switch", generation=self.state.active.generation, switch_s=round(rec["switch_s"], 4),
+                       transfer_s=round(rec["transfer_s"], 4), **self.ctl.where(self.state.active))
 
     def _watch_cleanup(self) -> None:
         h = self.state.current
@@ -569,5 +566,5 @@ class LiveController(Controller):
         if all(w.returncode is not None for w in leaving) or time.time() - h.record["switch_end"] > 30:
             for w in leaving:
                 self.nodes.kill(w.proc)
-            self._close(Outcome.DONE, Trigger.CLEANED)
-            self.phase_log("cleanup", generation=self.state.active.generation)
+            self.ctl.close_event(Outcome.DONE, Trigger.CLEANED)
+            self.ctl.phase_log("cleanup", generation=self.state.active.generation)

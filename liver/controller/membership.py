@@ -43,8 +43,9 @@ class Host(Protocol):
     def starter_spec(self) -> dict[str, Any]: ...
     def phase_log(self, what: str, **kw: Any) -> None: ...
     def capacity(self) -> int: ...
-    def _projected_gpus(self) -> int: ...
-    def _exits(self, ws: list[Worker]) -> None: ...
+    def projected_gpus(self) -> int: ...
+    @property
+    def failures(self) -> Any: ...
     @property
     def hardware(self) -> target.Hardware: ...
 
@@ -131,7 +132,7 @@ class Membership:
                 gone = n.mark_lost()
                 self.host.phase_log("node-lost", node=n.name, silent_s=round(now - n.last_seen, 1),
                                procs=[w.proc for w in gone])
-                self.host._exits(gone)
+                self.host.failures.exits(gone)
             elif n.notice is not None and n.name not in self.host.state.noticed:
                 self.host.state.noticed.add(n.name)
                 self.node_notice(n)
@@ -152,7 +153,7 @@ class Membership:
                 self.host.state.records.append(EventRecord.of(ev.to_dict(), Outcome.DONE, "done: the node held no rank"))
 
     def node_joined(self, name: str) -> None:
-        n_now = self.host._projected_gpus()
+        n_now = self.host.projected_gpus()
 
         def step_s(n: int) -> float | None:
             try:

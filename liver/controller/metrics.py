@@ -20,7 +20,7 @@ except ImportError:  # pragma: no cover - the project's own environment has it
     CollectorRegistry = None
 
 if TYPE_CHECKING:
-    from liver.controller.base import Controller
+    from liver.controller.controller import Controller
 
 # seconds: a live switch is tens of milliseconds to a second, a restart tens of seconds
 DOWNTIME_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)

@@ -1,6 +1,7 @@
-"""The controller of each ``controller.mode``."""
+"""The modes a controller runs in (``controller.mode``), by name."""
 
-from liver.controller.live import LiveController
-from liver.controller.restart import ForkedRestartController, RestartController
+from liver.controller.live import LiveMode
+from liver.controller.mode import Mode
+from liver.controller.restart import ForkedRestartMode, RestartMode
 
-CONTROLLERS = {"live": LiveController, "restart": RestartController, "restart-forked": ForkedRestartController}
+MODES: dict[str, type[Mode]] = {m.name: m for m in (LiveMode, RestartMode, ForkedRestartMode)}

@@ -10,8 +10,8 @@ import time
 from typing import Any
 
 from liver.agent import starters
-from liver.controller.base import Controller, forked_workers
-from liver.policy.events import Event, EventKind
+from liver.controller.mode import Mode, forked_workers
+from liver.policy.events import Event
 from liver.policy.outcome import Outcome
 from liver.controller.phases import Phase, Trigger
 from liver.controller.records import first, least
@@ -19,8 +19,8 @@ from liver.protocol.messages import Saved, StartReport, StopReport, read_if
 from liver.runtime import preload
 
 
-class RestartController(Controller):
-    mode = "restart"
+class RestartMode(Mode):
+    name = "restart"
 
     @staticmethod
     def starter(backend: str, engine: str) -> dict[str, Any]:
@@ -28,15 +28,15 @@ class RestartController(Controller):
 
     def tick(self) -> None:
         if self.state.phase is Phase.STABLE:
-            with self.lock:
+            with self.ctl.lock:
                 head = self.state.queue[0] if self.state.queue else None
-                if head is not None and head.at_step is not None and head.at_step > self.step \
+                if head is not None and head.at_step is not None and head.at_step > self.ctl.step \
                         and self.state.announced_at != head.at_step:
                     # a step trigger is known ahead: stop exactly after that step
-                    self._wish(stop_at=head.at_step)
+                    self.ctl.wish(stop_at=head.at_step)
                     self.state.announced_at = head.at_step
-                due = self._due()
-                ev = self._take(due[0]) if due is not None else None
+                due = self.ctl.due()
+                ev = self.ctl.take(due[0]) if due is not None else None
             if ev is not None:
                 self._begin(ev)
         elif self.state.phase is Phase.STOP:
@@ -47,22 +47,20 @@ class RestartController(Controller):
     def _begin(self, ev: Event) -> None:
         announced = ev.at_step is not None and ev.at_step == self.state.announced_at  # (the workers stop after it)
         self.state.announced_at = None
-        if ev.kind is EventKind.SCALE_IN and ev.gpus == 0:
-            return self.suspension.begin(ev)  # every GPU goes: the state to disk, the job waits
-        if ev.kind is EventKind.SCALE_OUT:
-            self.state.lost_slots.clear()  # the event reports capacity: slots lost earlier may be back
-        try:
-            h = self._handling(ev)
-        except ValueError as e:
-            self._wish()
-            return self._refuse(ev, e)
+        h = self.handle(ev)
+        if h is None:
+            return
         self.state.current = h
         if not announced:
-            self._wish(stop_at=self.step + 1)
+            self.ctl.wish(stop_at=self.ctl.step + 1)
         for p in h.leaving:
             self.nodes.workers[p].leaving = True
-        self.go(Trigger.STOP)
-        self.phase_log("stop", event=ev.kind.value, old=h.record["old"], new=h.record["new"])
+        self.ctl.go(Trigger.STOP)
+        self.ctl.phase_log("stop", event=ev.kind.value, old=h.record["old"], new=h.record["new"])
+
+    def refused(self, ev: Event, e: ValueError) -> None:
+        self.ctl.wish()  # (the workers were told to stop at its step: not any more)
+        super().refused(ev, e)
 
     def _watch_stop(self) -> None:
         g = self.state.active.generation
@@ -71,19 +69,19 @@ class RestartController(Controller):
             return
         h = self.state.current
         rec = h.record
-        stops = self._collect(g, list(self.state.active.procs), StopReport) or {}
+        stops = self.ctl.collect(g, list(self.state.active.procs), StopReport) or {}
         rec["save_s"] = max((r.save_s for r in stops.values()), default=0.0)
         rec["digest_before"] = first(stops.values(), "digest_before")
         rec["digest_before_s"] = least(stops.values(), "digest_before_s")
         rec["stopped_at"] = time.time()
         rec["checkpoint"] = saved.path
         slots = [self.state.slot_of[p] for p in self.state.active.procs if p not in h.leaving] + h.join_slots
-        self.go(Trigger.SAVED)
-        self._start_generation(h.target, sorted(slots), saved.path, "restart")
+        self.ctl.go(Trigger.SAVED)
+        self.ctl.start_generation(h.target, sorted(slots), saved.path, "restart")
         rec["generation"] = self.state.gen
 
     def _watch_start(self) -> None:
-        done = self._collect(self.state.gen, list(self.state.active.procs), StartReport)
+        done = self.ctl.collect(self.state.gen, list(self.state.active.procs), StartReport)
         if done is None:
             return
         h = self.state.current
@@ -99,15 +97,15 @@ class RestartController(Controller):
         # model's state on disk at a time; off the critical path)
         threading.Thread(target=shutil.rmtree, args=(rec["checkpoint"],), kwargs={"ignore_errors": True},
                          daemon=True).start()
-        self._close(Outcome.DONE, Trigger.STARTED)
-        self.phase_log("start", generation=self.state.gen, load_s=round(rec["load_s"], 4))
+        self.ctl.close_event(Outcome.DONE, Trigger.STARTED)
+        self.ctl.phase_log("start", generation=self.state.gen, load_s=round(rec["load_s"], 4))
 
 
-class ForkedRestartController(RestartController):
+class ForkedRestartMode(RestartMode):
     """The baseline given the agent's zygote too: its new processes are forked from a template
     that imported everything once, so a restart pays no interpreter boot and imports."""
 
-    mode = "restart-forked"
+    name = "restart-forked"
 
     @staticmethod
     def starter(backend: str, engine: str) -> dict[str, Any]:

@@ -54,11 +54,12 @@ class Host(Protocol):
     def go(self, trigger: Trigger) -> None: ...
     def phase_log(self, what: str, **kw: Any) -> None: ...
     def validate(self, ev: Event, n_before: int) -> ParallelConfig: ...
-    def _wish(self, wanted: int = 0, stop_at: int = 0, force: int = 0) -> None: ...
-    def _arrival(self, ev: Event) -> float: ...
-    def _dead(self, dead: list[Worker]) -> str: ...
-    def _refuse(self, ev: Event, e: ValueError) -> None: ...
-    def _start_generation(self, parallel: ParallelConfig, slots: list[int], load_from: str | None,
+    def wish(self, wanted: int = 0, stop_at: int = 0, force: int = 0) -> None: ...
+    def arrival(self, ev: Event) -> float: ...
+    @property
+    def failures(self) -> Any: ...
+    def refuse(self, ev: Event, e: ValueError) -> None: ...
+    def start_generation(self, parallel: ParallelConfig, slots: list[int], load_from: str | None,
                           kind: str) -> None: ...
 
 
@@ -75,12 +76,12 @@ class Suspension:
         that comes first stops them and the periodic checkpoint is what stands."""
         c, st = self.host, self.host.state
         old = st.active
-        rec = new_record(ev, c._arrival(ev), old.parallel, old.parallel, old.generation, c.step)
+        rec = new_record(ev, c.arrival(ev), old.parallel, old.parallel, old.generation, c.step)
         rec["new"] = "none (0 GPUs)"
         st.current = Handling(event=ev, record=rec, leaving=list(old.procs))
         for p in old.procs:
             c.nodes.workers[p].leaving = True
-        c._wish(stop_at=c.step + 1)
+        c.wish(stop_at=c.step + 1)
         st.suspending = True
         c.go(Trigger.STOP)
         c.phase_log("suspend", event=ev.describe(), old=old.parallel.short())
@@ -130,7 +131,7 @@ class Suspension:
         c.go(Trigger.FAIL_STOP)
         ck = self.newest_checkpoint()
         st.records.append(EventRecord.of(
-            {"kind": "fail-stop", "source": c._dead(dead)}, Outcome.SUSPENDED,
+            {"kind": "fail-stop", "source": c.failures.says(dead)}, Outcome.SUSPENDED,
             "suspended: every process of the job is gone; waiting for GPUs",
             old_generation=st.active.generation, old=st.active.parallel.short(),
             failed_at_step=failed_step, restored_step=ck["step"] if ck else 0,
@@ -166,11 +167,11 @@ class Suspension:
             if len(free) < ev.gpus:
                 raise ValueError(f"{ev.source}: scale-out {ev.gpus}: only {len(free)} free slots")
         except ValueError as e:
-            return c._refuse(ev, e)
+            return c.refuse(ev, e)
         s, now = st.suspended, time.time()
         st.suspended = None
         c.go(Trigger.RESUME)
-        c._start_generation(tgt, free[: ev.gpus], s["path"], "resume")
+        c.start_generation(tgt, free[: ev.gpus], s["path"], "resume")
         st.records.append(EventRecord.of(
             ev.to_dict(), Outcome.RESUMED, "resumed from the state on disk", gpus=ev.gpus, arrived=ev.arrived,
             t_event=now, generation=st.gen, old=s["parallel"], new=tgt.short(), checkpoint=s["path"],

@@ -1,6 +1,7 @@
-"""The controller of ``liver run``, the part every mode shares: owns the job's store, the node
-agent and the event queue; starts whole generations; learns the workers' progress; handles a
-fail-stop. The modes (``live.py``, ``restart.py``) add how an event is carried out.
+"""The controller of ``liver run``: owns the job's store, the node agent and the event queue;
+starts whole generations; learns the workers' progress. Its components: the mode (a strategy,
+``mode.py``: how an event is carried out, live or by restart), the failures (``failures.py``:
+exits, hangs, the fail-stop), the membership of its nodes, the suspension, the journal.
 
 One event at a time, monotonic generation ids, at most two generations alive. Workers learn its
 wishes through the store (``liver.protocol``); it learns their progress the same way. A worker
@@ -21,10 +22,13 @@ from typing import Any
 
 from liver import logs
 from liver.host import cores
-from liver.agent.node import NodeAgent, Worker
+from liver.agent.node import NodeAgent
 from liver.controller.metrics import Metrics
 from liver.controller.membership import Membership
 from liver.controller.suspension import Suspension
+from liver.controller.failures import ControllerError, Failures
+from liver.controller.mode import Mode
+from liver.controller.modes import MODES
 from liver.controller.nodes import Node, Nodes, RemoteNode
 from liver.agent import starters
 from liver.checkpoint.periodic import saved_step
@@ -33,7 +37,7 @@ from liver.config.fields import to_dict
 from liver.controller import journal, storehost
 from liver.policy import target
 from liver.controller.admission import admit, hardware_of, without
-from liver.policy.decisions import EndState, job_finished, next_event, next_notice, trigger_time
+from liver.policy.decisions import next_event, next_notice, trigger_time
 from liver.controller.endpoint import ControlEndpoint
 from liver.controller.watch import ProgressWatch
 from liver.controller.leaving import choose_leaving
@@ -43,11 +47,9 @@ from liver.controller.phases import Phase, Trigger, advance
 from liver.controller.records import EventRecord, Handling, first, least, new_record
 from liver.controller.state import ControllerState
 from liver.protocol import store as protocol
-from liver.protocol.agent import NODE_LOST
-from liver.protocol.messages import (M, GenerationSpec, Progress, StartReport, Wish, beat_key, read,
+from liver.protocol.messages import (M, GenerationSpec, Progress, StartReport, Wish, read,
                                     read_if)
 from liver.protocol.worker import WorkerConfig
-from liver.runtime import preload
 from liver.planner.nodes import tp_within_nodes
 from liver.planner.plan import Plan, plan_transfer
 from liver.topology import ParallelConfig
@@ -55,42 +57,12 @@ from liver.transfer.rehearsal import rehearse
 from liver.world.world import connect_store, make_store
 
 
-FAILURE_GRACE_S = 0.2  # before a recovery from the checkpoint, the processes that end with the lost ones
-
-
-class ControllerError(RuntimeError):
-    pass
-
-
-def forked_workers(backend: str, engine: str, joiners: bool, start_timeout_s: float = 120.0) -> dict[str, Any]:
-    """Workers forked from the agent's zygote (and cold ``joiners`` from one at idle priority):
-    their imports were done before they were needed (a CPU training step rehearsed too, for CPU
-    workers; GPU workers make their own CUDA context after the fork). A ``liver.agent.starters`` spec."""
-    return starters.forked(preload.for_backend(backend), preload.ENTRY, (engine,), joiners=joiners,
-                           start_timeout_s=start_timeout_s)
-
-
-def _last_line(text: str) -> str:
-    lines = [x for x in text.splitlines() if x.strip() and not logs.is_step_line(x)]
-    return lines[-1][:300] if lines else ""
-
 
 class Controller:
-    mode = "base"
-
-    @staticmethod
-    def starter(backend: str, engine: str) -> dict[str, Any]:
-        """How this mode's node agents make worker processes (a ``liver.agent.starters`` spec)."""
-        raise NotImplementedError
-
     def starter_spec(self) -> dict[str, Any]:
-        """This job's way of making workers, with the agent's start timeout."""
-        spec = self.starter(self.cfg.backend, self.cfg.engine)
+        """This job's way of making workers (its mode's), with the agent's start timeout."""
+        spec = self.mode.starter(self.cfg.backend, self.cfg.engine)
         return {**spec, "start_timeout_s": self.cfg.agent.start_timeout_s} if spec["kind"] == "forked" else spec
-
-    def tick(self) -> None:
-        """One pass of the mode's handling of the current event."""
-        raise NotImplementedError
 
     def __init__(self, cfg: RunConfig, events: list[Event], run_dir: Path, token: str | None = None,
                  local_node: bool = True, resume: dict[str, Any] | None = None, *,
@@ -103,6 +75,7 @@ class Controller:
         ``HashStore`` and a node whose processes it plays) instead of a TCP store this process
         serves and an agent of worker processes on this machine."""
         self.cfg, self.run_dir, self.token = cfg, run_dir, token
+        self.mode: Mode = MODES[cfg.controller.mode](self)  # how events are carried out
         self.job = cfg.job
         self.adapter = cfg.adapter
         self._hardware = hardware_of(cfg)
@@ -145,13 +118,12 @@ class Controller:
         self.interrupted = False  # the caller was interrupted (Ctrl-C): stop the job
         self.endpoint: ControlEndpoint | None = None
         self._last_phase_t = self.state.started_at
-        self._hang_checked = 0.0
         self.resumed = resume is not None
         self._url: str | None = None  # the endpoint's, where it was before (a resumed controller)
-        self._stashed: list[Worker] = []  # exits a wait saw first, for the loop (``_polled``)
         self.watch = ProgressWatch(cfg.controller.stop_on_nonfinite_loss, cfg.checkpoint.escalate_after)
         self.membership = Membership(self, url=lambda: self.endpoint.url if self.endpoint else "?")
         self.suspension = Suspension(self)  # no GPU left: the state on disk until GPUs come back
+        self.failures = Failures(self)  # exits, hangs, the fail-stop
         # the journal, where the store outlives this process (``liver controller``): a controller
         # started again on the run goes on from it
         self.journal = journal.Journal(run_dir, self.store) if self.store_pid is not None else None
@@ -182,6 +154,10 @@ class Controller:
 
     # ---- the loop ------------------------------------------------------------------------
     def run(self) -> dict[str, Any]:
+        """The job to its end, as the mode drives the loop: its report's data."""
+        return self.mode.drive(self._run)
+
+    def _run(self) -> dict[str, Any]:
         c = self.cfg.controller
         if c.endpoint or self.remote:
             port = int(self._url.rsplit(":", 1)[1]) if self.resumed else c.port  # (where the agents look)
@@ -213,7 +189,7 @@ class Controller:
         for ev in self.state.queue:
             self.state.records.append(EventRecord.of(ev.to_dict(), Outcome.NOT_REACHED, f"not reached: {why}"))
         # (the report's boundary: plain data from here)
-        return {"mode": self.mode, "records": [r.to_dict() for r in self.state.records],
+        return {"mode": self.mode.name, "records": [r.to_dict() for r in self.state.records],
                 "wall_s": time.time() - self.state.started_at,
                 "interrupted": self.interrupted}
 
@@ -223,20 +199,17 @@ class Controller:
         if self.resumed:
             self.phase_log("resumed", phase=self.state.phase.value, queued=len(self.state.queue),
                            nodes=list(self.nodes.nodes))
-            self._resume_phase()
+            self.mode.resume()
             return
         self.membership.await_nodes()
         parallel = self.cfg.parallel or target.choose(self.adapter, self.job, self.cfg.gpus, self.hardware)
         start = self.cfg.checkpoint.start_from
-        self._start_generation(parallel, slots=self.nodes.free_slots()[: self.cfg.gpus], load_from=start, kind="start")
+        self.start_generation(parallel, slots=self.nodes.free_slots()[: self.cfg.gpus], load_from=start, kind="start")
         if start is not None:
             self.state.records.append(EventRecord.of(
                 {"kind": "start", "source": "checkpoint.start_from"}, Outcome.RESUMED,
                 "resumed from an earlier run's checkpoint", checkpoint=start, restored_step=saved_step(start),
                 generation=self.state.gen, new=parallel.short(), t_event=time.time()))
-
-    def _resume_phase(self) -> None:
-        """What a controller that came back does first about the phase it was in (the mode's)."""
 
     def once(self) -> None:
         """One pass of the loop: what the ranks and the nodes reported, then the mode's handling
@@ -248,16 +221,16 @@ class Controller:
             self.state.t_start = self.state.progress.time
         self._stamp_triggers()
         self._watch_progress()
-        self._hung()
+        self.failures.hung()
         self.membership.watch()
-        self._exits(self._polled())
+        self.failures.exits(self.failures.polled())
         if not self.finished:
             if self.state.phase is Phase.SUSPENDED:
                 self.suspension.while_suspended()
             elif self.state.suspending:
                 self.suspension.watch()
             else:
-                self.tick()
+                self.mode.tick()
             if self.state.phase is Phase.STABLE:
                 self._maybe_end()
         self._journal()
@@ -265,7 +238,7 @@ class Controller:
     def _journal(self, force: bool = False) -> None:
         if self.journal is None:
             return
-        identity = {"cfg": self.cfg, "mode": self.mode, "token": self.endpoint.token if self.endpoint else self.token,
+        identity = {"cfg": self.cfg, "mode": self.mode.name, "token": self.endpoint.token if self.endpoint else self.token,
                     "url": self.endpoint.url if self.endpoint else None, "store_pid": self.store_pid,
                     "store_addr": self.store_addr}
         with self.lock, self.nodes.lock:  # (in that order, as the endpoint's threads take them)
@@ -278,7 +251,7 @@ class Controller:
         for rec in self.state.records:
             if rec.outcome in (Outcome.RECOVERED, Outcome.RESUMED):
                 procs = list(GenerationSpec.fetch(self.store, rec["generation"]).procs)
-                starts = self._collect(rec["generation"], procs, StartReport) or {}
+                starts = self.collect(rec["generation"], procs, StartReport) or {}
                 rec["digest_after"] = first(starts.values(), "digest_after")
                 rec["digest_after_s"] = least(starts.values(), "digest_after_s")
 
@@ -287,7 +260,7 @@ class Controller:
         """From the control endpoint: validate against the GPUs the job will have, then queue."""
         ev = replace(parse_action(action.strip(), "http"), arrived=time.time())
         with self.lock:
-            self.validate(ev, self._projected_gpus())
+            self.validate(ev, self.projected_gpus())
             self.state.queue.append(ev)
             return {"accepted": ev.describe(), "position": len(self.state.queue)}
 
@@ -323,7 +296,7 @@ class Controller:
 
     def status(self) -> dict[str, Any]:
         p = self.state.progress
-        return {"mode": self.mode, "phase": self.state.phase.value, "generation": self.state.gen,
+        return {"mode": self.mode.name, "phase": self.state.phase.value, "generation": self.state.gen,
                 "parallel": to_dict(self.state.active.parallel) if self.state.active else None,
                 "step": self.step, "queued": len(self.state.queue), "nodes": self.node_table(),
                 "checkpoint": {"step": p.checkpoint_step, "failures_in_a_row": p.checkpoint_failures,
@@ -343,7 +316,7 @@ class Controller:
         """The slots the job can use now: those of its nodes that are up, less those lost."""
         return len([s for s in self.nodes.slots() if s not in self.state.lost_slots])
 
-    def _projected_gpus(self) -> int:
+    def projected_gpus(self) -> int:
         n = 0 if self.state.suspended is not None else len(self.state.active.procs) if self.state.active else self.cfg.gpus
         if self.state.current is not None:
             n = self.state.current.record["gpus"]
@@ -358,7 +331,7 @@ class Controller:
         capacity = len(self.nodes.slots()) if ev.kind is EventKind.SCALE_OUT else self.capacity()
         return admit(ev, n_before, capacity, self.adapter, self.job, self.hardware)
 
-    def _due(self, notices_only: bool = False) -> tuple[int, Event] | None:
+    def due(self, notices_only: bool = False) -> tuple[int, Event] | None:
         """The queued event to handle next and its position (``decisions.next_event``: the head
         once triggered, else a triggered notice wherever it waits); ``notices_only``: the first
         triggered notice. Called with the lock held."""
@@ -372,7 +345,7 @@ class Controller:
         i = (next_notice if notices_only else next_event)(queue, lambda ev: ev.arrived is not None)
         return (i, queue[i]) if i is not None else None
 
-    def _take(self, i: int) -> Event:
+    def take(self, i: int) -> Event:
         ev = self.state.queue[i]
         del self.state.queue[i]
         return ev
@@ -385,7 +358,7 @@ class Controller:
             self.state.records.append(f.record)
             if f.stop and not self.state.end_at:
                 self.state.end_at, self.state.ending = max(1, self.state.progress.step), True
-                self._wish()
+                self.wish()
 
     def _stamp_triggers(self) -> None:
         """Each queued event whose trigger happened gets its time (``decisions.trigger_time``),
@@ -422,12 +395,12 @@ class Controller:
                 return {step: float(s["time"])}
         return {}
 
-    def _refuse(self, ev: Event, e: ValueError) -> None:
+    def refuse(self, ev: Event, e: ValueError) -> None:
         self.state.records.append(EventRecord.of(ev.to_dict(), Outcome.REFUSED, f"refused: {e}"))
         self.phase_log("refused", event=ev.describe(), error=str(e))
 
     # ---- generations ---------------------------------------------------------------------
-    def _handling(self, ev: Event) -> Handling:
+    def handling(self, ev: Event) -> Handling:
         """The event's target, its processes and its record (refused: ValueError); its ``event``
         is ``ev`` as far as it now applies (a node's notice: the GPUs its node leaves)."""
         old = self.state.active
@@ -443,7 +416,7 @@ class Controller:
         if ev.kind is EventKind.RESHAPE and (new_layout.tp, new_layout.pp, new_layout.dp, new_layout.layers_per_stage) \
                 == (old_layout.tp, old_layout.pp, old_layout.dp, old_layout.layers_per_stage):
             raise ValueError(f"{ev.source}: reshape {tgt.short()}: the job already runs {tgt.short()}")
-        h = Handling(event=ev, record=new_record(ev, self._arrival(ev), old.parallel, tgt, old.generation, self.step),
+        h = Handling(event=ev, record=new_record(ev, self.arrival(ev), old.parallel, tgt, old.generation, self.step),
                      target=tgt)
         if ev.kind is EventKind.SCALE_OUT:
             free = [s for s in self.nodes.free_slots() if s not in self.state.lost_slots]
@@ -461,7 +434,7 @@ class Controller:
             h.record["leaving_chosen"] = chosen.why
         return h
 
-    def _start_generation(self, parallel: ParallelConfig, slots: list[int], load_from: str | None,
+    def start_generation(self, parallel: ParallelConfig, slots: list[int], load_from: str | None,
                           kind: str) -> GenerationSpec:
         """Fresh processes for a whole generation (first start, restart, recovery)."""
         self.state.gen += 1
@@ -473,12 +446,12 @@ class Controller:
                               nodes=self.node_names(placed),
                               kind=kind)
         spec.publish(self.store)
-        self._wish()
+        self.wish()
         for p in procs:
             self.nodes.start(p, self.state.slot_of[p], "start", self.state.gen)
         self.state.active = spec
         self.phase_log("generation", generation=self.state.gen, parallel=parallel.short(), kind=kind,
-                       procs=procs, load_from=load_from, **self._where(spec))
+                       procs=procs, load_from=load_from, **self.where(spec))
         return spec
 
     def node_names(self, procs) -> tuple[str, ...]:
@@ -509,7 +482,7 @@ class Controller:
             plan = plan_transfer(src, dst, specs, old_procs, new_procs, placement=placed)
         return plan
 
-    def _where(self, spec: GenerationSpec) -> dict[str, Any]:
+    def where(self, spec: GenerationSpec) -> dict[str, Any]:
         """Which node holds which ranks of ``spec`` (for the log), where the job has several nodes."""
         if len(self.nodes.nodes) < 2:
             return {}
@@ -518,7 +491,7 @@ class Controller:
             by.setdefault(self.nodes.node_of(self.state.slot_of[p]).name, []).append(r)
         return {"ranks_by_node": by}
 
-    def _wish(self, wanted: int = 0, stop_at: int = 0, force: int = 0) -> None:
+    def wish(self, wanted: int = 0, stop_at: int = 0, force: int = 0) -> None:
         Wish(wanted=wanted, stop_at=stop_at, force=force, end_at=self.state.end_at).publish(self.store)
 
     def _maybe_end(self) -> None:
@@ -528,14 +501,14 @@ class Controller:
                 and self.state.progress.generation == self.state.active.generation:
             self.state.end_at, self.state.end_requested = self.state.progress.step + max(1, self.state.end_requested), None
             self.state.ending = True
-            self._wish()
+            self.wish()
             return
         n = self.cfg.controller.end_after_events
         if n is None or self.state.queue or self.state.current is not None or self.state.end_at \
                 or not self.state.progress or self.state.progress.generation != self.state.active.generation:
             return
         self.state.end_at = self.state.progress.step + n
-        self._wish()
+        self.wish()
 
     def phase_log(self, what: str, **kw: Any) -> None:
         """A structured line for a phase event (``liver.logs``): with the generation, how long the
@@ -545,169 +518,8 @@ class Controller:
                             "since_last_s": round(now - self._last_phase_t, 4)})
         self._last_phase_t = now
 
-    # ---- failures ------------------------------------------------------------------------
-    def _hung(self) -> None:
-        """Once a second: a live worker whose heartbeat is older than ``hang_timeout_s`` (or that
-        never wrote one that long after it started) is killed; its exit is then a fail-stop."""
-        limit, now = self.cfg.controller.hang_timeout_s, time.time()
-        if not limit or now - self._hang_checked < 1.0:
-            return
-        self._hang_checked = now
-        for w in self.nodes.alive():
-            key = beat_key(w.proc)
-            last = float(self.store.get(key)) if self.store.check([key]) else w.started
-            if now - last > limit:
-                self.phase_log("hung", proc=w.proc, slot=w.slot, silent_s=round(now - last, 1))
-                self.nodes.kill(w.proc)
-                self._exited(w)  # (the kill took its exit status: no later poll reports it)
-                return
-
-    def _exits(self, ws: list[Worker]) -> None:
-        """Exits seen together (a whole node's, say): the Active World's failures are one fail-stop."""
-        if self.state.phase is Phase.SUSPENDED:
-            return  # (processes stopped as the job let its last GPUs go)
-        # (a process marked to leave holds its rank until the switch: its failure before is one too)
-        failed = [w for w in ws if w.returncode != 0 and self.state.active is not None and w.proc in self.state.active.procs]
-        for w in ws:
-            if w not in failed:
-                self._exited(w)
-        if failed and not self.finished:
-            self._fail_stop(failed)
-
-    def _polled(self) -> list[Worker]:
-        """Exits since the last look: those a wait consumed first (``_stashed``), then new ones."""
-        ws, self._stashed = self._stashed + self.nodes.poll(), []
-        return ws
-
-    def _lost_with(self, dead: list[Worker]) -> list[Worker]:
-        """``dead`` and the other processes of the Active World that ended with them: processes lost
-        together (every GPU of a job) end within milliseconds of each other, but are seen one poll
-        at a time; those seen after ``FAILURE_GRACE_S`` are one fail-stop with them. Other exits
-        stay for the loop."""
-        time.sleep(FAILURE_GRACE_S)
-        out, rest = list(dead), []
-        for w in self._polled():
-            failed = w.returncode not in (0, None) and self.state.active is not None and w.proc in self.state.active.procs
-            (out if failed and w not in out else rest).append(w)
-        self._stashed = rest
-        return out
-
-    def _breaks_handoff(self, w: Worker) -> bool:
-        """Whether ``w``'s failure leaves a handoff in flight unable to complete (live mode: a
-        member of a switch under way)."""
-        return False
-
-    def _exited(self, w: Worker) -> None:
-        if self.finished:
-            return
-        if w.returncode != 0 and self._breaks_handoff(w):
-            return self._fail_stop([w])  # at once: its peers may wait on it until a timeout
-        if w.returncode == 0 or (w.leaving and not (self.state.active is not None and w.proc in self.state.active.procs)):
-            # the job's end: every rank of the Active World done, the last one to exit checks (a
-            # rank marked to leave by a handoff that the end cut short may well be the last)
-            if self.state.active and w.proc in self.state.active.procs and w.returncode == 0:
-                codes = tuple(self.nodes.workers[p].returncode for p in self.state.active.procs)
-                if job_finished(EndState(step=self.step, steps=self.cfg.steps, end_at=self.state.end_at,
-                                         active_exit_codes=codes)):
-                    self.go(Trigger.END)
-            return
-        if self.state.active is not None and w.proc in self.state.active.procs:
-            self._fail_stop([w])
-        else:
-            self._joiner_died(w)
-
-    def _dead(self, dead: list[Worker]) -> str:
-        """What a fail-stop's record says of its dead: the processes, their nodes, how they ended."""
-        lost = sorted({self.nodes.where(w.proc) for w in dead if w.returncode == NODE_LOST})
-        exited = [w for w in dead if w.returncode != NODE_LOST]
-        parts = [f"node {', '.join(lost)} lost (no agent sync for {self.cfg.controller.agent_timeout_s:g} s)"] if lost else []
-        if exited:
-            on = sorted({self.nodes.where(w.proc) for w in exited}) if len(self.nodes.nodes) > 1 else []
-            parts.append(f"process {[w.proc for w in exited]}{' on ' + ', '.join(on) if on else ''} exited "
-                         f"{[w.returncode for w in exited]}")
-        return "; ".join(parts)
-
-    def _failed_step(self) -> int:
-        """The last step the Active World holds: its rank 0's latest, or, for a recovery that
-        failed again before its first step, the step it was restored to (those steps are not
-        lost twice)."""
-        if self.state.progress is None or self.state.progress.generation != self.state.active.generation:
-            began = next((r["restored_step"] for r in reversed(self.state.records)
-                          if r.get("generation") == self.state.active.generation and r.get("restored_step") is not None), None)
-            if began is not None:
-                return began
-        return self.step
-
-    def _joiner_died(self, w: Worker) -> None:
-        logs.PHASES.warning(f"process {w.proc} (slot {w.slot} on node {self.nodes.where(w.proc)}, {w.role}) died: "
-                            f"{self.nodes.log_tail(w.proc, 300)!r}")
-
-    def _fail_stop(self, dead: list[Worker], preempted: bool = False, named: ParallelConfig | None = None) -> None:
-        """A rank vanished: stop everyone, restart from the latest checkpoint on the slots left.
-        ``preempted``: the event in flight was a scale-in whose deadline passed; its GPUs are gone,
-        so the recovery is its outcome (it is not queued again with a fresh deadline). ``named``:
-        the configuration that event asked for, honoured where the survivors' count fits it (the
-        record says why not otherwise)."""
-        t0 = time.time()
-        dead = self._lost_with(dead)  # (the checkpoint's path: a moment more costs nothing here)
-        old_generation = self.state.active.generation
-        failed_step = self._failed_step()
-        dead_slots = {w.slot for w in dead}
-        self.state.lost_slots |= dead_slots
-        survivors = [self.state.slot_of[p] for p in self.state.active.procs if self.state.slot_of[p] not in dead_slots]
-        self.nodes.stop_all()
-        if not survivors and all(w.returncode is not None and w.returncode < 0 or w.returncode == NODE_LOST
-                                 for w in dead):
-            return self.suspension.every_gpu_lost(dead, failed_step, t0)
-        if not survivors:  # every process ended on an error of its own: a bug to show, not GPUs lost
-            tails = "\n".join(f"--- process {w.proc} (slot {w.slot}), exit {w.returncode}:\n"
-                              f"{self.nodes.log_tail(w.proc, 1500)}" for w in dead)
-            raise ControllerError("every process of the job died; nothing to recover on. Last words:\n" + tails)
-        ck = self.suspension.newest_checkpoint()
-        n = len(survivors)
-        old = self.state.active.parallel
-        if named is None and preempted and self.state.current is not None:
-            named = self.state.current.target  # the scale-in's own target: what the notice asked for
-        not_honoured = None
-        if named is not None and named.world_size == n:
-            parallel = named
-        else:
-            parallel = old if old.world_size == n else target.choose(self.adapter, self.job, n, self.hardware,
-                                                                     current=old)
-            if named is not None:
-                not_honoured = (f"the event asked for {named.short()} ({named.world_size} GPUs); {n} survived, so "
-                                f"{parallel.short()}")
-        if self.state.current is not None:  # the event in flight: re-queued if it still applies
-            ev = self.state.current.event
-            try:
-                if preempted:
-                    raise ValueError("its deadline passed")
-                self.validate(ev, n)
-                self.state.current.record.settle(Outcome.REQUEUED, "interrupted by a fail-stop; re-queued")
-                self.state.queue.appendleft(ev)
-            except ValueError:
-                self.state.current.record.settle(*((Outcome.DEADLINE_MISSED, "deadline missed: the leaving processes were "
-                                               "stopped at the deadline and the job recovered on the others")
-                                              if preempted else
-                                              (Outcome.SUPERSEDED, "superseded by the fail-stop recovery")))
-            self.state.records.append(self.state.current.record)
-            self.state.current = None
-        self.go(Trigger.FAIL_STOP)
-        self._start_generation(parallel, sorted(survivors), ck["path"] if ck else None, "recover")
-        rec = EventRecord.of(
-            {"kind": "fail-stop", "source": self._dead(dead)}, Outcome.RECOVERED, generation=self.state.gen,
-            old_generation=old_generation, old=old.short(), new=parallel.short(), failed_at_step=failed_step,
-            restored_step=ck["step"] if ck else 0, lost_steps=failed_step - (ck["step"] if ck else 0),
-            checkpoint=ck["path"] if ck else None, lost_slots=sorted(dead_slots), t_event=t0,
-            # what the dead processes said last (a traceback's final line, where there was one)
-            last_words={w.proc: _last_line(self.nodes.log_tail(w.proc, 2000)) for w in dead},
-            **({"named_not_honoured": not_honoured} if not_honoured else {}))
-        self.state.records.append(rec)
-        self.phase_log("fail-stop", **{k: rec[k] for k in ("failed_at_step", "restored_step", "lost_steps", "new",
-                                                          "last_words")})
-
     # ---- event records -------------------------------------------------------------------
-    def _arrival(self, ev: Event) -> float:
+    def arrival(self, ev: Event) -> float:
         """When the event reached the job: a notice's deadline counts from here, even if the event
         waited behind another one (the provider does not wait)."""
         if ev.arrived is not None:
@@ -716,7 +528,7 @@ class Controller:
             return self.state.t_start + ev.at_time
         return time.time()
 
-    def _close(self, outcome: Outcome, trigger: Trigger, says: str | None = None) -> None:
+    def close_event(self, outcome: Outcome, trigger: Trigger, says: str | None = None) -> None:
         h = self.state.current
         rec = h.record
         rec.settle(outcome, says)
@@ -727,7 +539,7 @@ class Controller:
         self.state.current = None
         self.go(trigger)
 
-    def _collect(self, g: int, procs: list[int], cls: type[M]) -> dict[int, M] | None:
+    def collect(self, g: int, procs: list[int], cls: type[M]) -> dict[int, M] | None:
         """Every process's report of generation ``g`` (a ``cls``), or None while any is missing."""
         keys = [cls.key(g, p) for p in procs]
         if not self.store.check(keys):  # one round trip while they are not all there
@@ -735,4 +547,4 @@ class Controller:
         return {p: read(self.store, k, cls) for p, k in zip(procs, keys)}
 
 
-__all__ = ["Controller", "ControllerError", "forked_workers"]
+__all__ = ["Controller", "ControllerError"]
