@@ -86,3 +86,14 @@ def test_ranks_and_a_joiner_run_on_their_slots_cores(tmp_path):
     for proc, threads in seen.items():
         assert len(threads) > 1  # training, companion leftovers, gloo's
         assert all(c == rows[proc]["cores"] for c in threads.values()), (proc, threads)
+
+
+def test_a_nodes_gpus_are_counted_as_its_processes_will_see_them_without_torch(tmp_path):
+    from liver.host import gpus
+
+    assert gpus.visible({"CUDA_VISIBLE_DEVICES": "0,1,2"}) == 3
+    assert gpus.visible({"CUDA_VISIBLE_DEVICES": "3,,1"}) == 1 and gpus.visible({"CUDA_VISIBLE_DEVICES": ""}) == 0
+    for i in range(2):
+        (tmp_path / f"0000:0{i}:00.0").mkdir()
+    assert gpus.visible({}, proc=str(tmp_path)) == 2
+    assert gpus.slots("gloo") == gpus.CPU_SLOTS

@@ -109,7 +109,7 @@ def test_any_omp_num_threads_starts_the_job_and_workers_take_it_as_torchrun_does
     pool at import, and a fork copies one thread); now the template runs single-threaded and each
     worker sets the user's count after its fork; a value that is no count is refused up front."""
     from liver.cli import main
-    from liver.runtime.preload import check_threads, worker_threads
+    from liver.host.threads import check_threads, worker_threads
     assert worker_threads("gloo", {"OMP_NUM_THREADS": "4"}) == 4 and worker_threads("nccl", {}) == 1
     for bad in ("abc", "0", "-2", "1.5"):
         with pytest.raises(ValueError, match="OMP_NUM_THREADS=.*allowed unset or a thread count"):

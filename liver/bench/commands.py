@@ -1,4 +1,4 @@
-"""The ``liver bench`` subcommands: each parses nothing itself (``liver.cli`` builds the flags),
+"""The ``liver bench`` subcommands: registered by ``add_parsers``; each
 runs its benchmark and prints its JSON or its lines."""
 
 from __future__ import annotations

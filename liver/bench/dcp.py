@@ -1,7 +1,7 @@
 """``liver bench dcp``: what one rank's restart is made of, measured on this machine: the step
 time of a model on one device, and DCP's save and load of its whole training state (fp32 master
 parameters and AdamW moments: 12 bytes a parameter) to each directory given (local disk,
-``/dev/shm``), each ``repeats`` times, the first left out (it warms the page cache and the
+``/dev/shm``), each ``repeats`` times, the first left out (it fills the page cache and the
 allocator); and the device's local copy bandwidth (a shard that stays in another box). The simulator's restart model fits save and load bandwidths to the handoff runs'
 restarts; these are the same figures measured directly, on a GPU (``--backend nccl``) for the
 simulator's calibration, or on this machine's CPU.
@@ -87,7 +87,7 @@ def local_copy_bandwidth(device: torch.device, nbytes: int = 1 << 30, reps: int 
         dst.copy_(src)
         if device.type == "cuda":
             torch.cuda.synchronize(device)
-        if i >= 2:  # two to warm up
+        if i >= 2:  # the first two left out (first use)
             times.append(time.perf_counter() - t0)
     return nbytes / statistics.median(times) / 1e9
 

@@ -3,7 +3,7 @@ fp32 master parameters and AdamW moments) from 1 GPU to 2 (tp=1 -> tp=2) over NC
 streaming executor, at two model sizes; compare achieved bandwidth with the point-to-point
 bandwidth measured in the same call, and report peak extra GPU memory against B + 1 GiB.
 Destination allocated during the transfer (an old rank) and beforehand (a joiner), side by side;
-the first repetition warms up and is left out.
+the first repetition pays first use (allocator, connections) and is left out.
 Writes OUT/gpu_transfer.json.
 """
 
@@ -57,7 +57,7 @@ def worker(rank, addr, out_path, budget):
             src = {s.name: reference_shard(s, view(s, old, 0), dev) for s in specs}
         state_bytes = sum(s.nbytes for s in specs)
         runs, bad = [], []
-        # rep 0 warms the allocator and NCCL's buffers and is left out of the median; reps 1-3
+        # rep 0 pays the allocator's and NCCL's first use and is left out of the median; reps 1-3
         # allocate the destination during the transfer (an old rank's case); reps 4-6 write into
         # storage allocated beforehand (a joiner's case: its warm-up state); reps 7-9 do the same
         # with messages of up to B instead of B/2 (one message in flight: no packing overlap)

@@ -8,6 +8,15 @@ stateful loader cannot follow that change). The corpus is ``job.train.data``, a 
 library's own sources, byte-level (every machine has them).
 """
 
-from liver.data.tokens import Tokens, batch, tokens_of
+from typing import Any
 
 __all__ = ["Tokens", "batch", "tokens_of"]
+
+
+def __getattr__(name: str) -> Any:
+    """``liver.data.batch`` and its kin, imported (with torch) at first use: ``liver data prepare``'s
+    parser, registered by every ``liver`` command, imports this package."""
+    if name in __all__:
+        from liver.data import tokens
+        return getattr(tokens, name)
+    raise AttributeError(f"module 'liver.data' has no attribute {name!r}")

@@ -217,7 +217,7 @@ class EngineAdapter(ABC):
                                       spare_bytes)
         return Prebuilt(storage, wanted_bytes=wanted)
 
-    def warm_storage(self, engine: TrainingEngine) -> dict[str, torch.Tensor] | None:
+    def joiner_storage(self, engine: TrainingEngine) -> dict[str, torch.Tensor] | None:
         """What of a cold joiner's warm-up engine the switch may write the state into."""
         return engine.state
 

@@ -21,7 +21,7 @@ class Cut:
     force: int      # deadline: finish preparing generation ``force`` in the foreground
     end_at: int     # the job ends after this step (0: at its configured step count)
     ckpt_busy: int  # some rank is still writing the previous periodic checkpoint
-    built_min: int = 0  # lowest generation whose groups every rank has built (not yet warmed)
+    built_min: int = 0  # lowest generation whose groups every rank has built (not yet connected)
     built_max: int = 0
 
     @property

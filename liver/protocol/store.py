@@ -7,7 +7,7 @@
 - ``ctl/version``, ``ctl/{n}``  how many wishes were published, and each one (``Wish.publish``): a
                         worker's courier waits for the next one's key
 - ``progress``          the latest finished step (``messages.Progress``, rank 0 of the Active World)
-- ``ready/{g}/{proc}``  a process has built and warmed its part of generation g (time)
+- ``ready/{g}/{proc}``  a process has built and connected its part of generation g (time)
 - ``error/{g}/{proc}``  a process could not prepare generation g (``messages.Failure``)
 - ``decision/{g}``      whether pending generation g is switched to: "commit" (rank 0 of the Active
                         World, once every rank is ready) or "withdraw" (the controller); whichever is

@@ -22,7 +22,7 @@ class Local:
     generation: int           # its Active World's
     preparing: int = 0        # the generation its companion prepares (0: none)
     built: bool = False       # the companion built that generation's groups
-    ready: bool = False       # ... and warmed them: it reported ready
+    ready: bool = False       # ... and connected them (first collectives): it reported ready
     defer_connect: bool = False  # the groups' first collectives wait for a boundary (connect = "boundary")
     checkpoint_due: bool = False
 

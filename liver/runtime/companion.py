@@ -2,7 +2,7 @@
 
 For generation g it reads the transfer plan (made once by the controller), builds the new
 generation's groups (if this process holds a new rank) and the transfer group over every process
-of both generations, works out its transfer schedule, warms the groups (first collectives,
+of both generations, works out its transfer schedule, connects the groups (first collectives,
 point-to-point connections), then reports ready. Beside training it keeps to its pace (at most a
 share of each step, liver/runtime/pace.py). With connect="background" (gloo's default) all of it runs
 beside training; with connect="boundary" (NCCL's default: NCCL operations on two communicators at
@@ -189,7 +189,7 @@ class Preparation:
                     elif t.kind == "send":
                         recv_from.add(peer[t.src_proc])
             if self.transfer.usable_from(training_thread):
-                self.transfer.warm_p2p(sorted(send_to), sorted(recv_from))
+                self.transfer.connect_p2p(sorted(send_to), sorted(recv_from))
             self.timings["connect_s"] = time.perf_counter() - t0
             self.timings["connect_cpu_s"] = time.thread_time() - c0
             self.timings["groups_s"] = self.timings["build_s"] + self.timings["connect_s"]

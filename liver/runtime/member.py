@@ -30,7 +30,7 @@ import torch  # noqa: E402
 
 from liver.protocol.agent import IGNORE_SIGTERM  # noqa: E402
 from liver import logs  # noqa: E402
-from liver.host import cores, faults, priority  # noqa: E402
+from liver.host import cores, faults, priority, threads as host_threads  # noqa: E402
 from liver.checkpoint import dcp as ckpt  # noqa: E402
 from liver.checkpoint.periodic import PeriodicCheckpointer  # noqa: E402
 from liver.engine.digest import local_hashes, state_digest  # noqa: E402
@@ -45,7 +45,6 @@ from liver.runtime.companion import Companion, Preparation  # noqa: E402
 from liver.runtime.courier import Courier, Post  # noqa: E402
 from liver.transfer.rehearsal import rehearse  # noqa: E402
 from liver.runtime.mock import rehearse_step, warm_up  # noqa: E402
-from liver.runtime import preload  # noqa: E402
 from liver.runtime.pace import Pace  # noqa: E402
 from liver.engine.loop import Steps  # noqa: E402
 from liver.config.fields import from_dict  # noqa: E402
@@ -73,7 +72,7 @@ class Member:
         self.binding = cores.Binding(list(spec.cores) if spec.cores is not None else None)
         if spec.role != "joiner":
             self.binding.bind()  # a joiner boots on idle time anywhere; bound when it holds a rank
-        threads = preload.worker_threads(self.backend)  # (the template ran single-threaded)
+        threads = host_threads.worker_threads(self.backend)  # (the template ran single-threaded)
         os.environ["OMP_NUM_THREADS"] = str(threads)  # (libraries read it)
         torch.set_num_threads(threads)
         if self.backend == "nccl":
@@ -140,7 +139,7 @@ class Member:
                        self.config.prepare.mock_steps, generation=g)
         if self.device.type == "cuda":
             torch.cuda.synchronize()
-        self.into = self.adapter.warm_storage(rehearsed)  # in the new layout: the transfer may write into it
+        self.into = self.adapter.joiner_storage(rehearsed)  # in the new layout: the transfer may write into it
         del rehearsed
         warmup_s = time.perf_counter() - t0
         prep = self._preparation(spec, store=self.store)

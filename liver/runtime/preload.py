@@ -29,23 +29,9 @@ def _rehearse(engine: str, cpu_step: bool) -> None:
 def _single_threaded() -> None:
     """Before torch's import: no thread pool in the template, whatever the user's OMP_NUM_THREADS
     (its math libraries start one at load from it; a fork would copy only the calling thread).
-    The workers set their own thread count after the fork (``worker_threads``), as torchrun does."""
+    The workers set their own thread count after the fork (``liver.host.threads.worker_threads``), as torchrun does."""
     for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
         os.environ[var] = "1"
-
-
-def worker_threads(backend: str, env: dict[str, str] | None = None) -> int:
-    """A worker's intra-op threads: the user's ``OMP_NUM_THREADS`` where set (checked before the
-    job starts: ``check_threads``), else 1, as torchrun sets it for several processes a node."""
-    value = (os.environ if env is None else env).get("OMP_NUM_THREADS", "")
-    return int(value) if value.strip().isdigit() and int(value) > 0 else 1
-
-
-def check_threads(env: dict[str, str] | None = None) -> None:
-    """``OMP_NUM_THREADS`` unset or a positive count; ValueError naming it otherwise (before anything starts)."""
-    value = (os.environ if env is None else env).get("OMP_NUM_THREADS")
-    if value is not None and not (value.strip().isdigit() and 1 <= int(value) <= 4096):
-        raise ValueError(f"OMP_NUM_THREADS={value!r} (environment): allowed unset or a thread count from 1 to 4096")
 
 
 @contextlib.contextmanager

@@ -1,4 +1,4 @@
-"""The ``liver sim ...`` commands and ``liver bench sim-speed`` (their flags: ``liver/cli.py``)."""
+"""The ``liver sim ...`` commands and ``liver bench sim-speed`` (registered by ``add_parsers``)."""
 
 from __future__ import annotations
 

@@ -221,7 +221,7 @@ class Group:
         """First collective: connection set-up happens here, not at the first training step."""
         self.barrier()
 
-    def warm_p2p(self, send_to: list[int], recv_from: list[int]) -> None:
+    def connect_p2p(self, send_to: list[int], recv_from: list[int]) -> None:
         """Point-to-point connections are set up lazily per pair (NCCL): make them now, for the
         pairs that will be used, with one small message each way (group ranks)."""
         sends = [(torch.ones(1, device=self.device), p) for p in sorted(set(send_to)) if p != self.rank]
@@ -316,7 +316,7 @@ class LocalGroup(Group):
     def barrier(self) -> None:
         return None
 
-    def warm_p2p(self, send_to: list[int], recv_from: list[int]) -> None:
+    def connect_p2p(self, send_to: list[int], recv_from: list[int]) -> None:
         return None
 
     def all_gather_object(self, obj: Any) -> list[Any]:

@@ -1,7 +1,7 @@
 """World: one generation's process groups (TP, PP, DP and one over all its ranks).
 
 Built explicitly from a TCPStore with a fresh prefix per generation; it can be built in a
-background thread while another World trains, warmed (first collective done), activated
+background thread while another World trains, connected (first collective done), activated
 (registered with torch.distributed so that DCP can use it) and destroyed.
 """
 
@@ -227,7 +227,7 @@ class World:
         pp = self.pp
         neighbours = [r for r in (pp.rank - 1, pp.rank + 1) if 0 <= r < pp.size]
         if pp.usable_from(training_thread):
-            pp.warm_p2p(neighbours, neighbours)
+            pp.connect_p2p(neighbours, neighbours)
 
     # ---- a DeviceMesh over this generation's own groups -------------------------------------
     def mesh(self, cpu: bool = False) -> DeviceMesh:

@@ -224,7 +224,7 @@ class NativeAdapter(EngineAdapter):
     def _specs(self, job: JobConfig, layout: Layout) -> list[TensorSpec]:
         return [p.spec for p in self.placed(job, layout)]
 
-    def warm_storage(self, engine: TrainingEngine) -> dict[str, torch.Tensor] | None:
+    def joiner_storage(self, engine: TrainingEngine) -> dict[str, torch.Tensor] | None:
         return None  # a warm-up engine lives on a fake mesh: the switch builds on the real one
 
     def mock_world(self, generation: int, layout: Layout, rank: int, backend: str, device: torch.device) -> World:

@@ -1,0 +1,73 @@
+"""``liver agent``: a node agent offering this node's slots to a job's controller
+(``liver.agent.service``). Registered by ``add_parsers``; the agent's modules are imported when
+the command runs."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from liver.host import gpus
+
+def _agent(args: argparse.Namespace) -> int:
+    import os
+
+    from liver import logs
+    from liver.agent.notices import watchers
+    from liver.agent.service import AgentService
+    from liver.host.threads import check_threads
+
+    check_threads()  # (its workers' thread count: refused before any of them starts)
+    url, token = args.controller, args.token or os.environ.get("LIVER_TOKEN")
+    if args.run_dir and not url:
+        url, token = _await_control(Path(args.run_dir), args.connect_timeout, token)
+    if not url:
+        raise ValueError("--controller HOST:PORT (or --run-dir of the controller's run): the controller to join")
+    if not token:
+        raise ValueError("--token (or LIVER_TOKEN): the job's token, from the controller's control.json")
+    slots = args.slots or int(os.environ.get("LIVER_SLOTS", 0)) or gpus.slots(args.backend)
+    node = args.node or os.environ.get("LIVER_NODE") or os.environ.get("SLURMD_NODENAME") \
+        or os.environ.get("HOSTNAME") or None
+    logs.setup()
+    svc = AgentService(url, token, slots, node=node, connect_timeout_s=args.connect_timeout, quiet=not args.verbose)
+    svc.notices = watchers(args)  # (started once every flag was checked)
+    return svc.run()
+
+
+def _await_control(run_dir: Path, timeout_s: float, token: str | None) -> tuple[str, str]:
+    """The controller's URL and token from its run directory's control.json, once it is there."""
+    import time
+
+    end = time.time() + timeout_s
+    while True:
+        try:
+            info = json.loads((run_dir / "control.json").read_text())
+            return info["url"], token or info["token"]
+        except (OSError, ValueError, KeyError, TypeError):
+            if time.time() > end:
+                raise ValueError(f"--run-dir {run_dir}: no controller's control.json there within {timeout_s:g} s") \
+                    from None
+            time.sleep(0.2)
+
+
+
+def add_parsers(sub) -> None:
+    """``liver agent``."""
+    a = sub.add_parser("agent", help="a node agent: offers this node's slots to a job's controller")
+    a.add_argument("--controller", default=None, metavar="HOST:PORT", help="the controller's endpoint")
+    a.add_argument("--run-dir", default=None, help="instead: the controller's run directory (its control.json)")
+    a.add_argument("--token", default=None, help="the job's token (default: LIVER_TOKEN, or control.json)")
+    a.add_argument("--slots", type=int, default=None,
+                   help="worker slots (default: LIVER_SLOTS, or the GPU count on NCCL, 4 on CPU)")
+    a.add_argument("--backend", default="gloo", help="where --slots is unset: nccl counts the GPUs")
+    a.add_argument("--node", default=None, help="this node's name in the job (default: LIVER_NODE, "
+                                                "SLURMD_NODENAME, HOSTNAME, or host-pid)")
+    a.add_argument("--connect-timeout", type=float, default=300.0, help="seconds to wait for the controller")
+    a.add_argument("--verbose", action="store_true", help="worker output to the terminal too")
+    from liver.agent.notices import add_flags
+    add_flags(a)
+    a.set_defaults(fn=_agent)
+
+
+__all__ = ["add_parsers"]
