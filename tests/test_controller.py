@@ -69,7 +69,7 @@ def test_a_step_trigger_seen_late_is_timed_from_the_step_in_the_log(tmp_path):
 def test_a_notice_during_prepare_merges_drops_or_goes_first(tmp_path, notice, kept, then):
     ctl, node, ranks = pending_scale_out(tmp_path)
     g = ctl.state.pending.generation
-    ctl.submit(f"scale-in {notice} deadline 60s")
+    ctl.events.submit(f"scale-in {notice} deadline 60s")
     ranks.step(4)
     ctl.once()
     assert decided(ctl.store, g) == WITHDRAW  # nothing committed: nothing is lost
@@ -93,10 +93,10 @@ def test_a_withdrawn_event_never_runs_and_one_that_would_leave_the_queue_invalid
     ranks.step(1)
     ctl.once()
     with pytest.raises(ValueError, match=r"would leave #2 invalid: .*scale-in 3: the job will have 2 GPUs"):
-        ctl.withdraw(1)  # the scale-in to 3 needs the scale-out's 4 before it
+        ctl.events.withdraw(1)  # the scale-in to 3 needs the scale-out's 4 before it
     assert len(ctl.state.queue) == 2
-    ctl.withdraw(2)
-    ctl.withdraw(1)
+    ctl.events.withdraw(2)
+    ctl.events.withdraw(1)
     assert outcomes(ctl) == [Outcome.WITHDRAWN, Outcome.WITHDRAWN] and not ctl.state.queue
     for step in (50, 60, 70):
         ranks.step(step)

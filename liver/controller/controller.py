@@ -1,7 +1,8 @@
 """The controller of ``liver run``: owns the job's store, the node agent and the event queue;
 starts whole generations; learns the workers' progress. Its components: the mode (a strategy,
-``mode.py``: how an event is carried out, live or by restart), the failures (``failures.py``:
-exits, hangs, the fail-stop), the membership of its nodes, the suspension, the journal.
+``mode.py``: how an event is carried out, live or by restart), the events waiting (``queue.py``),
+the failures (``failures.py``: exits, hangs, the fail-stop), the membership of its nodes, the
+suspension, the journal.
 
 One event at a time, monotonic generation ids, at most two generations alive. Workers learn its
 wishes through the store (``liver.protocol``); it learns their progress the same way. A worker
@@ -12,7 +13,6 @@ the job restarts from the latest periodic checkpoint on the slots it still has.
 from __future__ import annotations
 
 import collections
-import json
 from dataclasses import replace
 import pickle
 import threading
@@ -27,21 +27,21 @@ from liver.controller.metrics import Metrics
 from liver.controller.membership import Membership
 from liver.controller.suspension import Suspension
 from liver.controller.failures import ControllerError, Failures
+from liver.controller.queue import EventQueue
 from liver.controller.mode import Mode
 from liver.controller.modes import MODES
-from liver.controller.nodes import Node, Nodes, RemoteNode
+from liver.controller.nodes import Node, Nodes
 from liver.agent import starters
 from liver.checkpoint.periodic import saved_step
 from liver.config import RunConfig
 from liver.config.fields import to_dict
 from liver.controller import journal, storehost
 from liver.policy import target
-from liver.controller.admission import admit, hardware_of, without
-from liver.policy.decisions import next_event, next_notice, trigger_time
+from liver.controller.admission import admit, hardware_of
 from liver.controller.endpoint import ControlEndpoint
 from liver.controller.watch import ProgressWatch
 from liver.controller.leaving import choose_leaving
-from liver.policy.events import Event, EventKind, parse_action
+from liver.policy.events import Event, EventKind
 from liver.policy.outcome import Outcome
 from liver.controller.phases import Phase, Trigger, advance
 from liver.controller.records import EventRecord, Handling, first, least, new_record
@@ -124,6 +124,7 @@ class Controller:
         self.membership = Membership(self, url=lambda: self.endpoint.url if self.endpoint else "?")
         self.suspension = Suspension(self)  # no GPU left: the state on disk until GPUs come back
         self.failures = Failures(self)  # exits, hangs, the fail-stop
+        self.events = EventQueue(self)  # the events waiting, their triggers, the one due
         # the journal, where the store outlives this process (``liver controller``): a controller
         # started again on the run goes on from it
         self.journal = journal.Journal(run_dir, self.store) if self.store_pid is not None else None
@@ -161,8 +162,8 @@ class Controller:
         c = self.cfg.controller
         if c.endpoint or self.remote:
             port = int(self._url.rsplit(":", 1)[1]) if self.resumed else c.port  # (where the agents look)
-            self.endpoint = ControlEndpoint(self.submit, self.status, self.run_dir, host=c.host, port=port,
-                                            token=self.token, queue=self.queued, withdraw=self.withdraw,
+            self.endpoint = ControlEndpoint(self.events.submit, self.status, self.run_dir, host=c.host, port=port,
+                                            token=self.token, queue=self.events.queued, withdraw=self.events.withdraw,
                                             agents=self.membership.agent_request, metrics=self.metrics.exposition,
                                             end=self.end_after)
             logs.PHASES.info(f"control endpoint {self.endpoint.url} (token in {self.run_dir / 'control.json'})")
@@ -219,7 +220,7 @@ class Controller:
             else read_if(self.store, Progress.KEY, Progress)
         if self.state.progress and self.state.t_start is None:
             self.state.t_start = self.state.progress.time
-        self._stamp_triggers()
+        self.events.stamp_triggers()
         self._watch_progress()
         self.failures.hung()
         self.membership.watch()
@@ -256,14 +257,6 @@ class Controller:
                 rec["digest_after_s"] = least(starts.values(), "digest_after_s")
 
     # ---- events --------------------------------------------------------------------------
-    def submit(self, action: str) -> dict[str, Any]:
-        """From the control endpoint: validate against the GPUs the job will have, then queue."""
-        ev = replace(parse_action(action.strip(), "http"), arrived=time.time())
-        with self.lock:
-            self.validate(ev, self.projected_gpus())
-            self.state.queue.append(ev)
-            return {"accepted": ev.describe(), "position": len(self.state.queue)}
-
     def end_after(self, steps: int) -> dict[str, Any]:
         """From the control endpoint: the job ends ``steps`` steps from the latest one (an event in
         flight finishes first: the end waits for the phase to be stable)."""
@@ -272,27 +265,6 @@ class Controller:
         with self.lock:
             self.state.end_requested = steps
         return {"ending": True, "after_steps": steps, "step": self.step}
-
-    def queued(self) -> dict[str, Any]:
-        """The events waiting, in the order they will be handled (the one in flight apart)."""
-        with self.lock:
-            return {"in_flight": self.state.current.event.describe() if self.state.current else None,
-                    "queued": [{"position": i + 1, "event": ev.describe(), "source": ev.source}
-                               for i, ev in enumerate(self.state.queue)]}
-
-    def withdraw(self, position: int) -> dict[str, Any]:
-        """From the control endpoint: take a queued event back (the one in flight cannot be)."""
-        with self.lock:
-            n_now = self.state.current.record["gpus"] if self.state.current else len(self.state.active.procs) if self.state.active \
-                else self.cfg.gpus
-            events = list(self.state.queue)
-            rest = without(events, position, n_now, self.capacity(), self.adapter, self.job,
-                           self.hardware)
-            self.state.queue.clear()
-            self.state.queue.extend(rest)
-            gone = events[position - 1]
-        self.state.records.append(EventRecord.of(gone.to_dict(), Outcome.WITHDRAWN, "withdrawn before it was handled"))
-        return {"withdrawn": gone.describe(), "queued": len(rest)}
 
     def status(self) -> dict[str, Any]:
         p = self.state.progress
@@ -316,39 +288,12 @@ class Controller:
         """The slots the job can use now: those of its nodes that are up, less those lost."""
         return len([s for s in self.nodes.slots() if s not in self.state.lost_slots])
 
-    def projected_gpus(self) -> int:
-        n = 0 if self.state.suspended is not None else len(self.state.active.procs) if self.state.active else self.cfg.gpus
-        if self.state.current is not None:
-            n = self.state.current.record["gpus"]
-        for ev in self.state.queue:
-            n = ev.gpus
-        return n
-
     def validate(self, ev: Event, n_before: int) -> ParallelConfig:
         """Refuse (ValueError naming the field) what cannot be done; returns the target. A
         scale-out reports capacity: the slots of processes lost earlier count (it begins by
         taking them back), else a slot lost once on a node that is up could never be used again."""
         capacity = len(self.nodes.slots()) if ev.kind is EventKind.SCALE_OUT else self.capacity()
         return admit(ev, n_before, capacity, self.adapter, self.job, self.hardware)
-
-    def due(self, notices_only: bool = False) -> tuple[int, Event] | None:
-        """The queued event to handle next and its position (``decisions.next_event``: the head
-        once triggered, else a triggered notice wherever it waits); ``notices_only``: the first
-        triggered notice. Called with the lock held."""
-        if not self.state.queue or self.state.ending:  # (an operator's end: no new event begins)
-            return None
-        if any(isinstance(n, RemoteNode) and n.resumed for n in self.nodes.up()):
-            return None  # a controller that came back: not before its nodes said what they run
-        if self.state.progress is None or self.state.active is None or self.state.progress.generation != self.state.active.generation:
-            return None  # the Active World has not trained a step yet (it starts, or recovers)
-        queue = list(self.state.queue)
-        i = (next_notice if notices_only else next_event)(queue, lambda ev: ev.arrived is not None)
-        return (i, queue[i]) if i is not None else None
-
-    def take(self, i: int) -> Event:
-        ev = self.state.queue[i]
-        del self.state.queue[i]
-        return ev
 
     def _watch_progress(self) -> None:
         """Said and recorded once each (``watch.py``): a non-finite loss (ending the job there where
@@ -359,41 +304,6 @@ class Controller:
             if f.stop and not self.state.end_at:
                 self.state.end_at, self.state.ending = max(1, self.state.progress.step), True
                 self.wish()
-
-    def _stamp_triggers(self) -> None:
-        """Each queued event whose trigger happened gets its time (``decisions.trigger_time``),
-        once: its deadline and its record's ``t_triggered`` count from there."""
-        p = self.state.progress
-        if p is None or self.state.active is None or p.generation != self.state.active.generation:
-            return
-        now, ends = time.time(), None
-        with self.lock:
-            for i, ev in enumerate(self.state.queue):
-                if ev.after_previous is not None and ev.at_step is None:
-                    if i > 0 or self.state.current is not None or self.state.phase is not Phase.STABLE:
-                        continue  # (``step +N``: counted from the end of the event before it)
-                    ev = self.state.queue[i] = replace(ev, at_step=p.step + ev.after_previous)
-                if ev.arrived is None:
-                    if ends is None and p.ends:  # (parsed only when an event waits for its trigger)
-                        ends = {int(k): t for k, t in p.ends.items()}
-                    if ev.at_step is not None and ev.at_step < p.step and ev.at_step not in (ends or {}):
-                        ends = {**(ends or {}), **self._logged_end(ev.at_step, p.generation)}
-                    self.state.queue[i] = replace(ev, arrived=trigger_time(ev.at_step, ev.at_time, p.step, p.time, p.step_s,
-                                                                     self.state.t_start, now, ends))
-
-    def _logged_end(self, step: int, generation: int) -> dict[int, float]:
-        """{step: its end} from rank 0's log of steps (``steps.jsonl``, where this machine has it),
-        for a trigger seen later than the step ends a record carries (a controller slowed down);
-        else nothing, and the trigger is counted back from the latest step."""
-        for line in reversed((self.run_dir / "steps.jsonl").read_text().splitlines()
-                             if (self.run_dir / "steps.jsonl").exists() else []):
-            try:
-                s = json.loads(line)
-            except ValueError:  # (a line being written)
-                continue
-            if s.get("step") == step and s.get("generation") == generation:
-                return {step: float(s["time"])}
-        return {}
 
     def refuse(self, ev: Event, e: ValueError) -> None:
         self.state.records.append(EventRecord.of(ev.to_dict(), Outcome.REFUSED, f"refused: {e}"))
@@ -416,7 +326,7 @@ class Controller:
         if ev.kind is EventKind.RESHAPE and (new_layout.tp, new_layout.pp, new_layout.dp, new_layout.layers_per_stage) \
                 == (old_layout.tp, old_layout.pp, old_layout.dp, old_layout.layers_per_stage):
             raise ValueError(f"{ev.source}: reshape {tgt.short()}: the job already runs {tgt.short()}")
-        h = Handling(event=ev, record=new_record(ev, self.arrival(ev), old.parallel, tgt, old.generation, self.step),
+        h = Handling(event=ev, record=new_record(ev, self.events.arrival(ev), old.parallel, tgt, old.generation, self.step),
                      target=tgt)
         if ev.kind is EventKind.SCALE_OUT:
             free = [s for s in self.nodes.free_slots() if s not in self.state.lost_slots]
@@ -519,15 +429,6 @@ class Controller:
         self._last_phase_t = now
 
     # ---- event records -------------------------------------------------------------------
-    def arrival(self, ev: Event) -> float:
-        """When the event reached the job: a notice's deadline counts from here, even if the event
-        waited behind another one (the provider does not wait)."""
-        if ev.arrived is not None:
-            return ev.arrived
-        if ev.at_time is not None and self.state.t_start is not None:
-            return self.state.t_start + ev.at_time
-        return time.time()
-
     def close_event(self, outcome: Outcome, trigger: Trigger, says: str | None = None) -> None:
         h = self.state.current
         rec = h.record

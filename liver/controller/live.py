@@ -131,9 +131,9 @@ class LiveMode(Mode):
 
     def tick(self) -> None:
         with self.ctl.lock:
-            due = self.ctl.due()
+            due = self.ctl.events.due()
             self._loop_priority(due is not None)
-            ev = self.ctl.take(due[0]) if due is not None and self.state.phase is Phase.STABLE else None
+            ev = self.ctl.events.take(due[0]) if due is not None and self.state.phase is Phase.STABLE else None
         if self.state.phase is Phase.STABLE:
             if ev is not None:
                 self._begin(ev)
@@ -474,7 +474,7 @@ class LiveMode(Mode):
         pending scale-out is re-planned to the smaller total (or dropped, and the scale-in goes
         first). Nothing was committed, so nothing is lost."""
         with self.ctl.lock:
-            due = self.ctl.due(notices_only=True)  # wherever it waits in the queue
+            due = self.ctl.events.due(notices_only=True)  # wherever it waits in the queue
             head = due[1] if due is not None else None
             n_active = len(self.state.active.procs)
             action = on_notice(self.state.current.event.kind if self.state.current else None, head.kind if head else None,
@@ -482,9 +482,9 @@ class LiveMode(Mode):
                                head.deadline_s is not None)
             if action is NoticeAction.WAIT:
                 return
-            self.ctl.take(due[0])
+            self.ctl.events.take(due[0])
         h = self.state.current
-        notice = EventRecord.of(head.to_dict(), Outcome.STARTED, arrived=self.ctl.arrival(head), t_event=time.time())
+        notice = EventRecord.of(head.to_dict(), Outcome.STARTED, arrived=self.ctl.events.arrival(head), t_event=time.time())
         if decide(self.store, self.state.pending.generation, WITHDRAW) != WITHDRAW:
             with self.ctl.lock:  # the scale-out is switching: the notice is next
                 self.state.queue.appendleft(head)

@@ -35,8 +35,8 @@ class RestartMode(Mode):
                     # a step trigger is known ahead: stop exactly after that step
                     self.ctl.wish(stop_at=head.at_step)
                     self.state.announced_at = head.at_step
-                due = self.ctl.due()
-                ev = self.ctl.take(due[0]) if due is not None else None
+                due = self.ctl.events.due()
+                ev = self.ctl.events.take(due[0]) if due is not None else None
             if ev is not None:
                 self._begin(ev)
         elif self.state.phase is Phase.STOP:
