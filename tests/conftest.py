@@ -43,12 +43,8 @@ class _Kept:
         self.workers.interrupt()
 
     def close(self) -> None:
-        if any(z._interrupted for z in self._templates(self.workers)):
+        if not self.workers.usable():  # (interrupted: closed for real)
             self.workers.close()
-
-    @staticmethod
-    def _templates(workers):
-        return [z for z in (workers.ranks, workers.joiners) if z is not None]
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -67,17 +63,13 @@ def shared_templates():
 
     real, kept = starters.make, collections.OrderedDict()
 
-    def alive(workers) -> bool:
-        return all(z.process.poll() is None and not z._gone and not z._interrupted
-                   for z in _Kept._templates(workers))
-
     def make(spec):
         if spec.get("kind") != "forked":
             return real(spec)
         env = tuple(sorted((k, v) for k, v in os.environ.items() if k != "PYTEST_CURRENT_TEST"))
         key = (json.dumps(spec, sort_keys=True), env)
         workers = kept.get(key)
-        if workers is None or not alive(workers):
+        if workers is None or not workers.usable():
             if workers is not None:
                 workers.close()
             workers = kept[key] = real(spec)

@@ -124,6 +124,11 @@ class Zygote:
                 raise RuntimeError(f"the zygote (pid {self.process.pid}) ended before it forked: {self._why()}")
             return self._pids.pop(rid)
 
+    def usable(self) -> bool:
+        """Whether this template can still fork: it has not ended, nor been interrupted."""
+        with self._cond:
+            return not self._gone and not self._interrupted and self.process.poll() is None
+
     def interrupt(self) -> None:
         """A start waiting for this template (still importing, at idle priority on a busy node)
         gives up at once: the job is being stopped (Ctrl-C)."""
@@ -190,6 +195,10 @@ class ForkedWorkers:
 
     def exit_status(self, pid: int, timeout_s: float | None = 0.0) -> int | None:
         return self._of[pid].exit_status(pid, timeout_s)
+
+    def usable(self) -> bool:
+        """Whether both templates can still fork (``Zygote.usable``)."""
+        return all(z.usable() for z in (self.ranks, self.joiners) if z is not None)
 
     def interrupt(self) -> None:
         for z in (self.ranks, self.joiners):
