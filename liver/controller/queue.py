@@ -46,40 +46,44 @@ class EventQueue:
     def __init__(self, host: Host) -> None:
         self.host = host
 
+    @property
+    def state(self) -> ControllerState:
+        return self.host.state
+
     def submit(self, action: str) -> dict[str, Any]:
         """From the control endpoint: validate against the GPUs the job will have, then queue."""
         ev = replace(parse_action(action.strip(), "http"), arrived=time.time())
         with self.host.lock:
             self.host.validate(ev, self.projected_gpus())
-            self.host.state.queue.append(ev)
-            return {"accepted": ev.describe(), "position": len(self.host.state.queue)}
+            self.state.queue.append(ev)
+            return {"accepted": ev.describe(), "position": len(self.state.queue)}
 
     def queued(self) -> dict[str, Any]:
         """The events waiting, in the order they will be handled (the one in flight apart)."""
         with self.host.lock:
-            return {"in_flight": self.host.state.current.event.describe() if self.host.state.current else None,
+            return {"in_flight": self.state.current.event.describe() if self.state.current else None,
                     "queued": [{"position": i + 1, "event": ev.describe(), "source": ev.source}
-                               for i, ev in enumerate(self.host.state.queue)]}
+                               for i, ev in enumerate(self.state.queue)]}
 
     def withdraw(self, position: int) -> dict[str, Any]:
         """From the control endpoint: take a queued event back (the one in flight cannot be)."""
         with self.host.lock:
-            n_now = self.host.state.current.record["gpus"] if self.host.state.current else len(self.host.state.active.procs) if self.host.state.active \
+            n_now = self.state.current.record["gpus"] if self.state.current else len(self.state.active.procs) if self.state.active \
                 else self.host.cfg.gpus
-            events = list(self.host.state.queue)
+            events = list(self.state.queue)
             rest = without(events, position, n_now, self.host.capacity(), self.host.adapter, self.host.job,
                            self.host.hardware)
-            self.host.state.queue.clear()
-            self.host.state.queue.extend(rest)
+            self.state.queue.clear()
+            self.state.queue.extend(rest)
             gone = events[position - 1]
-        self.host.state.records.append(EventRecord.of(gone.to_dict(), Outcome.WITHDRAWN, "withdrawn before it was handled"))
+        self.state.records.append(EventRecord.of(gone.to_dict(), Outcome.WITHDRAWN, "withdrawn before it was handled"))
         return {"withdrawn": gone.describe(), "queued": len(rest)}
 
     def projected_gpus(self) -> int:
-        n = 0 if self.host.state.suspended is not None else len(self.host.state.active.procs) if self.host.state.active else self.host.cfg.gpus
-        if self.host.state.current is not None:
-            n = self.host.state.current.record["gpus"]
-        for ev in self.host.state.queue:
+        n = 0 if self.state.suspended is not None else len(self.state.active.procs) if self.state.active else self.host.cfg.gpus
+        if self.state.current is not None:
+            n = self.state.current.record["gpus"]
+        for ev in self.state.queue:
             n = ev.gpus
         return n
 
@@ -87,41 +91,41 @@ class EventQueue:
         """The queued event to handle next and its position (``decisions.next_event``: the head
         once triggered, else a triggered notice wherever it waits); ``notices_only``: the first
         triggered notice. Called with the lock held."""
-        if not self.host.state.queue or self.host.state.ending:  # (an operator's end: no new event begins)
+        if not self.state.queue or self.state.ending:  # (an operator's end: no new event begins)
             return None
         if any(isinstance(n, RemoteNode) and n.resumed for n in self.host.nodes.up()):
             return None  # a controller that came back: not before its nodes said what they run
-        if self.host.state.progress is None or self.host.state.active is None or self.host.state.progress.generation != self.host.state.active.generation:
+        if self.state.progress is None or self.state.active is None or self.state.progress.generation != self.state.active.generation:
             return None  # the Active World has not trained a step yet (it starts, or recovers)
-        queue = list(self.host.state.queue)
+        queue = list(self.state.queue)
         i = (next_notice if notices_only else next_event)(queue, lambda ev: ev.arrived is not None)
         return (i, queue[i]) if i is not None else None
 
     def take(self, i: int) -> Event:
-        ev = self.host.state.queue[i]
-        del self.host.state.queue[i]
+        ev = self.state.queue[i]
+        del self.state.queue[i]
         return ev
 
     def stamp_triggers(self) -> None:
         """Each queued event whose trigger happened gets its time (``decisions.trigger_time``),
         once: its deadline and its record's ``t_triggered`` count from there."""
-        p = self.host.state.progress
-        if p is None or self.host.state.active is None or p.generation != self.host.state.active.generation:
+        p = self.state.progress
+        if p is None or self.state.active is None or p.generation != self.state.active.generation:
             return
         now, ends = time.time(), None
         with self.host.lock:
-            for i, ev in enumerate(self.host.state.queue):
+            for i, ev in enumerate(self.state.queue):
                 if ev.after_previous is not None and ev.at_step is None:
-                    if i > 0 or self.host.state.current is not None or self.host.state.phase is not Phase.STABLE:
+                    if i > 0 or self.state.current is not None or self.state.phase is not Phase.STABLE:
                         continue  # (``step +N``: counted from the end of the event before it)
-                    ev = self.host.state.queue[i] = replace(ev, at_step=p.step + ev.after_previous)
+                    ev = self.state.queue[i] = replace(ev, at_step=p.step + ev.after_previous)
                 if ev.arrived is None:
                     if ends is None and p.ends:  # (parsed only when an event waits for its trigger)
                         ends = {int(k): t for k, t in p.ends.items()}
                     if ev.at_step is not None and ev.at_step < p.step and ev.at_step not in (ends or {}):
                         ends = {**(ends or {}), **self._logged_end(ev.at_step, p.generation)}
-                    self.host.state.queue[i] = replace(ev, arrived=trigger_time(ev.at_step, ev.at_time, p.step, p.time, p.step_s,
-                                                                     self.host.state.t_start, now, ends))
+                    self.state.queue[i] = replace(ev, arrived=trigger_time(ev.at_step, ev.at_time, p.step, p.time, p.step_s,
+                                                                     self.state.t_start, now, ends))
 
     def _logged_end(self, step: int, generation: int) -> dict[int, float]:
         """{step: its end} from rank 0's log of steps (``steps.jsonl``, where this machine has it),
@@ -142,8 +146,8 @@ class EventQueue:
         waited behind another one (the provider does not wait)."""
         if ev.arrived is not None:
             return ev.arrived
-        if ev.at_time is not None and self.host.state.t_start is not None:
-            return self.host.state.t_start + ev.at_time
+        if ev.at_time is not None and self.state.t_start is not None:
+            return self.state.t_start + ev.at_time
         return time.time()
 
 
