@@ -26,25 +26,32 @@ def tiny_job():
 
 
 class _Kept:
-    """A job's starter whose templates outlive the job (``shared_templates``): closing it leaves
-    them for the next job of this test process; one interrupted (Ctrl-C) is closed for real."""
+    """A template that outlives the job that asked for it (``shared_templates``): closing it leaves
+    it for the next job of this test process; one interrupted (Ctrl-C) is closed for real."""
 
-    def __init__(self, workers, forget) -> None:
-        self.workers, self._forget = workers, forget
+    def __init__(self, zygote, forget) -> None:
+        self.zygote, self._forget = zygote, forget
 
     def start(self, *args, **kw):
-        return self.workers.start(*args, **kw)
+        return self.zygote.start(*args, **kw)
 
     def exit_status(self, *args, **kw):
-        return self.workers.exit_status(*args, **kw)
+        return self.zygote.exit_status(*args, **kw)
+
+    def usable(self) -> bool:
+        return self.zygote.usable()
 
     def interrupt(self) -> None:
         self._forget()
-        self.workers.interrupt()
+        self.zygote.interrupt()
 
-    def close(self) -> None:
-        if not self.workers.usable():  # (interrupted: closed for real)
-            self.workers.close()
+    def close(self, wait: bool = True) -> None:
+        if not self.zygote.usable():  # (interrupted: closed for real)
+            self.zygote.close(wait)
+
+    def wait_closed(self) -> None:
+        if not self.zygote.usable():
+            self.zygote.wait_closed()
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -52,34 +59,40 @@ def shared_templates():
     """Jobs run in this process (``liver run`` called in-process) fork their workers from templates
     kept across jobs: a template boots an interpreter, imports torch and rehearses a CPU step
     (seconds on the 2-core CI machine), and it does not depend on the job (what a worker does is in
-    its spec). A template is kept per starter spec and environment (PYTEST_CURRENT_TEST apart), the
-    newest few only; one that ended or was interrupted is made again. What a template does itself is
-    tested in test_zygote.py, on templates of its own; jobs whose agents are processes of their own
-    (test_nodes.py) make their own, as every job does outside the tests."""
+    its spec). A template is kept per preload, its arguments, its priority and the environment
+    (PYTEST_CURRENT_TEST apart), the newest few only: a live job's ranks and a restart job's of
+    one engine fork from one template. One that ended or was interrupted is made again. What a
+    template does itself is tested in test_zygote.py, on templates of its own; jobs whose agents
+    are processes of their own (test_nodes.py) make their own, as every job does outside the tests."""
     import collections
-    import json
 
     from liver.agent import starters
+    from liver.agent.zygote import ForkedWorkers, Zygote
 
     real, kept = starters.make, collections.OrderedDict()
+
+    def template(spec, idle: bool):
+        env = tuple(sorted((k, v) for k, v in os.environ.items() if k != "PYTEST_CURRENT_TEST"))
+        key = (spec["preload"], tuple(spec["args"]), idle, float(spec.get("start_timeout_s", 120.0)), env)
+        z = kept.get(key)
+        if z is None or not z.usable():
+            if z is not None:
+                z.close()
+            z = kept[key] = Zygote(spec["preload"], tuple(spec["args"]), idle=idle,
+                                   start_timeout_s=float(spec.get("start_timeout_s", 120.0)))
+            while len(kept) > 8:  # (each template holds an interpreter with torch imported)
+                kept.popitem(last=False)[1].close()
+        kept.move_to_end(key)
+        return _Kept(z, lambda: kept.pop(key, None))
 
     def make(spec):
         if spec.get("kind") != "forked":
             return real(spec)
-        env = tuple(sorted((k, v) for k, v in os.environ.items() if k != "PYTEST_CURRENT_TEST"))
-        key = (json.dumps(spec, sort_keys=True), env)
-        workers = kept.get(key)
-        if workers is None or not workers.usable():
-            if workers is not None:
-                workers.close()
-            workers = kept[key] = real(spec)
-            while len(kept) > 6:  # (each template holds an interpreter with torch imported)
-                kept.popitem(last=False)[1].close()
-        kept.move_to_end(key)
-        return _Kept(workers, lambda: kept.pop(key, None))
+        return ForkedWorkers.of(spec["entry"], template(spec, idle=False),
+                                template(spec, idle=True) if spec["joiners"] else None)
 
     starters.make = make
     yield
     starters.make = real
-    for workers in kept.values():
-        workers.close()
+    for z in kept.values():
+        z.close()

@@ -638,15 +638,17 @@ def test_any_optimizers_state_moves_live_equal_to_restart_and_close_to_one_proce
     recipe = f"{ROOT}/tests/recipes/biased.py:{optimizer}"
     events = tmp_path / "events.txt"
     events.write_text("at step 3: reshape 2,1,1\n")
-    n = 40  # (steps enough for Prepare to end on a loaded 2-core machine: it ends in about ten)
-    common = ("--set", f"engine={recipe}", "--set", "parallel=1,1,2", "--steps", str(n),
-              "--set", f"job.compute_dtype={dtype}", "--end-after-events", "-1")
-    live = liver_native(tmp_path / "live", *common, "--events", str(events))
+    common = ("--set", f"engine={recipe}", "--set", "parallel=1,1,2", "--set", f"job.compute_dtype={dtype}")
+    # (the live run ends 4 steps after its handoff, however long Prepare took on a loaded machine)
+    live = liver_native(tmp_path / "live", *common, "--events", str(events), "--steps", "100000",
+                        "--end-after-events", "4")
     assert live["rc"] == 0
     assert [e["status"] for e in live["events"]] == ["done"] and live["events"][0]["digest_equal"] is True
+    n = live["steps"][-1]["step"]
     cut = tmp_path / "cut.txt"
     cut.write_text(f"at step {live['events'][0]['last_old_step']}: reshape 2,1,1\n")
-    restart = liver_native(tmp_path / "restart", *common, "--events", str(cut), "--mode", "restart-forked")
+    restart = liver_native(tmp_path / "restart", *common, "--events", str(cut), "--mode", "restart-forked",
+                           "--steps", str(n), "--end-after-events", "-1")
     assert restart["rc"] == 0
 
     def steps(r):

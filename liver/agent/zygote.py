@@ -187,6 +187,14 @@ class ForkedWorkers:
         self.joiners = Zygote(preload, args, idle=True, start_timeout_s=start_timeout_s) if joiners else None
         self._of: dict[int, Zygote] = {}
 
+    @classmethod
+    def of(cls, entry: str, ranks: Zygote, joiners: Zygote | None) -> "ForkedWorkers":
+        """Workers forked from templates made by the caller (who may keep them beyond these
+        workers: ``close`` closes them as it would its own)."""
+        self = cls.__new__(cls)
+        self.entry, self.ranks, self.joiners, self._of = entry, ranks, joiners, {}
+        return self
+
     def start(self, spec_path: str, env: dict[str, str], log_path: str, quiet: bool, idle: bool) -> int:
         z = self.joiners if idle and self.joiners is not None else self.ranks
         pid = z.start(spec_path, env, log_path, quiet, idle, self.entry)
