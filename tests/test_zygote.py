@@ -167,19 +167,22 @@ def test_a_joiner_that_cannot_be_started_in_time_cancels_its_handoff_and_the_job
     """The cold joiners' template hangs (stopped, as a loaded 2-core node once starved it): a
     joiner's start times out after agent.start_timeout_s, and its scale-out is cancelled with that
     reason while the job trains on to its last step (it used to end the whole job)."""
-    from liver.agent import zygote
+    from liver.agent import starters, zygote
     from test_run import liver
 
-    real = zygote.ForkedWorkers.__init__
+    made = []
 
-    def hung_joiners(self, *args, **kw):
-        real(self, *args, **kw)
-        if self.joiners is not None:  # stopped once it has imported (a fork then never comes)
-            z = self.joiners
+    def hung_joiners(spec):  # (templates of this job's own, not those kept across the tests' jobs)
+        w = zygote.ForkedWorkers(spec["preload"], spec["entry"], tuple(spec["args"]), joiners=spec["joiners"],
+                                 start_timeout_s=spec["start_timeout_s"])
+        made.append(w)
+        if w.joiners is not None:  # stopped once it has imported (a fork then never comes)
+            z = w.joiners
             threading.Thread(target=lambda: (z.wait_ready(), os.kill(z.process.pid, signal.SIGSTOP)),
                              daemon=True).start()
+        return w
 
-    monkeypatch.setattr(zygote.ForkedWorkers, "__init__", hung_joiners)
+    monkeypatch.setattr(starters, "make", hung_joiners)
     events = tmp_path / "events.txt"
     events.write_text("at step 3: scale-out 4\n")
     rep = liver(tmp_path / "run", "--events", str(events), "--parallel", "1,1,2", "--gpus", "2", "--steps", "12",
@@ -189,6 +192,7 @@ def test_a_joiner_that_cannot_be_started_in_time_cancels_its_handoff_and_the_job
     (ev,) = rep["events"]
     assert ev["status"].startswith("cancelled: joiner process") and "did not fork a worker in 2 s" in ev["status"], ev
     assert rep["steps"][-1]["step"] == 12 and rep["steps"][-1]["parallel"] == "tp1pp1dp2"
+    assert made and all(not w.usable() for w in made)  # (the job closed its templates, the stopped one too)
 
 
 def test_step_lines_carry_their_time_and_are_told_apart_from_a_processs_last_words():
