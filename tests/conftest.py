@@ -65,13 +65,15 @@ def shared_templates():
     template does itself is tested in test_zygote.py, on templates of its own; jobs whose agents
     are processes of their own (test_nodes.py) make their own, as every job does outside the tests."""
     import collections
+    from pathlib import Path
 
     from liver.agent import starters
     from liver.agent.zygote import ForkedWorkers, Zygote
+    from liver.controller.mode import forked_workers
 
-    real, kept = starters.make, collections.OrderedDict()
+    real, kept, pinned = starters.make, collections.OrderedDict(), set()
 
-    def template(spec, idle: bool):
+    def template(spec, idle: bool, pin: bool = False):
         env = tuple(sorted((k, v) for k, v in os.environ.items() if k != "PYTEST_CURRENT_TEST"))
         key = (spec["preload"], tuple(spec["args"]), idle, float(spec.get("start_timeout_s", 120.0)), env)
         z = kept.get(key)
@@ -80,8 +82,11 @@ def shared_templates():
                 z.close()
             z = kept[key] = Zygote(spec["preload"], tuple(spec["args"]), idle=idle,
                                    start_timeout_s=float(spec.get("start_timeout_s", 120.0)))
-            while len(kept) > 8:  # (each template holds an interpreter with torch imported)
-                kept.popitem(last=False)[1].close()
+            if pin:
+                pinned.add(key)
+            while len(kept) - len(pinned) > 8:  # (each template holds an interpreter with torch imported)
+                oldest = next(k for k in kept if k not in pinned)
+                kept.pop(oldest).close()
         kept.move_to_end(key)
         return _Kept(z, lambda: kept.pop(key, None))
 
@@ -91,6 +96,14 @@ def shared_templates():
         return ForkedWorkers.of(spec["entry"], template(spec, idle=False),
                                 template(spec, idle=True) if spec["joiners"] else None)
 
+    # made ahead, before the first test: the two engines most jobs of the tests run, a live job's
+    # ranks and its cold joiners (an idle-priority template boots slowly once ranks train beside
+    # it, seconds of a scale-out's Prepare; made here on idle cores, it is ready when one needs it)
+    root = Path(__file__).resolve().parent.parent
+    ahead = [template(forked_workers("gloo", engine, joiners=True), idle=idle, pin=True)
+             for engine in ("liver.engine.reference:ADAPTER", f"{root}/examples/llama.py:RECIPE") for idle in (False, True)]
+    for t in ahead:
+        t.zygote.wait_ready()
     starters.make = make
     yield
     starters.make = real

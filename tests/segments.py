@@ -12,7 +12,8 @@ import torch.distributed as dist
 from liver.checkpoint import dcp as ckpt
 from liver.engine.digest import gather_full_state, state_digest
 from liver.engine.reference.trainer import Engine
-from liver.topology import JobConfig, Layout, ParallelConfig
+from liver.config.fields import from_dict, with_model
+from liver.topology import JobConfig, Layout, ParallelConfig, ModelConfig
 from liver.world.world import World, connect_store
 
 
@@ -23,9 +24,9 @@ def run_segment(*, store_addr: str, namespace: str, rank: int, job: dict[str, An
     """Train ``steps`` steps on this rank; returns losses, digests and phase timings."""
     timings: dict[str, float] = {}
     wall: dict[str, float] = {"start": time.time()}
-    jc = JobConfig.from_dict(job)
+    jc = with_model(from_dict(JobConfig, job, "job"), ModelConfig)
     pc = ParallelConfig.from_dict(parallel)
-    layout = Layout(jc.model, pc, jc.train)
+    layout = Layout(jc.model.num_layers, pc, jc.train)
     device = (torch.device("cuda", torch.cuda.current_device()) if backend == "nccl"
               else torch.device("cpu"))
     t0 = time.perf_counter()

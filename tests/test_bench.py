@@ -24,14 +24,15 @@ def test_the_gpu_scenario_script_dry_runs_on_cpu(tmp_path):
     in tests/test_heal.py and against live runs in tests/test_run.py; the script's rows from both:
     bench/results/cpu-x2-native-dryrun, cpu-x8-dryrun and the GPU runs)."""
     args = argparse.Namespace(scenario="x2", model="tiny", engine=None, backend="gloo", connect="auto", budget_mib=64,
-                              cycles=1, gap=12, live_only=True, run_root=None, out=str(tmp_path))
+                              cycles=1, gap=12, live_only=True, run_root=None, out=str(tmp_path),
+                              set=["prepare.companion_share=0"])  # (unpaced: the pace has tests of its own)
     result = handoffs.run(args)
     assert json.loads((tmp_path / "handoffs.json").read_text()) == json.loads(json.dumps(result))
     assert [e["event"] for e in result["events"]] == ["scale-out", "reshape", "scale-in"]
     for e in result["events"]:
         assert e["status"] == "done" and e["digest_equal"], e
         assert e["downtime_s"] > 0 and e["prepare_s"] > 0
-    assert result["live_only"] is True and result["digests_equal"] is True
+    assert result["live_only"] is True and result["digests_equal"] is True and result["companion_share"] == 0
     assert (tmp_path / "timeline-live.png").exists() and (tmp_path / "report-live.json").exists()
 
 

@@ -97,9 +97,10 @@ def test_replicas_that_differ_are_an_error_of_the_digest_never_averaged_away():
 def test_mfu_is_the_models_flops_over_the_peak_of_the_dtype_its_matmuls_run_in():
     import torch
 
-    from liver.engine.flops import flops_per_token, mfu, peak_flops
+    from liver.engine.flops import mfu, peak_flops
+    from liver.topology import ModelFacts
     assert peak_flops(torch.device("cpu"), "bfloat16") is None  # no figure where no peak is known
-    assert mfu(10**9, 16, 2048, 2048, 1000.0, None, 1) is None
-    per = flops_per_token(10**9, 16, 2048, 2048)
+    per = ModelFacts.decoder(10**9, 16, 2048, 2048).flops_per_token
+    assert mfu(per, 1000.0, None, 1) is None
     assert per == 6e9 + 12 * 16 * 2048 * 2048
-    assert mfu(10**9, 16, 2048, 2048, 10_000.0, 989e12, 2) == per * 10_000.0 / (989e12 * 2)
+    assert mfu(per, 10_000.0, 989e12, 2) == per * 10_000.0 / (989e12 * 2)

@@ -106,12 +106,32 @@ def test_the_config_leaves_are_leaves():
 
 @pytest.mark.parametrize("package", ["runtime", "controller", "checkpoint", "transfer", "protocol", "policy", "sim"])
 def test_the_runtime_knows_an_engine_only_through_its_interface(package):
-    """The simulator and the policy model the reference engine's costs: that engine's adapter
-    (``liver.engine.reference``) and its state's shapes are theirs to read."""
+    """The simulator and the policy model the reference engine's jobs (the presets, measured runs):
+    that engine's adapter (``liver.engine.reference``) is theirs to name; its internals are not."""
     allowed = ("liver.engine.interface", "liver.engine.loop", "liver.engine.digest")
     if package in ("policy", "sim"):
-        allowed += ("liver.engine.reference", "liver.engine.reference.trainer")
+        allowed += ("liver.engine.reference",)
     assert offenders(package, lambda n: n.startswith("liver.engine.") and n not in allowed) == []
+
+
+#: a model configuration's own fields (the reference engine's ``ModelConfig``): its engine's to read
+MODEL_FIELDS = ("num_layers", "hidden_size", "num_heads", "ffn_size", "vocab_size", "vocab_multiple", "padded_vocab_size",
+                "head_dim", "num_params", "rope_theta", "norm_eps", "init_std")
+
+
+@pytest.mark.parametrize("package", ["policy", "controller", "sim", "runtime", "transfer", "checkpoint", "planner",
+                                     "protocol", "config"])
+def test_above_the_engines_no_code_reads_a_model_configurations_fields(package):
+    """The layout checks, the target choice, the cost model, the controller and the simulator know a
+    model by its engine's facts (``EngineAdapter.facts``: ``ModelFacts``), whatever its configuration
+    (a recipe's own dataclass): none of them reads ``ModelConfig``'s fields. (The simulator's
+    presets make ``ModelConfig`` values, by keyword: that is the reference engine's model.)"""
+    files = [ROOT / f"{package}.py"] if (ROOT / f"{package}.py").is_file() else sorted((ROOT / package).rglob("*.py"))
+    found = [f"{f.relative_to(ROOT.parent)}:{node.lineno} .{node.attr}" for f in files
+             for node in ast.walk(ast.parse(f.read_text())) if isinstance(node, ast.Attribute) and node.attr in MODEL_FIELDS]
+    assert found == []
+    layout = ast.parse((ROOT / "topology" / "layout.py").read_text())
+    assert [n.attr for n in ast.walk(layout) if isinstance(n, ast.Attribute) and n.attr in MODEL_FIELDS] == []
 
 
 def test_the_agent_knows_nothing_of_training():

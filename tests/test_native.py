@@ -735,3 +735,66 @@ def test_the_companions_table_answers_both_of_dtensors_ways_in():
             assert out["computed"] == 0 and all(a is table[s] for a, s in zip(out["answers"], seen + seen))
         finally:
             forget_meshes()
+
+
+OWN = f"{ROOT}/tests/recipes/own_config.py:RECIPE"  # a model of a configuration of its own (MLPConfig)
+
+
+def test_a_recipes_own_model_configuration_is_filled_checked_and_priced_through_its_facts():
+    """``[job.model]`` fills the recipe's own dataclass (a preset gives its training options, not
+    its Llama shape); its layouts, the target choice and the cost model read the facts its engine
+    gives (parameters and blocks counted on the model, width and tokens a sample from the recipe);
+    a field it does not have, a value of the wrong type or range is refused naming the field."""
+    import re
+
+    from liver.config import jobfile
+    from liver.policy import costs, target
+    from liver.policy.workload import Workload
+    from liver.topology.presets import PRESETS
+
+    cfg = jobfile.build({"engine": OWN, "preset": "1b", "job": {"model": {"depth": 4, "width": 32}}})
+    m = cfg.job.model
+    assert type(m).__name__ == "MLPConfig" and (m.depth, m.width, m.context, m.vocab) == (4, 32, 8, 64)
+    assert cfg.job.train == PRESETS["1b"].train
+    with torch.device("meta"):
+        plain = sum(p.numel() for p in cfg.adapter.recipe.model(cfg.job).parameters())
+    facts = cfg.adapter.facts(cfg.job)
+    assert (facts.params, facts.layers, facts.width, facts.seq_len) == (plain, 4, 32, 8)
+    assert facts.flops_per_token == 6 * plain + 12 * 4 * 32 * 8
+    assert cfg.adapter.layout(cfg.job, ParallelConfig(pp=2, dp=2)).layers_per_stage == (2, 2)
+    with pytest.raises(ValueError, match="exceeds the model's 4 layers"):
+        cfg.adapter.layout(cfg.job, ParallelConfig(pp=8))
+    hw = target.Hardware.named("cpu")
+    chosen = target.choose(cfg.adapter, cfg.job, 4, hw)
+    lay = cfg.adapter.layout(cfg.job, chosen)
+    assert chosen.world_size == 4 and costs.step_time(Workload(cfg.adapter, cfg.job), lay, hw.costs) > 0
+    for table, words in [({"num_layers": 8}, "job.model.num_layers: no such field; allowed: depth, width, context, vocab"),
+                         ({"depth": "x"}, "job.model.depth='x': expected an integer"),
+                         ({"depth": 0}, "model.depth=0: must be a positive integer")]:
+        with pytest.raises(ValueError, match=re.escape(words)):
+            jobfile.build({"engine": OWN, "job": {"model": table}})
+
+
+@pytest.mark.timeout(600)
+def test_a_model_of_its_own_configuration_reshapes_live_into_stages_equal_to_restart(tmp_path):
+    """The job file's model table of the recipe's own fields, through `liver run`: FSDP2 on two
+    ranks reshaped into two pipeline stages (cut by the blocks its facts count), live and by
+    restart through DCP, every step bit for bit."""
+    from test_run import liver
+
+    events = tmp_path / "events.txt"
+    events.write_text("at step 3: reshape 1,2,1\n")
+    common = ("--set", f"engine={OWN}", "--set", "parallel=1,1,2", "--set", "job.model.depth=4",
+              "--set", "checkpoint.every=0")
+    live = liver(tmp_path / "live", *common, "--events", str(events), "--steps", "100000", "--end-after-events", "3")
+    assert live["rc"] == 0 and [e["status"] for e in live["events"]] == ["done"], live["events"]
+    assert live["events"][0]["digest_equal"] is True and live["events"][0]["new"] == "tp1pp2dp1"
+    assert live["model_description"].startswith("mlp (depth 4, width 16, context 8, vocab 64: ")
+    cut = tmp_path / "cut.txt"
+    cut.write_text(f"at step {live['events'][0]['last_old_step']}: reshape 1,2,1\n")
+    n = live["steps"][-1]["step"]
+    restart = liver(tmp_path / "restart", *common, "--events", str(cut), "--steps", str(n), "--end-after-events", "-1",
+                    "--mode", "restart-forked")
+    assert restart["rc"] == 0
+    assert [(s["step"], s["parallel"], s["loss"], s["digest"]) for s in live["steps"]] == \
+        [(s["step"], s["parallel"], s["loss"], s["digest"]) for s in restart["steps"]]

@@ -36,7 +36,7 @@ def placements(draw):
 def layout_of(tp: int, dp: int, pp: int) -> Layout:
     model = ModelConfig(num_layers=4, hidden_size=16, num_heads=4, ffn_size=32, vocab_size=64, vocab_multiple=16,
                         seq_len=8)
-    return Layout(model, ParallelConfig(tp=tp, pp=pp, dp=dp), TrainConfig(global_batch=dp * 2, micro_batch=1),
+    return Layout(model.num_layers, ParallelConfig(tp=tp, pp=pp, dp=dp), TrainConfig(global_batch=dp * 2, micro_batch=1),
                   tp * pp * dp)
 
 

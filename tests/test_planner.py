@@ -35,8 +35,8 @@ def parallel(draw, model):
 @st.composite
 def cases(draw):
     model = draw(st.sampled_from(MODELS))
-    old = Layout(model, draw(parallel(model)), TRAIN)
-    new = Layout(model, draw(parallel(model)), TRAIN)
+    old = Layout(model.num_layers, draw(parallel(model)), TRAIN)
+    new = Layout(model.num_layers, draw(parallel(model)), TRAIN)
     old_procs = list(range(old.size))
     draw(st.randoms()).shuffle(old_procs)
     keep = draw(st.integers(0, min(old.size, new.size)))
@@ -95,8 +95,8 @@ def test_plans_are_complete_unique_and_local_first(case):
 
 def test_replicas_share_the_sending():
     model = MODELS[1]
-    old = Layout(model, ParallelConfig(tp=2, pp=1, dp=4), TRAIN)
-    new = Layout(model, ParallelConfig(tp=2, pp=1, dp=8), TRAIN)
+    old = Layout(model.num_layers, ParallelConfig(tp=2, pp=1, dp=4), TRAIN)
+    new = Layout(model.num_layers, ParallelConfig(tp=2, pp=1, dp=8), TRAIN)
     specs = state_specs(JobConfig(model=model, train=TRAIN))
     plan = plan_transfer(old, new, specs, list(range(8)), list(range(16)))
     out = plan.rank_bytes_out
@@ -109,12 +109,12 @@ def test_replicas_share_the_sending():
 def test_placement_keeps_shards_where_they_are():
     """TP2 DP2 -> TP2 DP2 with processes listed in another order: the optimal placement moves nothing."""
     model = MODELS[0]
-    lay = Layout(model, ParallelConfig(tp=2, dp=2), TRAIN)
+    lay = Layout(model.num_layers, ParallelConfig(tp=2, dp=2), TRAIN)
     specs = state_specs(JobConfig(model=model, train=TRAIN))
     plan = plan_transfer(lay, lay, specs, [3, 1, 0, 2], [0, 1, 2, 3])
     assert plan.bytes_moved == 0 and plan.bytes_moved_identity == 0
     assert {t.kind for t in plan.tasks} == {"keep"}
-    reshape = plan_transfer(lay, Layout(model, ParallelConfig(tp=1, dp=4), TRAIN), specs, [0, 1, 2, 3], [0, 1, 2, 3])
+    reshape = plan_transfer(lay, Layout(model.num_layers, ParallelConfig(tp=1, dp=4), TRAIN), specs, [0, 1, 2, 3], [0, 1, 2, 3])
     assert reshape.bytes_moved <= reshape.bytes_moved_identity
     assert reshape.bytes_moved == sum(t.nbytes for t in reshape.tasks if t.kind == "send") > 0
 
@@ -127,7 +127,7 @@ def test_placement_keeps_shards_where_they_are():
 ])
 def test_impossible_plans_are_refused(kwargs, words):
     model = MODELS[0]
-    lay = Layout(model, ParallelConfig(tp=2, dp=2), TRAIN)
+    lay = Layout(model.num_layers, ParallelConfig(tp=2, dp=2), TRAIN)
     specs = state_specs(JobConfig(model=model, train=TRAIN))
     args = dict(old_procs=[0, 1, 2, 3], new_procs=[0, 1, 2, 3])
     args.update(kwargs)
@@ -138,7 +138,7 @@ def test_impossible_plans_are_refused(kwargs, words):
 
 
 def test_other_model_is_refused():
-    lay = Layout(MODELS[0], ParallelConfig(), TRAIN)
-    other = Layout(MODELS[2], ParallelConfig(), TRAIN)
+    lay = Layout(MODELS[0].num_layers, ParallelConfig(), TRAIN)
+    other = Layout(MODELS[2].num_layers, ParallelConfig(), TRAIN)
     with pytest.raises(ValueError, match="model"):
         plan_transfer(lay, other, state_specs(JobConfig(model=MODELS[0], train=TRAIN)), [0], [0])

@@ -9,6 +9,7 @@ from hypothesis import assume, given, settings, strategies as st
 from liver.controller.admission import admit
 from liver.engine.reference import ADAPTER
 from liver.policy import target
+from liver.policy.workload import Workload
 from liver.policy.events import Event, EventKind
 from liver.policy.profile import load
 from liver.sim import engine
@@ -57,7 +58,7 @@ def test_the_choice_is_the_fastest_fitting_candidate_by_the_cost_model(job, gpus
     cands = target.candidates(ADAPTER, job, gpus)
     assume(cands)
     chosen = ADAPTER.layout(job, target.choose(ADAPTER, job, gpus, hw))
-    assert round(target.step_time(job, chosen, hw), 12) == min(round(target.step_time(job, c, hw), 12) for c in cands)
+    assert round(target.step_time(Workload(ADAPTER, job), chosen, hw), 12) == min(round(target.step_time(Workload(ADAPTER, job), c, hw), 12) for c in cands)
     # a memory limit between two candidates' needs drops the larger one, never the smaller
     need = sorted({target.state_bytes(ADAPTER, job, c) for c in cands})
     limited = replace(hw, memory_bytes=need[0] * target.ACTIVATIONS)

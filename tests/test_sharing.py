@@ -55,7 +55,7 @@ def handoffs(draw):
 
 
 def _layout(p: ParallelConfig) -> Layout:
-    return Layout(MODEL, p, TrainConfig(global_batch=12 * p.dp, micro_batch=1))
+    return Layout(MODEL.num_layers, p, TrainConfig(global_batch=12 * p.dp, micro_batch=1))
 
 
 @settings(max_examples=200, deadline=None)

@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 from liver.policy.events import EventError
 from liver.engine.reference import ADAPTER
 from liver.policy import costs, target
+from liver.policy.workload import Workload
 from liver.sim import calibrate, engine, sources, validate
 from liver.sim.models import SIM_MODELS, sim_model
 from liver.policy.profile import PROFILES, load
@@ -50,9 +51,9 @@ def test_live_downtime_never_above_restart_and_every_phase_positive(profile, mod
     if a is None or b is None:
         pytest.skip("the model does not fit")
     for old, new in ((a, b), (b, a)):
-        h = costs.live(job, old.parallel, new.parallel, prof)
+        h = costs.live(Workload.reference(job), old.parallel, new.parallel, prof)
         for memory in (False, True):
-            r = costs.restart(job, old.parallel, new.parallel, prof, memory=memory)
+            r = costs.restart(Workload.reference(job), old.parallel, new.parallel, prof, memory=memory)
             assert h.downtime_s <= r.downtime_s
             assert min(r.save_s, r.start_s, r.init_s, r.load_s, r.fixed_s) >= 0
         assert min(h.boot_s, h.mock_s, h.groups_s, h.plan_s, h.build_s, h.switch_s, h.transfer_s, h.first_step_s) >= 0
@@ -67,7 +68,7 @@ def test_the_step_time_falls_as_gpus_are_added_and_the_presets_span_1b_to_175b()
     prof = load("h200")
     assert round(SIM_MODELS["1b-cluster"].model.num_params() / 1e9) == 1 and round(SIM_MODELS["175b-cluster"].model.num_params() / 1e9) == 175
     job = sim_model("14b-cluster")
-    times = [costs.step_time(job, _best(job, n, prof), prof) for n in (8, 16, 32, 64)]
+    times = [costs.step_time(Workload.reference(job), _best(job, n, prof), prof) for n in (8, 16, 32, 64)]
     assert times == sorted(times, reverse=True)
 
 
@@ -88,7 +89,7 @@ def test_a_notice_during_a_scale_outs_prepare_is_taken_as_the_controller_takes_i
     """A scale-out 16 -> 32 whose Prepare a notice cuts short (liver.policy.decisions.on_notice):
     no event waits behind the other, none becomes a fail-stop."""
     job, prof = sim_model("7b-cluster"), load("h200")
-    h = costs.live(job, _best(job, 16, prof).parallel, _best(job, 32, prof).parallel, prof)
+    h = costs.live(Workload.reference(job), _best(job, 16, prof).parallel, _best(job, 32, prof).parallel, prof)
     assert h.prepare_s > 2.0  # (the notice below comes 1 s into it)
     changes = [sources.Change(100.0, 32), sources.Change(161.0, notice_to, notice_s=60.0)]
     out = engine.simulate(job, prof, "live", 16, changes, 0.5)
@@ -199,17 +200,17 @@ def test_a_first_step_pays_for_the_collectives_it_runs_over_new_process_sets():
 
     def par(tp=1, pp=1, dp=1):
         return ParallelConfig(tp=tp, pp=pp, dp=dp)
-    assert costs.first_uses(job, par(tp=2), par(dp=2)) == {"dp"}        # same processes, a new kind on them
-    assert costs.first_uses(job, par(tp=2), par(tp=2, dp=2)) == {"tp", "dp"}  # joiners: new sets for both
-    assert costs.first_uses(job, par(tp=2, dp=2), par(tp=2)) == frozenset()    # the survivors' TP set ran TP
-    assert costs.first_uses(job, par(dp=2), par()) == frozenset()               # one process: none
+    assert costs.first_uses(Workload.reference(job), par(tp=2), par(dp=2)) == {"dp"}        # same processes, a new kind on them
+    assert costs.first_uses(Workload.reference(job), par(tp=2), par(tp=2, dp=2)) == {"tp", "dp"}  # joiners: new sets for both
+    assert costs.first_uses(Workload.reference(job), par(tp=2, dp=2), par(tp=2)) == frozenset()    # the survivors' TP set ran TP
+    assert costs.first_uses(Workload.reference(job), par(dp=2), par()) == frozenset()               # one process: none
     # the run's history: a communicator keeps the kinds it ran (tp1 -> tp2 -> dp2 -> tp2: the last pays none)
     run = [(par(), par(tp=2)), (par(tp=2), par(dp=2)), (par(dp=2), par(tp=2)), (par(tp=2), par())]
     assert calibrate.replay("7b", run) == [(frozenset({"tp"}), True), (frozenset({"dp"}), False),
                                            (frozenset(), False), (frozenset(), False)]
     prof = load("h200")
-    again = costs.live(job, par(tp=2), par(dp=2), prof, kinds=frozenset())
-    first = costs.live(job, par(tp=2), par(dp=2), prof)
+    again = costs.live(Workload.reference(job), par(tp=2), par(dp=2), prof, kinds=frozenset())
+    first = costs.live(Workload.reference(job), par(tp=2), par(dp=2), prof)
     assert first.first_step_s - again.first_step_s == pytest.approx(prof.connect_dp_s)
 
 
@@ -237,19 +238,19 @@ def test_dcp_reads_every_saved_chunk_it_overlaps_whole(data):
         reads.append(total)
     write = max(sum(box_numel(b) * s.itemsize for s in specs if (b := view(s, old, q)) is not None)
                 for q in range(old.size)) / old.dp
-    got = costs.dcp_bytes(job, old.parallel, new.parallel)
+    got = costs.dcp_bytes(Workload.reference(job), old.parallel, new.parallel)
     assert got == pytest.approx((write, max(reads), sum(reads)), rel=1e-9)
-    assert max(reads) >= costs.rank_state_bytes(job, new) * 12 / 14 * (1 - 1e-9)  # never less than it keeps
+    assert max(reads) >= costs.rank_state_bytes(Workload.reference(job), new) * 12 / 14 * (1 - 1e-9)  # never less than it keeps
 
 
 def test_the_plans_work_counts_each_processs_bytes_copies_and_tasks():
     job, par = sim_model("1b-cluster"), ParallelConfig
-    half = costs.plan_work(job, par(tp=2), par(dp=2))  # each rank: its half out, the other in, its half copied
+    half = costs.plan_work(Workload.reference(job), par(tp=2), par(dp=2))  # each rank: its half out, the other in, its half copied
     state = sim_model("1b-cluster").model.num_params() * 12
     assert half.io_bytes == pytest.approx(state, rel=1e-3) and half.copy_bytes == pytest.approx(state / 2, rel=1e-3)
-    local = costs.plan_work(job, par(dp=2), par(tp=2))  # every rank has all it needs: copies only
+    local = costs.plan_work(Workload.reference(job), par(dp=2), par(tp=2))  # every rank has all it needs: copies only
     assert local.io_bytes == 0 and local.copy_bytes == pytest.approx(state / 2, rel=1e-3) and local.moved == 0
-    same = costs.plan_work(job, par(dp=2), par())  # the survivor keeps its whole replica in place
+    same = costs.plan_work(Workload.reference(job), par(dp=2), par())  # the survivor keeps its whole replica in place
     assert same.io_bytes == same.copy_bytes == 0 and same.tasks > 0
 
 
@@ -261,7 +262,7 @@ def test_the_share_of_the_peak_grows_with_the_width_of_the_matrix_multiplies():
     shares = [costs.sustained(prof, w) for w in (256, 512, 1024, 2048, 4096, 8192, 1 << 20)]
     assert shares == sorted(shares) and shares[-1] <= prof.mfu
     job = sim_model("70b-cluster")
-    per_gpu = [costs.step_time(job, costs.layout(job, ParallelConfig(tp=tp, dp=64 // tp)), prof) * 64
+    per_gpu = [costs.step_time(Workload.reference(job), costs.layout(Workload.reference(job), ParallelConfig(tp=tp, dp=64 // tp)), prof) * 64
                for tp in (1, 2, 4, 8)]  # the same GPUs: more TP, narrower matrix multiplies, more GPU-time
     assert per_gpu == sorted(per_gpu)
 

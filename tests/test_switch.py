@@ -16,7 +16,8 @@ from liver.engine.reference.trainer import Engine, state_specs
 from liver.planner import plan_transfer
 from liver.runtime.switch import switch
 from liver.transfer import StreamingExecutor
-from liver.topology import JobConfig, Layout, ParallelConfig
+from liver.config.fields import from_dict, with_model
+from liver.topology import JobConfig, Layout, ParallelConfig, ModelConfig
 from liver.world.group import Group
 from liver.world.world import World, connect_store
 
@@ -24,9 +25,9 @@ from liver.world.world import World, connect_store
 def handoff(*, store_addr, namespace, rank, job, old, new, old_procs, new_procs, steps_before, steps_after, save_to):
     torch.set_num_threads(1)
     cpu = torch.device("cpu")
-    jc = JobConfig.from_dict(job)
-    old_l = Layout(jc.model, ParallelConfig.from_dict(old), jc.train)
-    new_l = Layout(jc.model, ParallelConfig.from_dict(new), jc.train)
+    jc = with_model(from_dict(JobConfig, job, "job"), ModelConfig)
+    old_l = Layout(jc.model.num_layers, ParallelConfig.from_dict(old), jc.train)
+    new_l = Layout(jc.model.num_layers, ParallelConfig.from_dict(new), jc.train)
     store = dist.PrefixStore(namespace + "/", connect_store(store_addr))
     out = {}
     engine = None

@@ -24,7 +24,7 @@ def layouts(draw):
         split = tuple(b - a for a, b in zip(edges, edges[1:]))
     mb = draw(st.integers(1, 2))
     train = TrainConfig(global_batch=dp * mb * draw(st.integers(1, 3)), micro_batch=mb)
-    return Layout(model, ParallelConfig(tp=tp, pp=pp, dp=dp, layers_per_stage=split), train, tp * pp * dp)
+    return Layout(model.num_layers, ParallelConfig(tp=tp, pp=pp, dp=dp, layers_per_stage=split), train, tp * pp * dp)
 
 
 @settings(max_examples=300, deadline=None)
@@ -54,10 +54,10 @@ def test_groups_partition_the_ranks(lay):
 @settings(max_examples=300, deadline=None)
 @given(layouts())
 def test_stages_cover_every_layer_once(lay):
-    owners = [lay.stage_of_layer(i) for i in range(lay.model.num_layers)]
+    owners = [lay.stage_of_layer(i) for i in range(lay.layers)]
     assert owners == sorted(owners)
     assert set(owners) == set(range(lay.pp))
-    assert lay.stage_of_layer(-1) == 0 and lay.stage_of_layer(lay.model.num_layers) == lay.pp - 1
+    assert lay.stage_of_layer(-1) == 0 and lay.stage_of_layer(lay.layers) == lay.pp - 1
     assert lay.num_micro_batches * lay.train.micro_batch * lay.dp == lay.train.global_batch
 
 
@@ -76,10 +76,10 @@ T = TrainConfig(global_batch=8, micro_batch=2)
                                                         vocab_size=64), train=T), ParallelConfig(tp=8)),
      ["tp=8", "ffn_size=36"]),
     (lambda: ADAPTER.layout(JobConfig(model=M, train=T), ParallelConfig(tp=8)), ["tp=8"]),
-    (lambda: Layout(M, ParallelConfig(pp=5), T), ["pp=5", "num_layers=4"]),
-    (lambda: Layout(M, ParallelConfig(pp=2, layers_per_stage=(1, 2)), T), ["layers_per_stage", "sums to 3"]),
-    (lambda: Layout(M, ParallelConfig(tp=2, pp=2, dp=1), T, world_size=8), ["world_size=8", "tp*pp*dp"]),
-    (lambda: Layout(M, ParallelConfig(dp=3), T), ["global_batch=8", "dp*micro_batch=3*2"]),
+    (lambda: Layout(M.num_layers, ParallelConfig(pp=5), T), ["pp=5", "4 layers"]),
+    (lambda: Layout(M.num_layers, ParallelConfig(pp=2, layers_per_stage=(1, 2)), T), ["layers_per_stage", "sums to 3"]),
+    (lambda: Layout(M.num_layers, ParallelConfig(tp=2, pp=2, dp=1), T, world_size=8), ["world_size=8", "tp*pp*dp"]),
+    (lambda: Layout(M.num_layers, ParallelConfig(dp=3), T), ["global_batch=8", "dp*micro_batch=3*2"]),
     (lambda: ParallelConfig(tp=0), ["parallel.tp=0"]),
     (lambda: ParallelConfig(pp=2, layers_per_stage=(4,)), ["layers_per_stage", "pp=2"]),
     (lambda: ParallelConfig(pp=2, layers_per_stage=(4, 0)), ["layers_per_stage", "at least one"]),
@@ -99,7 +99,7 @@ def test_invalid_configuration_is_refused_with_field_and_value(build, words):
 
 
 def test_coord_outside_world_is_refused():
-    lay = Layout(M, ParallelConfig(tp=2), T)
+    lay = Layout(M.num_layers, ParallelConfig(tp=2), T)
     with pytest.raises(ValueError, match="rank=2"):
         lay.coord(2)
 

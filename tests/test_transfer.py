@@ -44,7 +44,7 @@ def transfer_case(*, store_addr, namespace, rank, old, new, old_procs, new_procs
     torch.set_num_threads(1)
     cpu = torch.device("cpu")
     MODEL, TRAIN = job.model, job.train
-    old_l, new_l = Layout(MODEL, ParallelConfig.from_dict(old), TRAIN), Layout(MODEL, ParallelConfig.from_dict(new), TRAIN)
+    old_l, new_l = Layout(MODEL.num_layers, ParallelConfig.from_dict(old), TRAIN), Layout(MODEL.num_layers, ParallelConfig.from_dict(new), TRAIN)
     specs = state_specs(job)
     plan = plan_transfer(old_l, new_l, specs, old_procs, new_procs, placement=placement)
     group = _transfer_group(store_addr, namespace, old_procs, new_procs, rank)

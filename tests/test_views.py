@@ -102,7 +102,7 @@ JOB = JobConfig(model=ModelConfig(num_layers=3, hidden_size=16, num_heads=4, ffn
        b=st.sampled_from([(1, 1, 2), (2, 3, 1), (1, 1, 1), (4, 1, 3), (2, 1, 1)]))
 def test_a_layouts_table_moves_what_the_analytic_planner_moves(a, b):
     specs = state_specs(JOB)
-    old, new = (Layout(JOB.model, ParallelConfig(tp=x[0], pp=x[1], dp=x[2]), JOB.train) for x in (a, b))
+    old, new = (Layout(JOB.model.num_layers, ParallelConfig(tp=x[0], pp=x[1], dp=x[2]), JOB.train) for x in (a, b))
     old_procs, new_procs = list(range(old.size)), list(range(new.size))
     analytic = plan_transfer(old, new, specs, old_procs, new_procs, optimize_placement=False)
     tables = plan_transfer(BoxTable.of_view(LayoutView(old), specs), BoxTable.of_view(LayoutView(new), specs), specs,

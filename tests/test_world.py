@@ -24,9 +24,9 @@ def _member(rank: int, addr: str, results) -> None:
     torch.set_num_threads(1)
     store = connect_store(addr)
     out = {"rank": rank}
-    gen1_layout = Layout(JOB.model, ParallelConfig(dp=3), JOB.train)
+    gen1_layout = Layout(JOB.model.num_layers, ParallelConfig(dp=3), JOB.train)
     if rank < 2:
-        gen0 = World.build(store, 0, Layout(JOB.model, ParallelConfig(dp=2), JOB.train), rank)
+        gen0 = World.build(store, 0, Layout(JOB.model.num_layers, ParallelConfig(dp=2), JOB.train), rank)
         gen0.connect()
         engine = Engine(JOB, gen0, torch.device("cpu"))
         engine.train_step()
@@ -98,7 +98,7 @@ def _mesh_case(*, store_addr, namespace, rank, placement):
 
     torch.set_num_threads(1)
     store = dist.PrefixStore(namespace + "/", connect_store(store_addr))
-    layout = Layout(JOB.model, ParallelConfig(tp=2, dp=2), TrainConfig(global_batch=4, micro_batch=1))
+    layout = Layout(JOB.model.num_layers, ParallelConfig(tp=2, dp=2), TrainConfig(global_batch=4, micro_batch=1))
     r = placement.index(rank)
     w = World.build(store, 1, layout, r, procs=placement)
     mesh = w.mesh()

@@ -30,8 +30,8 @@ def variant(name, optimizer=None, criterion=None, steps=14):
     r.loop(it)
     iv = [b - a for a, b in zip(it.ends[4:], it.ends[5:])]
     m = statistics.median(iv)
-    rows[name] = {"median_step_s": m, "mfu": mfu(it.params, job.model.num_layers, job.model.hidden_size,
-                                                  job.model.seq_len, 8 * 2048 / m, peak_flops(dev, "bfloat16"), 1)}
+    rows[name] = {"median_step_s": m, "mfu": mfu(load_adapter(cfg.engine).facts(job).flops_per_token, 8 * 2048 / m,
+                                                  peak_flops(dev, "bfloat16"), 1)}
     print(name, rows[name], flush=True)
     del it
     import gc

@@ -26,7 +26,7 @@ from liver.checkpoint import dcp as ckpt
 from liver.config.fields import to_dict
 from liver.config.jobfile import build, override
 from liver.engine.reference import ADAPTER
-from liver.topology import Layout, ParallelConfig
+from liver.topology import ParallelConfig
 from liver.topology.presets import PRESETS
 from liver.world.world import World, make_store
 
@@ -38,7 +38,7 @@ def _one(model: str, dirs: list[str], repeats: int, steps: int, backend: str, ou
     job = build({"preset": model}, *sets).job
     device = torch.device("cuda", 0) if backend == "nccl" else torch.device("cpu")
     store, _ = make_store()
-    world = World.build(store, 0, Layout(job.model, ParallelConfig(), job.train), 0, backend, device)
+    world = World.build(store, 0, ADAPTER.layout(job, ParallelConfig()), 0, backend, device)
     world.activate()
     try:
         engine = ADAPTER.build(job, world, device)
@@ -46,10 +46,10 @@ def _one(model: str, dirs: list[str], repeats: int, steps: int, backend: str, ou
         for _ in range(steps):
             times.append(engine.train_step().step_s)
         state = sum(t.numel() * t.element_size() for t in engine.state.values())
-        out.update({"model": model, "job": to_dict(job), "params": job.model.num_params(), "state_bytes": state,
+        out.update({"model": model, "job": to_dict(job), "params": ADAPTER.facts(job).params, "state_bytes": state,
                     "device": torch.cuda.get_device_name(0) if device.type == "cuda" else "cpu",
                     "step_s": statistics.median(times[2:] or times), "steps": len(times),
-                    "tokens_per_step": job.train.global_batch * job.model.seq_len, "dirs": {}})
+                    "tokens_per_step": job.train.global_batch * ADAPTER.facts(job).seq_len, "dirs": {}})
         flush()
         for d in dirs:
             free = shutil.disk_usage(d).free

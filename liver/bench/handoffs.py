@@ -128,7 +128,7 @@ def run(args) -> dict[str, Any]:
     info = {"torch": torch.__version__, "model": args.model, "engine": args.engine or "reference",
             "scenario": args.scenario, "connect": args.connect,
             "companion_share": cfg.prepare.companion_share,  # what the preparation was paced at (liver sim)
-            "backend": args.backend, "params": job.model.num_params(),
+            "backend": args.backend, "params": cfg.adapter.facts(job).params,
             "set": list(getattr(args, "set", None) or ()),
             "gpus": [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())],
             "nccl": ".".join(map(str, torch.cuda.nccl.version())) if cuda else None}

@@ -84,7 +84,7 @@ def run(repeats: int = 3, ckpt_every: int = 10, kill_after: int = 6, steps: int 
     for r in range(repeats):  # interleaved: both see the same machine state
         for mode in ("heal", "checkpoint"):
             runs.append(_once(mode, base / f"{mode}-{r}", kill_at, steps, ckpt_every))
-    out: dict[str, Any] = {"params": build({"job": {"model": MODEL}}).job.model.num_params(), "layout": "tp1pp1dp2",
+    out: dict[str, Any] = {"params": (lambda c: c.adapter.facts(c.job).params)(build({"job": {"model": MODEL}})), "layout": "tp1pp1dp2",
                            "kill_at_step": kill_at, "ckpt_every": ckpt_every, "repeats": repeats, "runs": runs}
     for mode in ("heal", "checkpoint"):
         mine = [x for x in runs if x["mode"] == mode]

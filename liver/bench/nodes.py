@@ -141,7 +141,8 @@ def run(args) -> dict[str, Any]:
     if args.model not in PRESETS:
         raise ValueError(f"--model={args.model!r}: allowed {', '.join(PRESETS)}")
     base, sets = job_layers(args)
-    job = build(base, *sets).job  # (ValueError naming the field: engine=, job.model..., before anything runs)
+    cfg = build(base, *sets)
+    job = cfg.job  # (ValueError naming the field: engine=, job.model..., before anything runs)
     if args.gap < 1 or args.notice_s <= 0 or args.timeout_s <= 0:
         raise ValueError(f"--gap={args.gap}, --notice-s={args.notice_s}, --timeout-s={args.timeout_s}: allowed "
                          f"positive values")
@@ -152,7 +153,7 @@ def run(args) -> dict[str, Any]:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     result: dict[str, Any] = {"torch": torch.__version__, "model": args.model, "engine": args.engine or "reference",
-                              "backend": args.backend, "params": job.model.num_params(),
+                              "backend": args.backend, "params": cfg.adapter.facts(job).params,
                               "gpus": [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())],
                               "runs": [_one(mode, args, out) for mode in ("live", "restart")]}
     live, restart = result["runs"]

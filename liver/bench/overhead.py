@@ -105,13 +105,15 @@ def plain_main(argv: list[str]) -> int:
     """``python -m liver.bench.overhead --plain ENGINE JOB_JSON STEPS OUT``: one plain run."""
     import torch
 
+    from liver.config.fields import from_dict, with_model
     from liver.engine.interface import load_adapter
     from liver.topology import JobConfig
 
     engine, job_json, steps, out = argv
     device = torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu")
-    recipe = load_adapter(engine).recipe  # (absolute: the job's own path)
-    job = JobConfig.from_dict(json.loads(Path(job_json).read_text()))
+    adapter = load_adapter(engine)  # (absolute: the job's own path)
+    recipe = adapter.recipe
+    job = with_model(from_dict(JobConfig, json.loads(Path(job_json).read_text()), "job"), adapter.model_config)
     it = PlainSteps(recipe, job, int(steps), device)
     recipe.loop(it)
     mem = torch.cuda.max_memory_reserved(device) / 2**30 if device.type == "cuda" else None
@@ -195,11 +197,11 @@ def run(engine: str, model: str, sets: list[str], steps: int, rounds: int, warmu
     result["median_step_s"] = med
     result["overhead"] = med["liver"] / med["plain"] - 1
     result["overhead_ci95"] = ratio_ci95(per["liver"], per["plain"])
-    params = next(x["params"] for x in result["runs"] if x.get("params"))
-    m, tokens = cfg.job.model, cfg.job.train.global_batch * cfg.job.model.seq_len
+    facts = cfg.adapter.facts(cfg.job)
+    tokens = cfg.job.train.global_batch * facts.seq_len
     dev = torch.device("cuda", 0) if gpu else torch.device("cpu")
-    result["mfu"] = {k: mfu(params, m.num_layers, m.hidden_size, m.seq_len, tokens / v,
-                           peak_flops(dev, cfg.job.compute_dtype), 1) for k, v in med.items()}
+    result["mfu"] = {k: mfu(facts.flops_per_token, tokens / v, peak_flops(dev, cfg.job.compute_dtype), 1)
+                     for k, v in med.items()}
     result["compute_dtype"] = cfg.job.compute_dtype
     result["tokens_per_step"] = tokens
     (out / "overhead.json").write_text(json.dumps(result, indent=1) + "\n")

@@ -15,6 +15,7 @@ from typing import Any
 from liver.config import RunConfig
 from liver.controller import report
 from liver.policy import target
+from liver.policy.workload import Workload
 from liver.controller.admission import hardware_of
 from liver.controller.job import run_job
 from liver.topology.presets import TARGET_SHAPES, target_shape
@@ -51,7 +52,7 @@ def run(counts: list[int], steps: int = 25, run_dir: Path | None = None) -> dict
             fastest = min(measured, key=measured.get)
             rows.append({"shape": shape, "processes": n, "chosen": chosen.short(), "fastest": fastest,
                          "measured_step_s": measured,
-                         "modelled_step_s": {c.parallel.short(): target.step_time(job, c, hw) for c in cands},
+                         "modelled_step_s": {c.parallel.short(): target.step_time(Workload(adapter, job), c, hw) for c in cands},
                          "chosen_over_fastest": measured[chosen.short()] / measured[fastest]})
     ratios = [r["chosen_over_fastest"] for r in rows]
     return {"steps_per_run": steps, "rows": rows, "within_10pct": sum(x <= 1.10 for x in ratios),

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field, replace
 
 from liver.agent.config import AgentConfig
 from liver.checkpoint.config import CheckpointConfig
+from liver.config.fields import with_model
 from liver.controller.config import ControllerConfig
 from liver.policy.events import EventsConfig
 from liver.runtime.config import PrepareConfig
@@ -57,7 +58,7 @@ class RunConfig:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "engine", absolute_engine_path(self.engine))  # workers run elsewhere
-        load_adapter(self.engine)
+        object.__setattr__(self, "job", with_model(self.job, load_adapter(self.engine).model_config))
         if self.preset not in PRESETS:
             raise ValueError(f"preset={self.preset!r}: allowed {', '.join(map(repr, PRESETS))}")
         if self.backend not in BACKENDS:

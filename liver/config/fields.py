@@ -79,6 +79,19 @@ def from_dict(cls: type[T], data: Mapping[str, Any], where: str) -> T:
     return cls(**{k: _convert(hints[k], v, _join(where, k)) for k, v in data.items()})
 
 
+def convert(tp: Any, value: Any, where: str) -> Any:
+    """``value`` as a ``tp`` (a dataclass from its table, or one already made), checked as
+    ``from_dict`` checks a field; ``where`` names it in messages."""
+    return _convert(tp, value, where)
+
+
+def with_model(job: Any, cls: type) -> Any:
+    """A ``JobConfig`` whose model (its table, or one made) is a ``cls``: the configuration class
+    its engine declares (``EngineAdapter.model_config``)."""
+    model = convert(cls, job.model, "job.model")
+    return job if model is job.model else dataclasses.replace(job, model=model)
+
+
 def _join(where: str, name: str) -> str:
     return f"{where}.{name}" if where else name
 

@@ -2,9 +2,11 @@
 
 A job file's top-level keys and tables are ``RunConfig``'s fields::
 
-    preset = "tiny"           # the model and training options start from this named job
+    preset = "tiny"           # the model and training options start from this named job (the
+                              # model's only for engines whose model is the presets' ModelConfig)
     gpus = 2
-    [job.model]               # any field of ModelConfig: the model's shape
+    [job.model]               # any field of the engine's model configuration (ModelConfig's
+                              # for the reference engine and recipes that take it)
     num_layers = 8
     [transfer]
     budget_mib = 256
@@ -23,6 +25,8 @@ from typing import Any, Mapping
 
 from liver.config import RunConfig
 from liver.config.fields import from_dict, merge, to_dict
+from liver.engine.interface import DEFAULT_ENGINE, absolute_engine_path, load_adapter
+from liver.topology import ModelConfig
 from liver.topology.presets import PRESETS
 
 
@@ -81,8 +85,20 @@ def build(*layers: Mapping[str, Any]) -> RunConfig:
     job = data.get("job", {})
     if not isinstance(job, Mapping):
         raise ValueError(f"job={job!r}: expected a table")
-    data["job"] = merge(to_dict(PRESETS[name]), job)
+    base = to_dict(PRESETS[name])
+    if not _presets_model(data.get("engine", DEFAULT_ENGINE)):
+        base["model"] = {}  # (a model of its own configuration: the preset's training options only)
+    data["job"] = merge(base, job)
     return from_dict(RunConfig, data, "")
+
+
+def _presets_model(engine: Any) -> bool:
+    """Whether the engine's model configuration is the presets' (``ModelConfig``): its model table
+    then starts from the preset's. (An engine that cannot be loaded is refused by ``RunConfig``.)"""
+    try:
+        return load_adapter(absolute_engine_path(engine)).model_config is ModelConfig
+    except (ValueError, TypeError):
+        return True
 
 
 def load(path: str | Path | None, overrides: list[Mapping[str, Any]] = ()) -> RunConfig:

@@ -199,12 +199,15 @@ def job_flags(r: argparse.ArgumentParser) -> None:
 
 
 def describe_model(cfg) -> str:
-    """The model that runs, as the job gives it (its engine, shape and parameters counted from its
-    state), not the preset it started from."""
+    """The model that runs, as the job gives it (its engine, its configuration's own description,
+    ``describe()``, else its fields, and its parameters as its engine counts them), not the preset
+    it started from."""
+    import dataclasses
+
     m = cfg.job.model
-    params = sum(s.numel for s in cfg.adapter.state_specs(cfg.job) if s.kind == "param")
-    return (f"{cfg.adapter.name} ({m.num_layers} layers, hidden {m.hidden_size}, {m.num_heads} heads, ffn "
-            f"{m.ffn_size}, vocab {m.vocab_size}, seq {m.seq_len}: {params:,} parameters)")
+    shape = m.describe() if hasattr(m, "describe") else \
+        ", ".join(f"{f.name} {getattr(m, f.name)}" for f in dataclasses.fields(m))
+    return f"{cfg.adapter.name} ({shape}: {cfg.adapter.facts(cfg.job).params:,} parameters)"
 
 
 

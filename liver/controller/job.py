@@ -23,7 +23,7 @@ def run_job(cfg: RunConfig, events: list[Event], run_dir: Path, meta: dict[str, 
     run_dir.mkdir(parents=True, exist_ok=True)
     ctl = Controller(cfg, events, run_dir, token=token, local_node=local_node, resume=resume)
     result = ctl.run()
-    report = rep.build(run_dir, result, {"params": cfg.job.model.num_params(), "backend": cfg.backend,
+    report = rep.build(run_dir, result, {"params": cfg.adapter.facts(cfg.job).params, "backend": cfg.backend,
                                          "interrupted": result["interrupted"],
                                          "slots": cfg.slots, "job": cfg.job.to_dict(), **(meta or {})})
     (run_dir / "report.json").write_text(json.dumps(report, indent=1))

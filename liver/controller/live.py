@@ -24,6 +24,7 @@ from liver.controller.records import EventRecord, switch_metrics
 from liver import logs
 from liver.controller import heal
 from liver.policy import costs, target
+from liver.policy.workload import Workload
 from liver.controller.records import first
 from liver.engine.digest import combine
 from liver.protocol.messages import Failure, GenerationSpec, Stalled, SwitchReport, beat_key, read_if
@@ -336,7 +337,7 @@ class LiveMode(Mode):
         if past:
             return max(past), "measured"
         hw = self.ctl.hardware
-        model = costs.live(self.ctl.job, old, new, hw.costs, plan=costs.work(plan), share=self.cfg.prepare.companion_share)
+        model = costs.live(Workload(self.ctl.adapter, self.ctl.job), old, new, hw.costs, plan=costs.work(plan), share=self.cfg.prepare.companion_share)
         return model.prepare_s + model.downtime_s, f"model ({hw.profile.name})"
 
     def _drop(self, h) -> None:

@@ -18,6 +18,7 @@ from liver.controller.phases import Phase
 from liver.controller.records import EventRecord
 from liver.controller.state import ControllerState
 from liver.policy import target
+from liver.policy.workload import Workload
 from liver.policy.decisions import join_total
 from liver.policy.events import Event, EventKind
 from liver.policy.outcome import Outcome
@@ -161,7 +162,8 @@ class Membership:
                 p = target.choose(self.host.adapter, self.host.job, n, self.host.hardware)
             except ValueError:
                 return None
-            return target.step_time(self.host.job, self.host.adapter.layout(self.host.job, p), self.host.hardware)
+            return target.step_time(Workload(self.host.adapter, self.host.job),
+                                    self.host.adapter.layout(self.host.job, p), self.host.hardware)
 
         total = join_total(self.host.cfg.controller.on_join, n_now, self.host.capacity(), step_s)
         if total is None:

@@ -92,15 +92,20 @@ def tokens_of(train) -> Tokens:
     return _opened(train.data) if train.data else stdlib(train.corpus_bytes)
 
 
-def batch(job, dp_rank: int, dp_size: int, position: int) -> tuple[torch.Tensor, torch.Tensor]:
+def batch(job, dp_rank: int, dp_size: int, position: int, seq_len: int | None = None,
+          vocab: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Data-parallel rank ``dp_rank``'s inputs and targets ([rows, seq_len] each) of the step that
     starts at sample ``position`` (``job.train.global_batch`` samples, split evenly over
-    ``dp_size`` ranks). Tokens beyond the model's vocabulary fold into it (modulo)."""
-    m, g = job.model, job.train.global_batch
+    ``dp_size`` ranks). Tokens beyond the model's vocabulary (``vocab``) fold into it (modulo).
+    ``seq_len`` and ``vocab``: by default the model configuration's fields of those names (a
+    recipe whose configuration names them otherwise passes them)."""
+    g = job.train.global_batch
+    seq_len = job.model.seq_len if seq_len is None else seq_len
+    vocab = job.model.vocab_size if vocab is None else vocab
     if g % dp_size:
         raise ValueError(f"train.global_batch={g} does not split over {dp_size} data-parallel ranks")
     n = g // dp_size
-    win = tokens_of(job.train).windows(position + dp_rank * n, n, m.seq_len + 1, job.train.seed) % m.vocab_size
+    win = tokens_of(job.train).windows(position + dp_rank * n, n, seq_len + 1, job.train.seed) % vocab
     t = torch.from_numpy(win)
     return t[:, :-1].contiguous(), t[:, 1:].contiguous()
 

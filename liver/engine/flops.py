@@ -1,6 +1,7 @@
 """Model FLOPs utilisation (MFU), the figure a step line shows on a GPU: the model's FLOPs per
-token (6 per parameter for the forward and backward matrix multiplies, plus attention's scores),
-over the accelerator's dense peak for the dtype the matmuls run in."""
+token (its engine's ``ModelFacts.flops_per_token``: for a decoder, 6 per parameter for the forward
+and backward matrix multiplies, plus attention's scores), over the accelerator's dense peak for
+the dtype the matmuls run in."""
 
 from __future__ import annotations
 
@@ -19,13 +20,9 @@ def peak_flops(device: torch.device, dtype: str) -> float | None:
     return None
 
 
-def flops_per_token(params: int, layers: int, hidden: int, seq_len: int) -> float:
-    return 6 * params + 12 * layers * hidden * seq_len
-
-
-def mfu(params: int, layers: int, hidden: int, seq_len: int, tokens_per_s: float, peak: float | None,
-        devices: int) -> float | None:
-    """The share of ``devices`` accelerators' peak that ``tokens_per_s`` of this model is."""
+def mfu(flops_per_token: float, tokens_per_s: float, peak: float | None, devices: int) -> float | None:
+    """The share of ``devices`` accelerators' peak that ``tokens_per_s`` of a model of
+    ``flops_per_token`` (its ``ModelFacts``) is."""
     if not peak:
         return None
-    return flops_per_token(params, layers, hidden, seq_len) * tokens_per_s / (peak * devices)
+    return flops_per_token * tokens_per_s / (peak * devices)

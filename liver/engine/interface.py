@@ -3,8 +3,10 @@
 The runtime (worker, companion, switch, mock world), the controller, the checkpoint and the
 transfer know an engine only through this module. An engine comes in two parts:
 
-- an ``EngineAdapter``, one per kind of engine and stateless: the logical state of a job as tensor
-  specs, the layouts the engine accepts, how to build one rank's engine on a World, the memory a
+- an ``EngineAdapter``, one per kind of engine and stateless: the model's configuration (the
+  dataclass a job's ``[job.model]`` table fills: ``model_config``) and what the rest of LiveR knows
+  of the model (``facts``: parameters, layers, width, tokens a sample, FLOPs a token), the logical
+  state of a job as tensor specs, the layouts the engine accepts, how to build one rank's engine on a World, the memory a
   rank needs, a small job for rehearsals. The job config names it by import path
   (``engine = "liver.engine.reference:ADAPTER"``).
 - a ``TrainingEngine``, one rank's running engine: its shards of every logical tensor (``state``,
@@ -30,7 +32,7 @@ from liver.engine.loop import Step
 from liver.resource_view.spec import TensorSpec
 from liver.resource_view.table import RankView, box_of
 from liver.resource_view.view import Box, box_numel, local_shape
-from liver.topology import JobConfig, Layout, ParallelConfig
+from liver.topology import JobConfig, Layout, ModelConfig, ModelFacts, ParallelConfig
 from liver.world.world import World
 
 
@@ -152,6 +154,13 @@ class EngineAdapter(ABC):
     """One kind of engine, as the runtime sees it (see the module's docstring)."""
 
     name: str = "engine"
+    #: the model's configuration: the frozen dataclass a job's model table fills (``job.model``)
+    model_config: type = ModelConfig
+
+    @abstractmethod
+    def facts(self, job: JobConfig) -> ModelFacts:
+        """What the layout checks, the target choice, the cost model and the simulator know of
+        the job's model (they never read its configuration's fields)."""
 
     @abstractmethod
     def state_specs(self, job: JobConfig) -> list[TensorSpec]:
@@ -179,7 +188,7 @@ class EngineAdapter(ABC):
         """The validated layout: the topology's checks, the engine's, and every sharded dimension
         of the state divisible by the TP degree (the analytic view splits evenly)."""
         self.check(job, parallel)
-        lay = Layout(job.model, parallel, job.train)
+        lay = Layout(self.facts(job).layers, parallel, job.train)
         for s in self.state_specs(job):
             if s.shard_dim is not None and s.shape[s.shard_dim] % parallel.tp:
                 raise ValueError(f"parallel.tp={parallel.tp} does not divide dimension {s.shard_dim} of {s.name} "

@@ -203,7 +203,7 @@ def best_placement(old: Layout, new: Layout, overlap, old_procs: list[int],
 
 def _check(old: Layout, new: Layout, old_procs: list[int], new_procs: list[int],
            placement: list[int] | None) -> None:
-    if old.model != new.model:
+    if old.layers != new.layers:
         raise ValueError("new layout: model differs from the old layout's model; a reconfiguration "
                          "keeps the model")
     if len(old_procs) != old.size:

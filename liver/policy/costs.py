@@ -20,13 +20,14 @@ import functools
 import math
 from dataclasses import dataclass
 
-from liver.runtime.config import PrepareConfig
 from liver.policy.profile import GB, Profile
-from liver.topology import JobConfig, Layout, ParallelConfig
+from liver.policy.workload import Workload
+from liver.runtime.config import PrepareConfig
+from liver.topology import Layout, ParallelConfig
 
 
-def layout(job: JobConfig, par: ParallelConfig) -> Layout:
-    return Layout(job.model, par, job.train, par.world_size)
+def layout(job: Workload, par: ParallelConfig) -> Layout:
+    return job.layout(par)
 
 
 def spans_nodes(ranks: int, prof: Profile) -> bool:
@@ -39,35 +40,35 @@ def sustained(prof: Profile, width: float) -> float:
     return prof.mfu * width / (width + prof.mfu_width)
 
 
-def step_time(job: JobConfig, lay: Layout, prof: Profile) -> float:
-    """A step's time: the roofline (compute at the share of the peak sustained at its TP rank's
+def step_time(job: Workload, lay: Layout, prof: Profile) -> float:
+    """A step's time (``job``: the job as its engine trains it): the roofline (compute at the share of the peak sustained at its TP rank's
     width, with the pipeline bubble, TP and DP all-reduce bytes over their links) and, where the profile has them (CPU
     processes), the framework's per-layer time and the collectives' round trips along the
     critical path, all slowed by processes sharing cores."""
-    m, t = job.model, job.train
+    m, t = job.facts, job.train
     tokens = t.global_batch * m.seq_len
     devices = lay.size if prof.cores is None else min(lay.size, prof.cores)
-    compute = 6 * m.num_params() * tokens / (prof.peak_flops * sustained(prof, m.hidden_size / lay.tp) * devices)
+    compute = 6 * m.params * tokens / (prof.peak_flops * sustained(prof, m.width / lay.tp) * devices)
     micro = lay.num_micro_batches
     bubble = (micro + lay.pp - 1) / micro
-    path = (micro + lay.pp - 1) * m.num_layers / lay.pp  # layer micro-steps on the critical path
+    path = (micro + lay.pp - 1) * m.layers / lay.pp  # layer micro-steps on the critical path
     share = 1.0 if prof.cores is None else max(1.0, lay.size / prof.cores)
     rounds = share * (prof.layer_op_s * path + prof.tp_latency_s * 4 * path * (lay.tp - 1)
-                      + prof.dp_latency_s * (lay.dp - 1) * (m.num_layers / lay.pp + 2) + prof.p2p_latency_s * 2 * (micro + lay.pp - 1) * (lay.pp > 1)
+                      + prof.dp_latency_s * (lay.dp - 1) * (m.layers / lay.pp + 2) + prof.p2p_latency_s * 2 * (micro + lay.pp - 1) * (lay.pp > 1)
                       + prof.step_fixed_s)
-    act = t.micro_batch * m.seq_len * m.hidden_size * 2
-    tp_bytes = 0.0 if lay.tp == 1 else 4 * m.num_layers / lay.pp * micro * act * 2 * (lay.tp - 1) / lay.tp
+    act = t.micro_batch * m.seq_len * m.width * 2
+    tp_bytes = 0.0 if lay.tp == 1 else 4 * m.layers / lay.pp * micro * act * 2 * (lay.tp - 1) / lay.tp
     tp_bw = prof.intra_bw if lay.tp <= prof.node_size else prof.inter_bw
-    dp_bytes = 0.0 if lay.dp == 1 else 2 * (lay.dp - 1) / lay.dp * 2 * m.num_params() / (lay.tp * lay.pp)
+    dp_bytes = 0.0 if lay.dp == 1 else 2 * (lay.dp - 1) / lay.dp * 2 * m.params / (lay.tp * lay.pp)
     dp_bw = prof.intra_bw if not spans_nodes(lay.size, prof) else prof.inter_bw
     return compute * bubble + tp_bytes / tp_bw + (1 - prof.dp_overlap) * dp_bytes / dp_bw + rounds
 
 
-def rank_state_bytes(job: JobConfig, lay: Layout) -> float:
+def rank_state_bytes(job: Workload, lay: Layout) -> float:
     """A rank's training state (12 bytes a parameter: fp32 weights and two moments) and its
     compute copies (2 bytes a parameter): its TP x PP part, whole on every data-parallel replica
     (the reference engine's layout: no sharded optimizer)."""
-    return job.model.num_params() * 14 / (lay.tp * lay.pp)
+    return job.facts.params * 14 / (lay.tp * lay.pp)
 
 
 @dataclass(frozen=True)
@@ -113,13 +114,13 @@ def work(plan) -> Work:
 
 
 @functools.lru_cache(maxsize=4096)
-def plan_work(job: JobConfig, old: ParallelConfig, new: ParallelConfig) -> Work:
-    """``work`` of the planner's plan from ``old`` to ``new`` (survivors keep their ranks)."""
-    from liver.engine.reference.trainer import state_specs
+def plan_work(job: Workload, old: ParallelConfig, new: ParallelConfig) -> Work:
+    """``work`` of the planner's plan from ``old`` to ``new`` (survivors keep their ranks), over
+    the engine's tensors in its analytic view (each sharded dimension cut evenly)."""
     from liver.planner.plan import plan_transfer
 
     procs = list(range(max(old.world_size, new.world_size)))
-    return work(plan_transfer(layout(job, old), layout(job, new), state_specs(job), procs[:old.world_size],
+    return work(plan_transfer(job.layout(old), job.layout(new), job.specs(), procs[:old.world_size],
                               procs[:new.world_size]))
 
 
@@ -137,7 +138,7 @@ def collective_groups(lay: Layout) -> dict[str, frozenset[frozenset[int]]]:
     return {k: frozenset(frozenset(g) for g in v) for k, v in groups.items()}
 
 
-def first_uses(job: JobConfig, old: ParallelConfig, new: ParallelConfig) -> frozenset[str]:
+def first_uses(job: Workload, old: ParallelConfig, new: ParallelConfig) -> frozenset[str]:
     """The kinds of collective the new generation runs over a process set that did not run that
     kind before it (the survivors keep their ranks, joiners come after them): NCCL connects a
     communicator's channels for a kind of collective at its first use, in the first step."""
@@ -191,7 +192,7 @@ def groups_s(prof: Profile, ranks: int, joiners: bool) -> float:
     return prof.group_init_s + growth_s(prof, ranks) if joiners else SHARED_GROUPS_S
 
 
-def live(job: JobConfig, old: ParallelConfig, new: ParallelConfig, prof: Profile,
+def live(job: Workload, old: ParallelConfig, new: ParallelConfig, prof: Profile,
          plan: Work | None = None, kinds: frozenset[str] | None = None, first_nccl: bool = False,
          share: float = PrepareConfig().companion_share) -> Live:
     """A live handoff. ``plan``: the work of the plan it runs (``work``; by default the planner's
@@ -207,7 +208,7 @@ def live(job: JobConfig, old: ParallelConfig, new: ParallelConfig, prof: Profile
         kinds = first_uses(job, old, new)
     link = prof.inter_bw if spans_nodes(max(old.world_size, new.world_size), prof) else prof.intra_bw
     state_gb = rank_state_bytes(job, layout(job, new)) / GB
-    params_per_rank = job.model.num_params() / new.world_size / 1e9
+    params_per_rank = job.facts.params / new.world_size / 1e9
     paced = prof.prepare_cpu_s_per_task * w.tasks / share if share > 0 else 0.0
     build = (prof.prepare_joiner_s if joiners else prof.prepare_base_s) + paced
     return Live(boot_s=prof.joiner_boot_s if joiners else 0.0,
@@ -220,17 +221,15 @@ def live(job: JobConfig, old: ParallelConfig, new: ParallelConfig, prof: Profile
 
 
 @functools.lru_cache(maxsize=4096)
-def dcp_bytes(job: JobConfig, old: ParallelConfig, new: ParallelConfig) -> tuple[float, float, float]:
+def dcp_bytes(job: Workload, old: ParallelConfig, new: ParallelConfig) -> tuple[float, float, float]:
     """What a DCP checkpoint of ``old`` loaded into ``new`` moves through storage: (the busiest
     old rank's bytes written, the busiest new rank's bytes read, all the new ranks' bytes read).
     A save writes each distinct shard once, spread over the replicas that hold it (DCP's
     deduplication); a load reads every saved chunk that overlaps a rank's shard whole and narrows
     it in memory (DCP's file system reader), so a rank whose TP slices cut across the saved ones
     reads more than it keeps, and every data-parallel replica reads its part."""
-    from liver.engine.reference.trainer import state_specs
-
     lo, ln = layout(job, old), layout(job, new)
-    specs = state_specs(job)
+    specs = job.specs()
 
     def part(lay: Layout, stage: int, tp: int, saved_tp: int | None) -> float:
         total = 0.0
@@ -264,13 +263,13 @@ class Restart:
         return self.save_s + self.start_s + self.init_s + self.load_s + self.fixed_s
 
 
-def restart(job: JobConfig, old: ParallelConfig, new: ParallelConfig, prof: Profile, memory: bool = False,
+def restart(job: Workload, old: ParallelConfig, new: ParallelConfig, prof: Profile, memory: bool = False,
             fresh: bool = True, save: bool = True) -> Restart:
     """Stop, save (unless ``save`` is False: a periodic checkpoint is reloaded), start the new
     processes (fresh interpreters, or forked: ``fresh``), their groups, load with resharding
     (``dcp_bytes``), the first step. ``memory``: the checkpoint is in host memory (the snapshot
     taken beside training, the load from host memory, the reshard over the network)."""
-    total = job.model.num_params() * 12
+    total = job.facts.params * 12
     n_old, n_new = old.world_size, new.world_size
     if memory:
         save_s = total / n_old / prof.host_bw if save else 0.0

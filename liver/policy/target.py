@@ -20,6 +20,7 @@ from dataclasses import dataclass, replace
 from liver.engine.interface import EngineAdapter
 from liver.policy import costs
 from liver.policy.profile import Profile, load
+from liver.policy.workload import Workload
 from liver.topology import JobConfig, Layout, ParallelConfig
 
 #: a rank's state must fit the GPU's memory this many times over (the rest: activations, buffers)
@@ -54,12 +55,12 @@ class Hardware:
         return p if self.node_slots is None or self.node_slots == p.node_size else p.replace(node_size=self.node_slots)
 
 
-def step_time(job: JobConfig, layout: Layout, hw: Hardware) -> float:
+def step_time(job: Workload, layout: Layout, hw: Hardware) -> float:
     return _step_time(job, layout, hw.costs)
 
 
 @functools.lru_cache(maxsize=65536)
-def _step_time(job: JobConfig, layout: Layout, prof: Profile) -> float:
+def _step_time(job: Workload, layout: Layout, prof: Profile) -> float:
     return costs.step_time(job, layout, prof)
 
 
@@ -90,7 +91,7 @@ def fits(adapter: EngineAdapter, job: JobConfig, layout: Layout, hw: Hardware) -
     return hw.memory_bytes is None or state_bytes(adapter, job, layout) * ACTIVATIONS <= hw.memory_bytes
 
 
-def _rank(job: JobConfig, hw: Hardware, current: ParallelConfig | None):
+def _rank(job: Workload, hw: Hardware, current: ParallelConfig | None):
     def key(c: Layout):
         moved = 0 if current is None else sum(a != b for a, b in zip((c.tp, c.pp, c.dp),
                                                                      (current.tp, current.pp, current.dp)))
@@ -104,7 +105,7 @@ def best(adapter: EngineAdapter, job: JobConfig, gpus: int, hw: Hardware, curren
     PP, data-parallel-only resizing), or None."""
     fit = [c for c in candidates(adapter, job, gpus)
            if (keep_tp_pp is None or (c.tp, c.pp) == keep_tp_pp) and fits(adapter, job, c, hw)]
-    return min(fit, key=_rank(job, hw, current), default=None)
+    return min(fit, key=_rank(Workload(adapter, job), hw, current), default=None)
 
 
 @functools.lru_cache(maxsize=65536)
@@ -126,7 +127,7 @@ def choose(adapter: EngineAdapter, job: JobConfig, gpus: int, hw: Hardware,
     cands = candidates(adapter, job, gpus)
     if not cands:
         raise ValueError(f"gpus={gpus}: no tp*pp*dp={gpus} is valid for this model and batch "
-                         f"(heads {job.model.num_heads}, layers {job.model.num_layers}, global batch "
+                         f"({adapter.facts(job).layers} layers, the engine's shapes, global batch "
                          f"{job.train.global_batch}, micro batch {job.train.micro_batch})")
     lay = best(adapter, job, gpus, hw, current)
     if lay is None:

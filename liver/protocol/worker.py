@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from liver.checkpoint.config import CheckpointConfig
-from liver.config.fields import from_dict, to_dict
+from liver.config.fields import from_dict, to_dict, with_model
 from liver.engine.interface import DEFAULT_ENGINE, EngineAdapter, load_adapter
 from liver.runtime.config import PrepareConfig
 from liver.topology import JobConfig
@@ -39,6 +39,7 @@ class WorkerConfig:
         return load_adapter(self.engine)
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "job", with_model(self.job, self.adapter.model_config))
         if self.connect not in ("background", "boundary"):
             raise ValueError(f"worker.connect={self.connect!r}: allowed 'background', 'boundary'")
 

@@ -22,6 +22,7 @@ from typing import Any
 
 from liver.policy.outcome import Outcome, outcome_of
 from liver.policy.profile import CALIBRATION, GB, H200_CLUSTER
+from liver.policy.workload import Workload
 from liver.topology import ParallelConfig
 
 PEAK_BF16 = {"H200": 989e12, "H100": 989e12, "A100": 312e12, "A800": 312e12}
@@ -87,10 +88,11 @@ class Event:
         return self.new.world_size > self.old.world_size
 
     @property
-    def job(self):
+    def job(self) -> Workload:
+        """The measured run's job as the reference engine trains it (the cost model's subject)."""
         from liver.topology.presets import PRESETS
 
-        return PRESETS[self.model]
+        return Workload.reference(PRESETS[self.model])
 
 
 @dataclass(frozen=True)
@@ -108,7 +110,7 @@ class Step:
         """A TP rank's share of the hidden size: the width of its matrix multiplies."""
         from liver.topology.presets import PRESETS
 
-        return PRESETS[self.model].model.hidden_size / self.parallel.tp
+        return Workload.reference(PRESETS[self.model]).facts.width / self.parallel.tp
 
 
 def _par(text: str) -> ParallelConfig:
@@ -138,7 +140,7 @@ def _preset(f: Path, d: dict[str, Any]) -> str:
 
     if d.get("model") in PRESETS:
         return d["model"]
-    match = [k for k, job in PRESETS.items() if job.model.num_params() == d.get("params")]
+    match = [k for k, job in PRESETS.items() if Workload.reference(job).facts.params == d.get("params")]
     if not match:
         raise ValueError(f"{f}: model={d.get('model')!r}, params={d.get('params')!r}: allowed a preset "
                          f"({', '.join(PRESETS)}) or its parameter count")
@@ -154,7 +156,7 @@ def replay(model: str, run: list[tuple[ParallelConfig, ParallelConfig]]) -> list
     from liver.policy import costs
     from liver.topology.presets import PRESETS
 
-    job = PRESETS[model]
+    job = Workload.reference(PRESETS[model])
     procs = list(range(run[0][0].world_size)) if run else []
     fresh_id = len(procs)
     ran: dict[str, set[frozenset[int]]] = {k: set() for k in costs.KINDS}
@@ -380,12 +382,12 @@ CPU_CORES = 2  # the machine the target benchmark ran on (bench/results/cpu-targ
 def _cpu_features(job, lay, cores: int) -> list[float]:
     """The step-time model's terms for CPU processes (``costs.step_time``), each with a unit
     coefficient: the fit finds the coefficients."""
-    m, t = job.model, job.train
+    m, t = job.facts, job.train
     micro = lay.num_micro_batches
-    path = (micro + lay.pp - 1) * m.num_layers / lay.pp
+    path = (micro + lay.pp - 1) * m.layers / lay.pp
     share = max(1.0, lay.size / cores)
-    compute = 6 * m.num_params() * t.global_batch * m.seq_len / min(lay.size, cores) * (micro + lay.pp - 1) / micro
-    return [compute, share * path, share * 4 * path * (lay.tp - 1), share * (lay.dp - 1) * (m.num_layers / lay.pp + 2),
+    compute = 6 * m.params * t.global_batch * m.seq_len / min(lay.size, cores) * (micro + lay.pp - 1) / micro
+    return [compute, share * path, share * 4 * path * (lay.tp - 1), share * (lay.dp - 1) * (m.layers / lay.pp + 2),
             share * 2 * (micro + lay.pp - 1) * (lay.pp > 1), share]
 
 
@@ -410,7 +412,7 @@ def cpu_samples(path: Path) -> list[tuple[str, int, Any, float]]:
 
     out = []
     for r in json.loads(path.read_text())["rows"]:
-        job = job_of(r["shape"])
+        job = Workload.reference(job_of(r["shape"]))
         for par, t in r["measured_step_s"].items():
             out.append((r["shape"], r["processes"], layout(job, _par(par)), t))
     return out
@@ -419,7 +421,7 @@ def cpu_samples(path: Path) -> list[tuple[str, int, Any, float]]:
 def fit_cpu(samples) -> tuple[dict[str, float], dict[str, str]]:
     from liver.topology.presets import target_shape as job_of
 
-    xs = [_cpu_features(job_of(shape), lay, CPU_CORES) for shape, _, lay, _ in samples]
+    xs = [_cpu_features(Workload.reference(job_of(shape)), lay, CPU_CORES) for shape, _, lay, _ in samples]
     coef = _nnls(xs, [t for *_, t in samples])
     v = dict(zip(CPU_TERMS, coef))
     per_flop = v.pop("compute_s_per_flop")

@@ -24,6 +24,7 @@ import simpy
 from liver.engine.interface import EngineAdapter
 from liver.engine.reference import ADAPTER
 from liver.policy import costs, target
+from liver.policy.workload import Workload
 from liver.policy.decisions import NoticeAction, on_notice
 from liver.policy.events import EventKind
 from liver.policy.profile import Profile
@@ -67,6 +68,7 @@ class Sim:
                  adapter: EngineAdapter = ADAPTER) -> None:
         self.job, self.prof, self.policy = job, prof, policy
         self.adapter, self.hw = adapter, target.Hardware.of(prof)  # (the controller's target choice, on them)
+        self.work = Workload(adapter, job)  # (what the cost model prices)
         self.changes, self.end = sorted(changes, key=lambda c: c.t), hours * 3600
         self.avail = start_gpus
         self.ckpt_interval_s, self.overhead = ckpt_interval_s, overhead
@@ -76,7 +78,7 @@ class Sim:
 
     # ---- time ------------------------------------------------------------------------------
     def step_s(self, lay: Layout) -> float:
-        return target.step_time(self.job, lay, self.hw)
+        return target.step_time(self.work, lay, self.hw)
 
     def best(self, gpus: int) -> Layout | None:
         """What the controller would run on the most of ``gpus`` GPUs that any layout can use."""
@@ -213,7 +215,7 @@ class Live(Policy):
         if tgt.parallel == old.parallel:
             sim.avail = c.gpus
             return
-        h = costs.live(sim.job, old.parallel, tgt.parallel, sim.prof)
+        h = costs.live(sim.work, old.parallel, tgt.parallel, sim.prof)
         loss = c.gpus < sim.avail
         if not loss and (cut := self._notice_while_preparing(sim, env, h)) is not None:
             yield from self._cut_short(sim, env, c, cut)
@@ -261,7 +263,7 @@ class Live(Policy):
             yield from self.wait_for_loss(sim, env, nxt)
             sim.avail = nxt.gpus
             return
-        h = costs.live(sim.job, sim.layout.parallel, tgt.parallel, sim.prof)
+        h = costs.live(sim.work, sim.layout.parallel, tgt.parallel, sim.prof)
         yield from sim.train(env, h.prepare_s, 1 - sim.overhead)  # a scale-out to fewer: prepared again
         yield from sim.pause(env, h.downtime_s)
         sim.layout = tgt
@@ -277,7 +279,7 @@ class Live(Policy):
             lost = 0.0
         else:
             lost = sim.roll_back()
-            dt = sim.prof.detect_s + costs.restart(sim.job, old.parallel, tgt.parallel, sim.prof, save=False).downtime_s
+            dt = sim.prof.detect_s + costs.restart(sim.work, old.parallel, tgt.parallel, sim.prof, save=False).downtime_s
         yield from sim.pause(env, dt)
         sim.avail, sim.layout = c.gpus, tgt
         sim.record(env, "fail-stop", downtime_s=dt, lost_s=lost, healed=old.dp > 1)
@@ -301,12 +303,12 @@ class Restart(Policy):
             yield from self.wait_for_loss(sim, env, c)
             sim.avail, sim.layout = c.gpus, tgt if old is None or tgt is None else old
             return
-        r = costs.restart(sim.job, old.parallel, tgt.parallel, sim.prof, memory=self.memory)
+        r = costs.restart(sim.work, old.parallel, tgt.parallel, sim.prof, memory=self.memory)
         loss = c.gpus < sim.avail
         if loss and env.now + r.save_s > c.t:  # the save does not finish before the GPUs go
             yield from self.wait_for_loss(sim, env, c)
             lost = sim.roll_back()
-            r = costs.restart(sim.job, old.parallel, tgt.parallel, sim.prof, memory=self.memory, save=False)
+            r = costs.restart(sim.work, old.parallel, tgt.parallel, sim.prof, memory=self.memory, save=False)
             yield from sim.pause(env, sim.prof.detect_s + r.downtime_s)
             sim.avail, sim.layout = c.gpus, tgt
             sim.record(env, "fail-stop", downtime_s=sim.prof.detect_s + r.downtime_s, lost_s=lost)
@@ -374,14 +376,14 @@ class DataParallelOnly(Policy):
             sim.record(env, "idle")
             return
         if old is None:  # whole replicas again: from the checkpoint
-            r = costs.restart(sim.job, tgt.parallel, tgt.parallel, sim.prof, save=False)
+            r = costs.restart(sim.work, tgt.parallel, tgt.parallel, sim.prof, save=False)
             yield from sim.pause(env, r.downtime_s)
             sim.avail, sim.layout = c.gpus, tgt
             sim.record(env, "restart", downtime_s=r.downtime_s)
             return
         prof = sim.prof
         if tgt.dp > old.dp:  # joiners healed from a live peer
-            dt = prof.dp_join_stall_s + costs.rank_state_bytes(sim.job, tgt) / prof.inter_bw
+            dt = prof.dp_join_stall_s + costs.rank_state_bytes(sim.work, tgt) / prof.inter_bw
         else:  # a replica leaves with a notice (it leaves the quorum as a joiner enters it), or dies
             dt = prof.dp_join_stall_s if c.notice_s > 0 else prof.dp_kill_stall_s
         yield from sim.pause(env, dt)

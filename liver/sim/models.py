@@ -37,4 +37,4 @@ def sim_model(name: str) -> JobConfig:
 
 
 def state_bytes(job: JobConfig) -> int:
-    return job.model.num_params() * STATE_BYTES_PER_PARAM
+    return job.model.facts().params * STATE_BYTES_PER_PARAM

@@ -18,6 +18,7 @@ from typing import Any
 
 from liver.engine.reference import ADAPTER
 from liver.policy import costs, target
+from liver.policy.workload import Workload
 from liver.policy.profile import PROFILES, load
 from liver.sim import engine, sources
 from liver.sim.models import sim_model
@@ -46,8 +47,8 @@ def downtime(out: Path) -> dict[str, Any]:
         if a is None or b is None:
             rows.append({"profile": pname, "model": m, "gpus": g, "fits": False})
             continue
-        h = costs.live(job, a.parallel, b.parallel, prof)
-        r = costs.restart(job, a.parallel, b.parallel, prof)
+        h = costs.live(Workload(ADAPTER, job), a.parallel, b.parallel, prof)
+        r = costs.restart(Workload(ADAPTER, job), a.parallel, b.parallel, prof)
         rows.append({"profile": pname, "model": m, "gpus": g, "old": a.parallel.short(), "new": b.parallel.short(),
                      "live_downtime_s": h.downtime_s, "live_transfer_s": h.transfer_s,
                      "restart_downtime_s": r.downtime_s, "ratio": r.downtime_s / h.downtime_s,
@@ -69,8 +70,8 @@ def prepare(out: Path) -> dict[str, Any]:
     for pname, prof, m, job, g, a, b in _cases():
         if a is None or b is None:
             continue
-        lost = costs.live(job, a.parallel, b.parallel, prof)
-        back = costs.live(job, b.parallel, a.parallel, prof)
+        lost = costs.live(Workload(ADAPTER, job), a.parallel, b.parallel, prof)
+        back = costs.live(Workload(ADAPTER, job), b.parallel, a.parallel, prof)
         rows.append({"profile": pname, "model": m, "gpus": g, "node_lost_prepare_s": lost.prepare_s,
                      "node_back_prepare_s": back.prepare_s,
                      "parts_node_back_s": {"boot": back.boot_s, "mock": back.mock_s, "groups": back.groups_s,

@@ -19,6 +19,7 @@ from typing import Any
 
 from liver.sim.calibrate import Event, Step, cpu_samples, fit, fit_cpu, profile_of
 from liver.policy.profile import CALIBRATION
+from liver.policy.workload import Workload
 from liver.topology import ParallelConfig
 
 
@@ -145,7 +146,7 @@ def validate_steps(steps: list[Step], v: dict[str, float]) -> dict[str, Any]:
     prof = profile_of(v)
     rows = []
     for s in steps:
-        job = PRESETS[s.model]
+        job = Workload.reference(PRESETS[s.model])
         sim = costs.step_time(job, costs.layout(job, s.parallel), prof)
         rows.append({"run": s.source, "model": s.model, "parallel": s.parallel.short(), "in_fit": s.parallel.world_size == 1,
                      "measured_s": s.step_s, "simulated_s": sim, "error": (sim - s.step_s) / s.step_s})
@@ -163,13 +164,15 @@ def held_out_dcp(results: Path) -> list[Path]:
     return [results / f for f in HELD_OUT_DCP if (results / f).exists()]
 
 
-def _job(r: dict[str, Any]):
-    """The job a ``liver bench dcp`` row measured: the one it recorded, else its preset's."""
-    from liver.config.fields import from_dict
-    from liver.topology import JobConfig
+def _job(r: dict[str, Any]) -> Workload | None:
+    """The job a ``liver bench dcp`` row measured (the reference engine's): the one it recorded,
+    else its preset's."""
+    from liver.config.fields import from_dict, with_model
+    from liver.topology import JobConfig, ModelConfig
     from liver.topology.presets import PRESETS
 
-    return from_dict(JobConfig, r["job"], "job") if "job" in r else PRESETS.get(r.get("model"))
+    job = with_model(from_dict(JobConfig, r["job"], "job"), ModelConfig) if "job" in r else PRESETS.get(r.get("model"))
+    return None if job is None else Workload.reference(job)
 
 
 def validate_dcp(paths: list[Path], v: dict[str, float]) -> dict[str, Any]:
@@ -202,8 +205,8 @@ def validate_dcp(paths: list[Path], v: dict[str, float]) -> dict[str, Any]:
                                 for q, x in measured.items()}})
             if "step_s" in r:
                 t = costs.step_time(job, costs.layout(job, one), prof)
-                step_rows.append({"source": path.parent.name, "model": r["model"], "hidden_size": job.model.hidden_size,
-                                  "params": job.model.num_params(), "preset_shape": PRESETS.get(r["model"]) == job,
+                step_rows.append({"source": path.parent.name, "model": r["model"], "hidden_size": job.facts.width,
+                                  "params": job.facts.params, "preset_shape": PRESETS.get(r["model"]) == job.job,
                                   "measured": r["step_s"], "simulated": t, "error": (t - r["step_s"]) / r["step_s"]})
     beyond = [abs(x["error"]) for x in step_rows if not x["preset_shape"]]
     return {"sources": [f"bench/results/{p.parent.name}" for p in paths],
@@ -231,7 +234,7 @@ def check_choice(samples, values: dict[str, float]) -> list[dict[str, Any]]:
     rows = []
     for key in dict.fromkeys((s, n) for s, n, _, _ in samples):
         cands = [(lay, t) for s, n, lay, t in samples if (s, n) == key]
-        job = job_of(key[0])
+        job = Workload.reference(job_of(key[0]))
         chosen = min(cands, key=lambda c: step_time(job, c[0], prof))
         fastest = min(cands, key=lambda c: c[1])
         rows.append({"shape": key[0], "processes": key[1], "chosen": chosen[0].parallel.short(),

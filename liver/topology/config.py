@@ -10,6 +10,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from liver.topology.facts import ModelFacts
+
 
 def _positive(owner: str, name: str, value: int) -> None:
     if not isinstance(value, int) or isinstance(value, bool) or value < 1:
@@ -57,6 +59,14 @@ class ModelConfig:
         h, f, v = self.hidden_size, self.ffn_size, self.padded_vocab_size
         per_layer = 4 * h * h + 3 * h * f + 2 * h
         return self.num_layers * per_layer + 2 * v * h + h
+
+    def describe(self) -> str:
+        return (f"{self.num_layers} layers, hidden {self.hidden_size}, {self.num_heads} heads, ffn {self.ffn_size}, "
+                f"vocab {self.vocab_size}, seq {self.seq_len}")
+
+    def facts(self) -> ModelFacts:
+        """The reference engine's model as the rest of LiveR knows it (``EngineAdapter.facts``)."""
+        return ModelFacts.decoder(self.num_params(), self.num_layers, self.hidden_size, self.seq_len)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -177,9 +187,12 @@ class TrainConfig:
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class JobConfig:
-    """Everything that defines a training job apart from its parallel layout."""
+    """Everything that defines a training job apart from its parallel layout. ``model``: the
+    model's configuration, of the class its engine declares (``EngineAdapter.model_config``: a
+    frozen dataclass; the reference engine's and the presets' is ``ModelConfig``), filled from the
+    job file's ``[job.model]`` table by the job's configuration (``liver.config``)."""
 
-    model: ModelConfig = field(default_factory=ModelConfig)
+    model: Any = field(default_factory=ModelConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     # "float32" everywhere; "bfloat16" compute with fp32 master weights (GPU).
     compute_dtype: str = "float32"
@@ -189,10 +202,4 @@ class JobConfig:
             raise ValueError(f"job.compute_dtype={self.compute_dtype!r}: allowed 'float32', 'bfloat16'")
 
     def to_dict(self) -> dict[str, Any]:
-        return {"model": self.model.to_dict(), "train": self.train.to_dict(),
-                "compute_dtype": self.compute_dtype}
-
-    @staticmethod
-    def from_dict(d: dict[str, Any]) -> "JobConfig":
-        return JobConfig(model=ModelConfig(**d["model"]), train=TrainConfig(**d["train"]),
-                         compute_dtype=d.get("compute_dtype", "float32"))
+        return {"model": asdict(self.model), "train": self.train.to_dict(), "compute_dtype": self.compute_dtype}

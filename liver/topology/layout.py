@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import NamedTuple
 
-from liver.topology.config import ModelConfig, ParallelConfig, TrainConfig
+from liver.topology.config import ParallelConfig, TrainConfig
 
 
 class Coord(NamedTuple):
@@ -28,26 +28,29 @@ def default_split(num_layers: int, pp: int) -> tuple[int, ...]:
 
 @dataclass(frozen=True)
 class Layout:
-    """A validated parallel layout of one model. Construction raises ValueError on any mismatch of
-    the degrees with the layers and the batch; what an engine adds (the TP degree against its
-    shapes) its adapter checks (``EngineAdapter.layout``)."""
+    """A validated parallel layout of one model of ``layers`` blocks (its engine's count:
+    ``ModelFacts.layers``). Construction raises ValueError on any mismatch of the degrees with the
+    layers and the batch; what an engine adds (the TP degree against its shapes) its adapter checks
+    (``EngineAdapter.layout``)."""
 
-    model: ModelConfig
+    layers: int
     parallel: ParallelConfig
     train: TrainConfig
     world_size: int | None = None
 
     def __post_init__(self) -> None:
-        m, p, t = self.model, self.parallel, self.train
+        n, p, t = self.layers, self.parallel, self.train
+        if not isinstance(n, int) or isinstance(n, bool) or n < 1:  # (a caller's mistake, not a user's)
+            raise TypeError(f"Layout.layers={n!r}: the model's layer count (ModelFacts.layers) is required")
         if self.world_size is not None and p.world_size != self.world_size:
             raise ValueError(f"parallel: tp*pp*dp={p.tp}*{p.pp}*{p.dp}={p.world_size} must equal "
                              f"world_size={self.world_size}")
-        if p.pp > m.num_layers:
-            raise ValueError(f"parallel.pp={p.pp} exceeds model.num_layers={m.num_layers}: "
+        if p.pp > n:
+            raise ValueError(f"parallel.pp={p.pp} exceeds the model's {n} layers: "
                              "every stage needs at least one layer")
-        if p.layers_per_stage is not None and sum(p.layers_per_stage) != m.num_layers:
+        if p.layers_per_stage is not None and sum(p.layers_per_stage) != n:
             raise ValueError(f"parallel.layers_per_stage={list(p.layers_per_stage)} sums to "
-                             f"{sum(p.layers_per_stage)}; model.num_layers={m.num_layers} required")
+                             f"{sum(p.layers_per_stage)}; the model's {n} layers required")
         if t.global_batch % (p.dp * t.micro_batch):
             raise ValueError(f"train.global_batch={t.global_batch} is not divisible by "
                              f"dp*micro_batch={p.dp}*{t.micro_batch}={p.dp * t.micro_batch}")
@@ -80,7 +83,7 @@ class Layout:
     # ---- stages ------------------------------------------------------------------------------
     @cached_property
     def layers_per_stage(self) -> tuple[int, ...]:
-        return self.parallel.layers_per_stage or default_split(self.model.num_layers, self.pp)
+        return self.parallel.layers_per_stage or default_split(self.layers, self.pp)
 
     @cached_property
     def stage_bounds(self) -> tuple[tuple[int, int], ...]:
@@ -95,7 +98,7 @@ class Layout:
         """Stage owning a layer; -1 is the embedding (stage 0), num_layers the head (last stage)."""
         if layer < 0:
             return 0
-        if layer >= self.model.num_layers:
+        if layer >= self.layers:
             return self.pp - 1
         for s, (lo, hi) in enumerate(self.stage_bounds):
             if lo <= layer < hi:

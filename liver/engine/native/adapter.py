@@ -21,12 +21,12 @@ from liver.engine.interface import EngineAdapter, Prebuilt, TrainingEngine
 from liver.engine.native.ahead import first_step_ahead, fsdp_initialised
 from liver.engine.native.engine import NativeEngine, build_model, fsdp, optimizer_state, structure
 from liver.engine.native.recipe import Recipe
-from liver.engine.native.resource import Placed, table
+from liver.engine.native.resource import Placed, blocks, table
 from liver.engine.native.step import NativeStep
 from liver.resource_view.spec import TensorSpec
 from liver.resource_view.table import BoxTable
 from liver.resource_view.view import box_numel
-from liver.topology import JobConfig, Layout, ParallelConfig
+from liver.topology import JobConfig, Layout, ModelFacts, ParallelConfig
 from liver.world.fake import FakeWorld
 from liver.world.world import World, forget_meshes
 
@@ -39,8 +39,22 @@ class NativeAdapter(EngineAdapter):
     def __init__(self, recipe: Recipe) -> None:
         self.recipe = recipe
         self.name = recipe.name
+        self.model_config = recipe.config
         self._placed: dict[tuple[JobConfig, ParallelConfig], list[Placed]] = {}
         self._tables: dict[tuple[JobConfig, ParallelConfig], BoxTable] = {}
+        self._facts: dict[JobConfig, ModelFacts] = {}
+
+    def facts(self, job: JobConfig) -> ModelFacts:
+        """The recipe's (``Recipe.facts``), over the parameters and blocks its model has on one
+        rank (a meta build, once per job)."""
+        if job not in self._facts:
+            specs = self.state_specs(job)
+            facts = self.recipe.facts(job, sum(s.numel for s in specs if s.kind == "param"),
+                                      blocks([s.name for s in specs]))
+            if not isinstance(facts, ModelFacts):
+                raise ValueError(f"recipe {self.name!r}: facts() returned {type(facts).__name__}; allowed a ModelFacts")
+            self._facts[job] = facts
+        return self._facts[job]
 
     # ---- metadata ----------------------------------------------------------------------------
     def placed(self, job: JobConfig, layout: Layout) -> list[Placed]:
@@ -79,7 +93,8 @@ class NativeAdapter(EngineAdapter):
                     forget_meshes()  # nothing cached about the fake mesh outlives it
 
     def state_specs(self, job: JobConfig) -> list[TensorSpec]:
-        return [p.spec for p in self.placed(job, Layout(job.model, ParallelConfig(), job.train))]
+        # (on one rank every block is the rank's: the layout's layer count plays no part)
+        return [p.spec for p in self.placed(job, Layout(1, ParallelConfig(), job.train))]
 
     def view(self, job: JobConfig, layout: Layout) -> BoxTable:
         key = (job, layout.parallel)
@@ -98,7 +113,7 @@ class NativeAdapter(EngineAdapter):
         """DTensor splits unevenly where it must: the recipe's and the topology's checks, and the
         model's tensors the same as on one rank (``same_tensors``)."""
         self.check(job, parallel)
-        lay = Layout(job.model, parallel, job.train)
+        lay = Layout(self.facts(job).layers, parallel, job.train)
         if parallel.world_size > 1:
             self.same_tensors(job, lay)
         return lay

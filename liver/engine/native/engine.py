@@ -28,7 +28,7 @@ from liver.host import faults
 from liver.engine.native.init import initial_values
 from liver.engine.native.optim import OptimizerState, describe
 from liver.engine.native.recipe import Recipe, clip_grad_norm
-from liver.engine.native.resource import local_box, persistent_buffers, placed_state
+from liver.engine.native.resource import blocks, local_box, persistent_buffers, placed_state
 from liver.resource_view.view import Box
 from liver.topology import JobConfig
 from liver.world.fake import FakeWorld
@@ -200,7 +200,9 @@ class NativeEngine:
         self._made = not initialise  # (else the optimizer makes its state at its first step: collected then)
         self.step = 0
         self.consumed_samples = 0
-        self._params = sum(s.numel for s in self.specs if s.kind == "param")  # (the whole model's, for MFU)
+        # (the whole model's, for MFU: the specs are every rank's)
+        self.facts = recipe.facts(job, sum(s.numel for s in self.specs if s.kind == "param"),
+                                  blocks([s.name for s in self.specs]))
         self._param_list = list(self.model.parameters())  # (a walk of the modules costs a step ~1 ms)
         if initialise:
             self._initialise()
@@ -372,10 +374,9 @@ class NativeEngine:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         dt = time.perf_counter() - t0
-        tokens = job.train.global_batch * job.model.seq_len
-        m = job.model
-        mfu = model_flops_utilisation(self._params, m.num_layers, m.hidden_size, m.seq_len, tokens / dt,
-                                      peak_flops(self.device, job.compute_dtype), self.layout.size)
+        tokens = job.train.global_batch * self.facts.seq_len
+        mfu = model_flops_utilisation(self.facts.flops_per_token, tokens / dt, peak_flops(self.device, job.compute_dtype),
+                                      self.layout.size)
         return StepStats(self.step, float(total.item()) / self.layout.dp, float(norm), lr, dt, tokens / dt, mfu)
 
     def schedule_step(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:

@@ -20,20 +20,26 @@ a switch they belong to a mesh that no longer exists), build process groups or m
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import Iterable
+from typing import ClassVar, Iterable
 
 import torch
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Replicate
 
-from liver.topology import JobConfig, ParallelConfig
+from liver.topology import JobConfig, ModelConfig, ModelFacts, ParallelConfig
 
 
 class Recipe(ABC):
-    """One kind of user model; stateless (LiveR may call any method in any process)."""
+    """One kind of user model; stateless (LiveR may call any method in any process).
+
+    ``config``: the model's configuration, a frozen dataclass that the job file's ``[job.model]``
+    table fills (each field's type checked, an unknown key refused naming it; its own
+    ``__post_init__`` checks its values, raising ``ValueError`` naming the field); ``job.model`` is
+    one. By default the presets' Llama-shaped ``ModelConfig``, whose fields a preset fills."""
 
     name: str = "native"
+    config: ClassVar[type] = ModelConfig
 
     @abstractmethod
     def model(self, job: JobConfig) -> nn.Module:
@@ -96,10 +102,30 @@ class Recipe(ABC):
     def check(self, job: JobConfig, parallel: ParallelConfig) -> None:
         """The model's own constraints on a layout (ValueError naming the field)."""
 
+    def facts(self, job: JobConfig, params: int, layers: int) -> ModelFacts:
+        """What LiveR's layout checks, target choice, cost model and MFU know of the model:
+        ``params`` and ``layers`` are counted on the model itself (its parameters; its blocks,
+        named ``layers.N``). By default a decoder (``ModelFacts.decoder``) of a ``ModelConfig``'s
+        hidden size and sequence length; a recipe with a configuration of its own says its width
+        and tokens a sample (or other FLOPs a token)."""
+        m = job.model
+        if not isinstance(m, ModelConfig):
+            raise ValueError(f"recipe {self.name!r}: its model configuration {type(m).__name__} is its own; define "
+                             f"facts(job, params, layers) (ModelFacts.decoder(params, layers, width, seq_len))")
+        return ModelFacts.decoder(params, layers, m.hidden_size, m.seq_len)
+
     def rehearsal_job(self) -> JobConfig:
-        """A small job of this model, for rehearsals of the code paths (default: the tiny preset)."""
+        """A small job of this model, for rehearsals of the code paths (default: the tiny preset,
+        its model the configuration's defaults where the recipe has a configuration of its own)."""
         from liver.topology.presets import preset
-        return preset("tiny")
+        tiny = preset("tiny")
+        if self.config is ModelConfig:
+            return tiny
+        try:
+            return JobConfig(model=self.config(), train=tiny.train)
+        except TypeError:
+            raise ValueError(f"recipe {self.name!r}: {self.config.__name__} has fields without defaults; define "
+                             f"rehearsal_job() (a small job of this model)") from None
 
     def loop(self, steps) -> None:
         """The training loop, the recipe's own where it overrides this: ``steps`` yields one

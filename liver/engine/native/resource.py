@@ -108,6 +108,13 @@ def layer_of(names: list[str]) -> dict[str, int]:
     return out
 
 
+def blocks(names: list[str]) -> int:
+    """The blocks (``layers.N.``) a model's tensor names show: one past the highest N (one where
+    none: the whole model is one block)."""
+    found = [int(m.group(1)) for n in names if (m := _LAYER.search(n))]
+    return max(found) + 1 if found else 1
+
+
 def persistent_buffers(model: nn.Module) -> list[tuple[str, torch.Tensor]]:
     """The model's persistent buffers by qualified name (in ``state_dict``: a running statistic, a
     counter), which a step may read and change; non-persistent ones are recomputed (``init_buffers``)."""

@@ -9,7 +9,7 @@ import functools
 import torch
 
 from liver.engine.interface import EngineAdapter, TrainingEngine
-from liver.topology import JobConfig, Layout, ParallelConfig
+from liver.topology import JobConfig, Layout, ModelFacts, ParallelConfig
 from liver.world.world import World
 
 _COMPUTE_BYTES = {"float32": 4, "bfloat16": 2}
@@ -24,6 +24,9 @@ def _specs(job: JobConfig):
 
 class ReferenceAdapter(EngineAdapter):
     name = "reference"
+
+    def facts(self, job: JobConfig) -> ModelFacts:
+        return job.model.facts()
 
     def state_specs(self, job: JobConfig):
         return list(_specs(job))

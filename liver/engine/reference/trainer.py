@@ -48,6 +48,7 @@ class Engine:
         self.device = device
         self.compute_dtype = _DTYPES[job.compute_dtype]
         self.specs = state_specs(job)
+        self._flops_per_token = job.model.facts().flops_per_token  # (for MFU)
         self.param_specs = [s for s in self.specs if s.kind == "param"]
         self.boxes: dict[str, Box] = {}
         for s in self.specs:
@@ -205,8 +206,8 @@ class Engine:
         self.consumed_samples += tr.global_batch
         dt = time.perf_counter() - t0
         tokens = tr.global_batch * m.seq_len
-        mfu = model_flops_utilisation(m.num_params(), m.num_layers, m.hidden_size, m.seq_len, tokens / dt,
-                                      peak_flops(self.device, job.compute_dtype), lay.size)
+        mfu = model_flops_utilisation(self._flops_per_token, tokens / dt, peak_flops(self.device, job.compute_dtype),
+                                      lay.size)
         return StepStats(self.step, float(loss.item()), norm, lr, dt, tokens / dt, mfu)
 
     def _grad_norm(self, grads: list[torch.Tensor]) -> float:
