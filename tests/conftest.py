@@ -54,13 +54,18 @@ class _Kept:
             self.zygote.wait_closed()
 
 
+#: variables this process sets itself as the tests run (pytest's; torch's inductor, at its import):
+#: no template depends on them
+IN_PROCESS_ENV = ("PYTEST_CURRENT_TEST", "TORCHINDUCTOR_CACHE_DIR")
+
+
 @pytest.fixture(scope="session", autouse=True)
 def shared_templates():
     """Jobs run in this process (``liver run`` called in-process) fork their workers from templates
     kept across jobs: a template boots an interpreter, imports torch and rehearses a CPU step
     (seconds on the 2-core CI machine), and it does not depend on the job (what a worker does is in
     its spec). A template is kept per preload, its arguments, its priority and the environment
-    (PYTEST_CURRENT_TEST apart), the newest few only: a live job's ranks and a restart job's of
+    (``IN_PROCESS_ENV`` apart), the newest few only: a live job's ranks and a restart job's of
     one engine fork from one template. One that ended or was interrupted is made again. What a
     template does itself is tested in test_zygote.py, on templates of its own; jobs whose agents
     are processes of their own (test_nodes.py) make their own, as every job does outside the tests."""
@@ -74,7 +79,7 @@ def shared_templates():
     real, kept, pinned = starters.make, collections.OrderedDict(), set()
 
     def template(spec, idle: bool, pin: bool = False):
-        env = tuple(sorted((k, v) for k, v in os.environ.items() if k != "PYTEST_CURRENT_TEST"))
+        env = tuple(sorted((k, v) for k, v in os.environ.items() if k not in IN_PROCESS_ENV))
         key = (spec["preload"], tuple(spec["args"]), idle, float(spec.get("start_timeout_s", 120.0)), env)
         z = kept.get(key)
         if z is None or not z.usable():
