@@ -1,8 +1,8 @@
 """A model of a configuration of its own, nothing Llama-shaped: a small residual MLP language model
 whose ``[job.model]`` table has ``depth``, ``width``, ``context`` and ``vocab`` (``MLPConfig``),
 tensor-parallel in its blocks' two projections, FSDP2 over its blocks, cut into pipeline stages by
-block. Its facts (``Recipe.facts``) say its width and tokens a sample; its parameters and blocks
-LiveR counts on the model itself."""
+block. Its facts (``Recipe.facts``) say its width, tokens a sample and FLOPs a token (no attention);
+its parameters and blocks LiveR counts on the model itself."""
 
 from __future__ import annotations
 
@@ -87,7 +87,11 @@ class MLPRecipe(Recipe):
         return model
 
     def facts(self, job, params, layers):
-        return ModelFacts.decoder(params, layers, job.model.width, job.model.context)
+        """No attention: 6 FLOPs a token for each parameter of a matrix multiply (the embedding's
+        lookup is none), forward and backward."""
+        m = job.model
+        return ModelFacts(params=params, layers=layers, width=m.width, seq_len=m.context,
+                          flops_per_token=6.0 * (params - m.vocab * m.width))
 
     def optimizer(self, model, job):
         return torch.optim.AdamW(model.parameters(), lr=job.train.lr, foreach=False)
