@@ -54,6 +54,17 @@ class _Kept:
             self.zygote.wait_closed()
 
 
+#: the test files whose jobs run in this process (``liver run`` called in-process)
+JOB_FILES = ("test_bench.py", "test_checkpoint.py", "test_cores.py", "test_faults.py", "test_heal.py",
+             "test_native.py", "test_run.py", "test_suspend.py", "test_zygote.py")
+_RUNS_JOBS = False
+
+
+def pytest_collection_modifyitems(session, config, items):
+    global _RUNS_JOBS
+    _RUNS_JOBS = any(item.path.name in JOB_FILES for item in items)
+
+
 #: variables this process sets itself as the tests run (pytest's; torch's inductor, at its import):
 #: no template depends on them
 IN_PROCESS_ENV = ("PYTEST_CURRENT_TEST", "TORCHINDUCTOR_CACHE_DIR")
@@ -104,9 +115,11 @@ def shared_templates():
     # made ahead, before the first test: the two engines most jobs of the tests run, a live job's
     # ranks and its cold joiners (an idle-priority template boots slowly once ranks train beside
     # it, seconds of a scale-out's Prepare; made here on idle cores, it is ready when one needs it)
+    # (only where the session runs jobs in this process: a file of in-process logic alone pays nothing)
     root = Path(__file__).resolve().parent.parent
     ahead = [template(forked_workers("gloo", engine, joiners=True), idle=idle, pin=True)
-             for engine in ("liver.engine.reference:ADAPTER", f"{root}/examples/llama.py:RECIPE") for idle in (False, True)]
+             for engine in ("liver.engine.reference:ADAPTER", f"{root}/examples/llama.py:RECIPE") for idle in (False, True)
+             if _RUNS_JOBS]
     for t in ahead:
         t.zygote.wait_ready()
     starters.make = make

@@ -325,3 +325,55 @@ def test_every_mode_the_configuration_allows_is_a_strategy_the_controller_runs(t
     for name in ALLOWED:
         ctl, _, _ = controller(tmp_path / name, mode=name)
         assert type(ctl.mode) is MODES[name] and ctl.status()["mode"] == name
+
+
+def test_a_lost_node_that_registers_again_during_its_own_fail_stop_is_a_new_node_and_the_job_goes_on(tmp_path):
+    """A node's agent goes silent: its ranks' fail-stop begins, and while it is handled the node
+    registers again under its name (its agent restarted: another pid). The newcomer is a new node
+    with slots of its own, offered to the job; the fail-stop finds, names and stops the old node's
+    processes and heals the survivors; the controller and the job go on (before, the old node left
+    the job's table mid fail-stop and the controller died on a KeyError)."""
+    import time as clock
+
+    from liver.controller.nodes import RemoteNode
+    from liver.policy.events import EventKind
+    from liver.protocol.agent import Register
+
+    ctl, node, ranks = controller(tmp_path, slots=2, heal_timeout_s=5.0, agent_timeout_s=4.0)
+    ranks.step(3)
+    ctl.once()
+    ctl.membership.register(Register(node="n1", slots=2, host="vm-1", pid=41))  # joins: "now", onto its slots
+    run_until(ctl, lambda: ctl.state.phase is Phase.PREPARE, ranks, step=4)
+    remote = ctl.nodes.nodes["n1"]
+    assert sorted(p for p, role, g in node.started) == [0, 1] and len(remote.workers) == 2
+    switch(ctl, ranks, step=5)
+    assert ctl.state.active.parallel.world_size == 4
+    ranks.step(6)
+    ctl.once()
+
+    g = ctl.state.gen
+    survivors = [p for p in ctl.state.active.procs if p not in remote.workers]
+    real_exits = ctl.failures.exits
+
+    def registers_meanwhile(gone):  # the endpoint's thread, while the loop handles the fail-stop
+        ctl.membership.register(Register(node="n1", slots=2, host="vm-1", pid=42))
+        return real_exits(gone)
+
+    ctl.failures.exits = registers_meanwhile
+    ranks.stalled(survivors, step=6)  # the survivors stop at their boundary, then switch into the heal
+    ranks.switch_into(g + 1, survivors, step=6)
+    remote.last_seen = clock.time() - 60  # silent for longer than agent_timeout_s
+    ctl.once()
+
+    new = ctl.nodes.nodes["n1"]
+    assert new is not remote and isinstance(new, RemoteNode) and not new.lost
+    assert new.slot_base != remote.slot_base
+    assert remote.lost and all(w.returncode is not None for w in remote.workers.values())
+    (scale_out, rec) = ctl.state.records
+    assert scale_out.outcome is Outcome.DONE and rec.outcome is Outcome.HEALED and rec["lost_steps"] == 0
+    assert ctl.state.active.generation == g + 1 and ctl.state.active.procs == tuple(survivors)
+    (again,) = ctl.state.queue  # the newcomer's slots, offered to the job (on_join "now")
+    assert again.kind is EventKind.SCALE_OUT and again.gpus == 4 and again.source == "node n1 joined"
+    run_until(ctl, lambda: ctl.state.phase is Phase.PREPARE, ranks, step=7)  # the loop goes on, onto them
+    assert {ctl.state.slot_of[p] for p in ctl.state.pending.procs if p not in survivors} == \
+        set(range(new.slot_base, new.slot_base + 2))
