@@ -120,3 +120,39 @@ def test_world_mesh_has_the_generations_coordinates_and_groups(pool):
         assert o["coordinate"] == o["expected"]
         assert o["tp_is_world_tp"] and o["dp_is_world_dp"]
         assert o["full"] == o["tp_peers"]  # gathered over the World's own tp group
+
+
+def test_a_preparation_whose_member_never_arrives_is_let_go_at_once_when_abandoned():
+    """The groups' own rendezvous before Gloo's (``group.arrive``): members that all arrive go on
+    at once; one that never comes (a joiner stopped by a controller that withdrew its generation)
+    holds the others only until their preparation is abandoned (``pause`` raises), not for the
+    groups' timeout; without an abandon, a TimeoutError names the missing member."""
+    import threading
+    import time
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    from liver.world.group import arrive
+
+    store = dist.HashStore()
+    other = threading.Thread(target=arrive, args=(store, "g1", [0, 1], 1, lambda: None, timedelta(seconds=30)))
+    other.start()
+    t0 = time.monotonic()
+    arrive(store, "g1", [0, 1], 0, lambda: None, timedelta(seconds=30))
+    other.join()
+    assert time.monotonic() - t0 < 5
+
+    abandoned_at = time.monotonic() + 0.5
+
+    def pause():
+        if time.monotonic() > abandoned_at:
+            raise InterruptedError("abandoned")
+
+    t0 = time.monotonic()
+    with pytest.raises(InterruptedError):
+        arrive(store, "g2", [0, 1, 2], 0, pause, timedelta(seconds=120))
+    assert time.monotonic() - t0 < 3
+    with pytest.raises(TimeoutError, match=r"g3: processes \[2\] did not arrive within 0.6 s"):
+        store.set("g3/arrived/1", "1")
+        arrive(store, "g3", [0, 1, 2], 0, lambda: None, timedelta(seconds=0.6))

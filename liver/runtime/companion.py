@@ -123,11 +123,13 @@ class Preparation:
         # groups over the same processes as one of the Active World share its communicator
         sharing = self._sharing = Sharing.of_active(self.active, s.old_procs, self._pause) \
             if self.active is not None else Sharing(self._pause)
+        members = sorted(set(s.old_procs) | set(s.procs))
+        # every member has begun (a withdrawn generation whose joiner was stopped is let go here)
+        arrive(self.store, f"liver/gen{s.generation}", members, self.proc, self._pause, self.timeout)
         if self.proc in s.procs:
             self.world = World.build(self.store, s.generation, new, s.procs.index(self.proc),
                                      self.backend, self.device, self.timeout, cpu_groups=True,
                                      procs=s.procs, sharing=sharing)
-        members = sorted(set(s.old_procs) | set(s.procs))
         self.transfer = sharing.group(self.store, f"liver/gen{s.generation}/transfer", members,
                                       self.proc, self.backend, self.device, self.timeout)
         if self.defer_connect:  # the communicators now, beside training; their connections at the boundary

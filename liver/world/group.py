@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import pickle
 import threading
+import time
 from datetime import timedelta
-from typing import Any
+from typing import Any, Callable
 
 import torch
 import torch.distributed as dist
@@ -63,6 +64,29 @@ class _Comm:
                 self.pg._get_backend(self.device).shutdown()
             except Exception:  # already torn down or a peer died
                 pass
+
+
+def arrive(store: dist.Store, name: str, members: list[int], me: int, pause: Callable[[], None],
+           timeout: timedelta, slice_s: float = 0.25) -> None:
+    """Every one of ``members`` has begun building the groups ``name`` names: a rendezvous of our
+    own before Gloo's and NCCL's, whose waits in their constructors no thread can cut short. It
+    waits in slices of ``slice_s``, calling ``pause`` between them (it raises to stop: a
+    preparation abandoned while a member never comes, its process stopped, ends here at once
+    instead of at ``timeout`` in a constructor). TimeoutError naming the missing members after
+    ``timeout``."""
+    store.set(f"{name}/arrived/{me}", "1")
+    keys = [f"{name}/arrived/{m}" for m in members]
+    end = time.monotonic() + timeout.total_seconds()
+    while True:
+        try:
+            store.wait(keys, timedelta(seconds=slice_s))
+            return
+        except RuntimeError:  # (DistStoreError: this slice timed out)
+            if time.monotonic() > end:
+                missing = [m for m, k in zip(members, keys) if not store.check([k])]
+                raise TimeoutError(f"{name}: processes {missing} did not arrive within "
+                                   f"{timeout.total_seconds():g} s") from None
+            pause()
 
 
 class Group:
