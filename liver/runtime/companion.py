@@ -33,7 +33,7 @@ from liver.runtime.pace import Pace
 from liver.protocol.messages import Failure, GenerationSpec, write
 from liver.protocol.store import fetch_plan, put
 from liver.topology import JobConfig, Layout
-from liver.world.group import Group, init_once, connect_once
+from liver.world.group import Group, arrive, connect_once, init_once
 from liver.world.sharing import Sharing
 from liver.world.world import World
 
