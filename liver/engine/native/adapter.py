@@ -19,9 +19,9 @@ import torch
 
 from liver.engine.interface import EngineAdapter, Prebuilt, TrainingEngine
 from liver.engine.native.ahead import first_step_ahead, fsdp_initialised
-from liver.engine.native.engine import NativeEngine, build_model, fsdp, optimizer_state, structure
+from liver.engine.native.engine import NativeEngine, build_model, fsdp, model_facts, optimizer_state, structure
 from liver.engine.native.recipe import Recipe
-from liver.engine.native.resource import Placed, blocks, table
+from liver.engine.native.resource import Placed, table
 from liver.engine.native.step import NativeStep
 from liver.resource_view.spec import TensorSpec
 from liver.resource_view.table import BoxTable
@@ -48,12 +48,7 @@ class NativeAdapter(EngineAdapter):
         """The recipe's (``Recipe.facts``), over the parameters and blocks its model has on one
         rank (a meta build, once per job)."""
         if job not in self._facts:
-            specs = self.state_specs(job)
-            facts = self.recipe.facts(job, sum(s.numel for s in specs if s.kind == "param"),
-                                      blocks([s.name for s in specs]))
-            if not isinstance(facts, ModelFacts):
-                raise ValueError(f"recipe {self.name!r}: facts() returned {type(facts).__name__}; allowed a ModelFacts")
-            self._facts[job] = facts
+            self._facts[job] = model_facts(self.recipe, job, self.state_specs(job))
         return self._facts[job]
 
     # ---- metadata ----------------------------------------------------------------------------

@@ -30,7 +30,7 @@ from liver.engine.native.optim import OptimizerState, describe
 from liver.engine.native.recipe import Recipe, clip_grad_norm
 from liver.engine.native.resource import blocks, local_box, persistent_buffers, placed_state
 from liver.resource_view.view import Box
-from liver.topology import JobConfig
+from liver.topology import JobConfig, ModelFacts
 from liver.world.fake import FakeWorld
 from liver.world.world import World, forget_meshes
 
@@ -171,6 +171,15 @@ def _local(t: torch.Tensor) -> torch.Tensor:
     return t._local_tensor if isinstance(t, DTensor) else t
 
 
+def model_facts(recipe: Recipe, job: JobConfig, specs) -> ModelFacts:
+    """The recipe's facts (``Recipe.facts``) over the parameters and blocks of ``specs`` (the whole
+    model's tensors); ValueError where the recipe returns something else."""
+    facts = recipe.facts(job, sum(s.numel for s in specs if s.kind == "param"), blocks([s.name for s in specs]))
+    if not isinstance(facts, ModelFacts):
+        raise ValueError(f"recipe {recipe.name!r}: facts() returned {type(facts).__name__}; allowed a ModelFacts")
+    return facts
+
+
 class NativeEngine:
     """Rank ``world.rank`` of a recipe's job (see the module's docstring)."""
 
@@ -200,9 +209,7 @@ class NativeEngine:
         self._made = not initialise  # (else the optimizer makes its state at its first step: collected then)
         self.step = 0
         self.consumed_samples = 0
-        # (the whole model's, for MFU: the specs are every rank's)
-        self.facts = recipe.facts(job, sum(s.numel for s in self.specs if s.kind == "param"),
-                                  blocks([s.name for s in self.specs]))
+        self.facts = model_facts(recipe, job, self.specs)  # (the whole model's, for MFU: the specs are every rank's)
         self._param_list = list(self.model.parameters())  # (a walk of the modules costs a step ~1 ms)
         if initialise:
             self._initialise()
