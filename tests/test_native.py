@@ -291,11 +291,15 @@ def test_the_engine_prebuilt_in_another_thread_is_the_one_the_switch_would_build
             forget_meshes()
 
 
+UNSHARDED = " and its unsharded parameters"
+
+
 @pytest.mark.parametrize("parallel,dtype,ahead", [
     (ParallelConfig(tp=2), "float32", "forward and backward and optimizer step"),
-    (ParallelConfig(dp=2), "float32", "optimizer step and FSDP2's initialisation"),
-    (ParallelConfig(tp=2, dp=2), "float32", "forward and backward and optimizer step and FSDP2's initialisation"),
-    (ParallelConfig(tp=2, dp=2), "bfloat16", "forward and backward and optimizer step and FSDP2's initialisation")])
+    (ParallelConfig(dp=2), "float32", "optimizer step and FSDP2's initialisation" + UNSHARDED),
+    (ParallelConfig(tp=2, dp=2), "float32", "forward and backward and optimizer step and FSDP2's initialisation" + UNSHARDED),
+    (ParallelConfig(tp=2, dp=2), "bfloat16",
+     "forward and backward and optimizer step and FSDP2's initialisation" + UNSHARDED)])
 def test_the_first_steps_sharding_is_worked_out_in_the_companion_and_changes_nothing(parallel, dtype, ahead,
                                                                                      monkeypatch):
     """The companion runs the new generation's first step's DTensor operators on the meta
@@ -328,6 +332,14 @@ def test_the_first_steps_sharding_is_worked_out_in_the_companion_and_changes_not
     pre = seen["pre"]
     assert pre.ahead["ahead"] == ahead and "ahead_error" not in pre.ahead, pre.ahead
     assert pre.sharding and all(p.grad is None for p in pre.engine.model.parameters())
+    if ahead.endswith(UNSHARDED):  # what FSDP2's first all-gather makes once: made, its buffers' storage freed
+        from torch.distributed.fsdp import FSDPModule
+
+        from liver.engine.native.ahead import _param_groups
+        made = [fp for m in pre.engine.model.modules() if isinstance(m, FSDPModule)
+                for g in _param_groups(m) for fp in g.fsdp_params]
+        assert made and all(hasattr(fp, "_unsharded_param") for fp in made)
+        assert all(t.untyped_storage().size() == 0 for fp in made for t in fp.all_gather_outputs)
 
     def fill(state):
         with torch.no_grad():

@@ -18,7 +18,7 @@ from typing import Callable, Mapping
 import torch
 
 from liver.engine.interface import EngineAdapter, Prebuilt, TrainingEngine
-from liver.engine.native.ahead import first_step_ahead, fsdp_initialised
+from liver.engine.native.ahead import first_step_ahead, fsdp_initialised, fsdp_unsharded_made
 from liver.engine.native.engine import NativeEngine, build_model, fsdp, model_facts, optimizer_state, structure
 from liver.engine.native.recipe import Recipe
 from liver.engine.native.resource import Placed, table
@@ -206,6 +206,8 @@ class NativeAdapter(EngineAdapter):
         try:  # (what FSDP2's first forward would initialise: done here, or left to it)
             if fsdp_initialised(engine.model):
                 ahead = {**ahead, "ahead": ahead["ahead"] + " and FSDP2's initialisation"}
+                if fsdp_unsharded_made(engine.model):
+                    ahead = {**ahead, "ahead": ahead["ahead"] + " and its unsharded parameters"}
         except Exception as e:  # (its state half made: this engine is not used)
             ahead = {**ahead, "ahead_error": f"FSDP2's initialisation: {type(e).__name__}: {e}"[:300]}
             return structure_only()

@@ -129,11 +129,7 @@ def _fsdp_stand_ins(modules: list) -> list[tuple[torch.nn.Module, str, torch.nn.
 
     out = []
     for m in modules:
-        state = m._get_fsdp_state()
-        groups = state.__dict__.get("_fsdp_param_groups")
-        if groups is None:  # (torch < 2.12: one group)
-            groups = [g] if (g := getattr(state, "_fsdp_param_group")) is not None else []
-        for group in groups:
+        for group in _param_groups(m):
             for fp in group.fsdp_params:
                 info = fp._module_info
                 p = info.module._parameters[info.param_name]
@@ -149,6 +145,15 @@ def _fsdp_stand_ins(modules: list) -> list[tuple[torch.nn.Module, str, torch.nn.
                     local = DTensor(local, spec, requires_grad=False)
                 out.append((info.module, info.param_name, torch.nn.Parameter(local, p.requires_grad)))
     return out
+
+
+def _param_groups(module: FSDPModule) -> list:
+    """FSDP2's parameter groups of ``module`` (private: as this torch keeps them)."""
+    state = module._get_fsdp_state()
+    groups = state.__dict__.get("_fsdp_param_groups")
+    if groups is None:  # (torch < 2.12: one group)
+        groups = [g] if (g := getattr(state, "_fsdp_param_group")) is not None else []
+    return groups
 
 
 def _optimizer_step(recipe: Recipe, job: JobConfig, model: torch.nn.Module, kinds, device: torch.device) -> None:
@@ -206,3 +211,34 @@ def fsdp_initialised(model: torch.nn.Module) -> bool:
     init()
     return True
 
+
+
+def fsdp_unsharded_made(model: torch.nn.Module) -> int:
+    """What FSDP2's first all-gather makes once for each parameter it manages, made now on a
+    materialised, initialised ``model`` (``fsdp_initialised``): the all-gather's output buffer and
+    the unsharded parameter viewing it (``nn.Parameter``; TP's DTensor on its mesh), the buffer's
+    storage freed at once, one parameter at a time (no memory held: the first all-gather
+    allocates it again, as every later one does). No message. Parameters with FSDP2's all-gather
+    extensions (their own pre/post all-gather) are left to it. Returns how many were made.
+    Private to FSDP2 (``init_all_gather_outputs``, ``init_unsharded_param``)."""
+    from torch.distributed.fsdp._fully_shard._fsdp_common import FSDPMeshInfo
+    from torch.distributed.fsdp._fully_shard._fsdp_param import ShardedState, free_storage
+
+    made = 0
+    for m in model.modules():
+        if not isinstance(m, FSDPModule):
+            continue
+        for group in _param_groups(m):
+            size = group._all_gather_process_group.size() if isinstance(group.mesh_info, FSDPMeshInfo) else 1
+            for fp in group.fsdp_params:
+                if (hasattr(fp, "_unsharded_param") or fp.all_gather_outputs
+                        or fp.sharded_state != ShardedState.SHARDED
+                        or hasattr(fp._sharded_local_tensor, "fsdp_pre_all_gather")):
+                    continue
+                data = fp._sharded_param_data
+                fp.init_all_gather_outputs([data.numel()], [fp.param_dtype or data.dtype], size, data.device)
+                fp.init_unsharded_param()
+                for t in fp.all_gather_outputs:
+                    free_storage(t)
+                made += 1
+    return made
