@@ -12,7 +12,7 @@ $(BIN)/liver: pyproject.toml
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q "$(TORCH)"
-	$(BIN)/pip install -q -e ".[test,sim]"
+	$(BIN)/pip install -q -e ".[test,sim,megatron]"
 	touch $@
 
 env: $(BIN)/liver

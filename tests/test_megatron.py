@@ -1,0 +1,112 @@
+"""Megatron-Core's GPT model as LiveR sees it (issue 31, first step): built on a generation's own
+groups, its Resource View read from Megatron's own sharded-state metadata at emulated sizes (fake
+process groups, one process, up to 64 ranks), and the distributed optimizer's flat ranges as
+boxes. Megatron-Core is the optional extra ``liver[megatron]`` (``make env`` installs it)."""
+
+import random
+import warnings
+from math import prod
+
+import numpy as np
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from liver.engine.megatron.ranges import range_boxes, shifted
+from liver.topology import ParallelConfig, TrainConfig
+from liver.topology.layout import Layout
+
+pytest.importorskip("megatron.core")
+warnings.filterwarnings("ignore", message=".*Transformer Engine and Apex.*")
+
+from liver.engine.megatron.config import GPTConfig  # noqa: E402
+from liver.engine.megatron.view import layout_shards, rank_model, rank_shards, table, tiling_errors  # noqa: E402
+
+
+@settings(max_examples=400, deadline=None)
+@given(shape=st.lists(st.integers(1, 5), min_size=1, max_size=4), data=st.data())
+def test_a_flat_range_is_at_most_2n_minus_1_disjoint_boxes_of_exactly_its_elements(shape, data):
+    n = prod(shape)
+    start = data.draw(st.integers(0, n))
+    stop = data.draw(st.integers(start, n))
+    boxes = range_boxes(tuple(shape), start, stop)
+    assert len(boxes) <= 2 * len(shape) - 1
+    flat = np.arange(n).reshape(shape)
+    got = [x for b in boxes for x in flat[tuple(slice(lo, hi) for lo, hi in b)].ravel()]
+    assert got == list(range(start, stop))  # disjoint, in order, exactly the range
+    assert shifted(((0, 2), (1, 3)), (4, 5)) == ((4, 6), (6, 8))
+    with pytest.raises(ValueError, match=r"flat range \[0, 7\) is outside a tensor of shape \[2, 3\]"):
+        range_boxes((2, 3), 0, 7)
+
+
+def layout(tp: int, pp: int, dp: int, layers: int = 8, stages=None) -> Layout:
+    return Layout(layers, ParallelConfig(tp=tp, pp=pp, dp=dp, layers_per_stage=stages),
+                  TrainConfig(global_batch=8 * dp, micro_batch=1))
+
+
+GQA = GPTConfig(num_layers=8, hidden_size=64, num_attention_heads=8, num_query_groups=4, ffn_hidden_size=96,
+                vocab_size=128)
+MHA = GPTConfig(num_layers=8, hidden_size=64, num_attention_heads=8, ffn_hidden_size=128, vocab_size=256,
+                swiglu=False)
+
+
+@pytest.mark.parametrize("config,shape", [
+    (GQA, (1, 1, 1)), (GQA, (2, 1, 1)), (GQA, (1, 2, 1)), (GQA, (2, 2, 2)), (GQA, (4, 2, 8)),  # 64 ranks
+    (GQA, (2, 4, 8)), (GQA, (1, 8, 8)), (GQA, (4, 1, 16)), (MHA, (8, 1, 8)), (MHA, (8, 2, 4)),
+    (GQA, (1, 3, 2)),  # uneven stages (3, 3, 2)
+], ids=lambda v: "x".join(map(str, v)) if isinstance(v, tuple) else ("gqa-swiglu" if v.swiglu else "mha-gelu"))
+def test_megatrons_boxes_tile_every_tensor_exactly_once_at_emulated_sizes(config, shape):
+    lay = layout(*shape)
+    per_rank = layout_shards(config, lay)
+    assert tiling_errors(per_rank) == []
+    specs, tab = table(config, lay)  # (LiveR's own checks: one box a rank, every element held)
+    assert {s.name for s in specs} == {s.name for s in table(config, layout(1, 1, 1))[0]}  # the same tensors
+    params = sum(s.numel for s in specs)
+    with rank_model(config, layout(1, 1, 1), 0) as (whole, _):  # the whole model, as one process builds it
+        assert params == sum(p.numel() for p in whole.parameters())
+    for r in random.Random(sum(shape)).sample(range(lay.size), min(3, lay.size)):  # as that rank itself
+        assert rank_shards(config, lay, r) == per_rank[r]
+    for s in specs:  # a layer's tensors are on its stage's ranks, and only there
+        holders = {lay.coord(r).pp for r in range(lay.size) if tab.box(s, r) is not None}
+        want = {0} if s.layer < 0 else {lay.pp - 1} if s.layer >= config.num_layers else {lay.stage_of_layer(s.layer)}
+        assert holders == want, s.name
+
+
+def test_swiglus_halves_are_two_tensors_each_cut_over_tp():
+    lay = layout(2, 1, 1)
+    specs, tab = table(GQA, lay)
+    names = {s.name for s in specs}
+    w, v = "decoder.layers.0.mlp.linear_fc1.weight_w", "decoder.layers.0.mlp.linear_fc1.weight_v"
+    assert {w, v} <= names and "decoder.layers.0.mlp.linear_fc1.weight" not in names
+    by = {s.name: s for s in specs}
+    assert by[w].shape == by[v].shape == (GQA.ffn_hidden_size, GQA.hidden_size)
+    assert [tab.box(by[w], r) for r in (0, 1)] == [((0, 48), (0, 64)), ((48, 96), (0, 64))]
+    pieces = {s.name: s for s in rank_shards(GQA, lay, 1)}
+    assert pieces[w].part == (0, 0, 2) and pieces[v].part == (0, 1, 2)  # halves of the rank's local weight
+
+
+def test_a_plan_between_two_megatron_layouts_moves_every_element_once():
+    from test_views import assert_exact
+
+    from liver.planner import plan_transfer
+    for a, b in (((2, 2, 1), (1, 1, 2)), ((1, 2, 2), (4, 1, 1)), ((2, 1, 2), (1, 3, 2))):
+        la, lb = layout(*a), layout(*b)
+        specs, old = table(GQA, la)
+        _, new = table(GQA, lb)
+        procs = list(range(max(la.size, lb.size)))
+        assert_exact(plan_transfer(old, new, specs, procs[:la.size], procs[:lb.size]), specs, old, new)
+
+
+@pytest.mark.parametrize("kwargs,shape,words", [
+    (dict(num_attention_heads=6, num_query_groups=None), None, "model.num_attention_heads=6: allowed a divisor of hidden_size=64"),
+    (dict(num_query_groups=3), None, "model.num_query_groups=3: allowed a divisor of num_attention_heads=8"),
+    (dict(num_layers=0), None, "model.num_layers=0: allowed a positive integer"),
+    (dict(hidden_size=48, num_attention_heads=16), None, "head dimension must be even"),
+    ({}, (8, 1, 1), "parallel.tp=8: Megatron-Core needs it to divide model.num_query_groups=4"),
+    ({}, (1, 4, 1, [1, 3, 2, 2]), "parallel.layers_per_stage=[1, 3, 2, 2]: Megatron-Core needs the stages"),
+])
+def test_a_configuration_or_layout_megatron_cannot_build_is_refused_naming_the_field(kwargs, shape, words):
+    with pytest.raises(ValueError) as e:
+        config = GPTConfig(**{**GQA.__dict__, **kwargs})
+        if shape is not None:
+            layout_shards(config, layout(*shape[:3], stages=shape[3] if len(shape) > 3 else None))
+    assert words in str(e.value)
