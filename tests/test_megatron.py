@@ -100,6 +100,7 @@ def test_a_plan_between_two_megatron_layouts_moves_every_element_once():
     (dict(num_attention_heads=6, num_query_groups=None), None, "model.num_attention_heads=6: allowed a divisor of hidden_size=64"),
     (dict(num_query_groups=3), None, "model.num_query_groups=3: allowed a divisor of num_attention_heads=8"),
     (dict(num_layers=0), None, "model.num_layers=0: allowed a positive integer"),
+    (dict(hidden_dropout=1.0), None, "model.hidden_dropout=1.0: allowed a probability from 0 to below 1"),
     (dict(hidden_size=48, num_attention_heads=16), None, "head dimension must be even"),
     ({}, (8, 1, 1), "parallel.tp=8: Megatron-Core needs it to divide model.num_query_groups=4"),
     ({}, (1, 4, 1, [1, 3, 2, 2]), "parallel.layers_per_stage=[1, 3, 2, 2]: Megatron-Core needs the stages"),
@@ -110,3 +111,19 @@ def test_a_configuration_or_layout_megatron_cannot_build_is_refused_naming_the_f
         if shape is not None:
             layout_shards(config, layout(*shape[:3], stages=shape[3] if len(shape) > 3 else None))
     assert words in str(e.value)
+
+
+@pytest.mark.timeout(300)
+def test_megatrons_model_on_a_worlds_own_gloo_groups_steps_as_the_model_built_whole(pool):
+    """TP=2 over a LiveR World's gloo groups (no ``initialize_model_parallel``), the CPU shims
+    installed (``cpu.py``): its forward, backward and an SGD step from the whole model's values,
+    copied into each rank's boxes by the Resource View, equal the whole model's in the same
+    processes (to float tolerance: TP sums in another order)."""
+    from megatron_segments import tp_step_matches_one_process
+    config = dict(num_layers=2, hidden_size=32, num_attention_heads=4, num_query_groups=2, ffn_hidden_size=48,
+                  vocab_size=64, seq_length=16)
+    out = pool.run(tp_step_matches_one_process, [dict(rank=r, parallel=dict(tp=2, pp=1, dp=1), config=config) for r in range(2)])
+    for o in out:
+        assert abs(o["loss"] - o["whole_loss"]) < 1e-5, o
+        assert o["max_diff"] < 1e-5 and o["max_abs"] > 0, o
+    assert out[0]["whole_loss"] == out[1]["whole_loss"]  # (the same batch and values on both ranks)

@@ -256,6 +256,12 @@ class World:
         self._meshes[cpu] = mesh
         return mesh
 
+    def process_group(self, axis: str) -> dist.ProcessGroup:
+        """torch's ``ProcessGroup`` of this rank's group along ``axis`` ("tp", "pp", "dp", "all"), a
+        real one-member one where the axis has one member (libraries that take explicit groups,
+        Megatron-Core's, call ``size()`` and ``rank()`` on every one they are given)."""
+        return self._with_pg(self.groups[axis], False).pg
+
     def _with_pg(self, g: Group, cpu: bool) -> Group:
         if g.pg is not None:
             return g

@@ -28,6 +28,8 @@ class GPTConfig:
     seq_length: int = 32
     swiglu: bool = True
     init_method_std: float = 0.02
+    hidden_dropout: float = 0.0     # (Megatron's default is 0.1; LLM pre-training runs without)
+    attention_dropout: float = 0.0
 
     def __post_init__(self) -> None:
         for name in ("num_layers", "hidden_size", "num_attention_heads", "ffn_hidden_size", "vocab_size",
@@ -38,6 +40,10 @@ class GPTConfig:
             if self.num_attention_heads % self.num_query_groups:
                 raise ValueError(f"model.num_query_groups={self.num_query_groups}: allowed a divisor of "
                                  f"num_attention_heads={self.num_attention_heads}")
+        for name in ("hidden_dropout", "attention_dropout"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0.0 <= v < 1.0:
+                raise ValueError(f"model.{name}={v!r}: allowed a probability from 0 to below 1")
         if self.hidden_size % self.num_attention_heads:
             raise ValueError(f"model.num_attention_heads={self.num_attention_heads}: allowed a divisor of "
                              f"hidden_size={self.hidden_size}")
@@ -77,6 +83,7 @@ class GPTConfig:
             bf16=dtype == torch.bfloat16, gated_linear_unit=self.swiglu,
             activation_func=torch.nn.functional.silu if self.swiglu else torch.nn.functional.gelu,
             normalization="RMSNorm", add_bias_linear=False, init_method_std=self.init_method_std,
+            hidden_dropout=self.hidden_dropout, attention_dropout=self.attention_dropout,
             use_cpu_initialization=True, **extra)
 
 

@@ -56,11 +56,21 @@ def collection(tp: Any, pp: Any, dp: Any, solo: Any, embedding: Any = None) -> A
     return pgs
 
 
+def world_collection(world: Any) -> Any:
+    """``collection`` over a LiveR ``World``'s own groups (a one-member group made where an axis has
+    one member, and for context parallelism)."""
+    from liver.world.group import Group
+    solo = Group.solo(f"liver/gen{world.generation}/megatron-cp", [world.rank], world.backend, world.device)
+    return collection(world.process_group("tp"), world.process_group("pp"), world.process_group("dp"), solo.pg)
+
+
 def gpt(config: GPTConfig, parallel: ParallelConfig, split: list[int], stage: int, pgs: Any,
         dtype: torch.dtype = torch.float32, **extra: Any) -> torch.nn.Module:
     """Stage ``stage`` of ``config``'s GPT model under ``parallel`` (``split``: each stage's layers)
     on the groups of ``pgs``, its tensors on the current device (``torch.device("meta")`` as a
-    context: no storage); ``extra``: more fields of Megatron's ``TransformerConfig``."""
+    context: no storage); ``extra``: more fields of Megatron's ``TransformerConfig``. The output layer
+    gives whole logits (``parallel_output=False``: Megatron's vocab-parallel loss reads its global
+    TP group, which this engine does not set); the engine takes the loss of them."""
     m = megatron()
     tc = config.transformer_config(parallel, split, dtype, **extra)
     with warnings.catch_warnings():  # (its layer spec's own deprecations, once a module)
@@ -68,4 +78,5 @@ def gpt(config: GPTConfig, parallel: ParallelConfig, split: list[int], stage: in
         return m.GPTModel(tc, m.layer_spec(normalization="RMSNorm"), vocab_size=config.vocab_size,
                           max_sequence_length=config.seq_length, pre_process=stage == 0,
                           post_process=stage == parallel.pp - 1, position_embedding_type="rope",
-                          share_embeddings_and_output_weights=False, pg_collection=pgs)
+                          share_embeddings_and_output_weights=False, pg_collection=pgs,
+                          parallel_output=False)

@@ -20,7 +20,7 @@ hold the same boxes (Megatron's replica id then carries the DP rank last).
 from __future__ import annotations
 
 import contextlib
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any, Iterator
 
 import torch
@@ -39,8 +39,9 @@ _STACK = "decoder.layers."
 @dataclass(frozen=True)
 class Shard:
     """One rank's piece of one logical tensor: ``box`` of ``shape`` (global coordinates),
-    Megatron's ``replica`` id (all zeros: the main replica), ``key`` (Megatron's), and ``part``:
-    where the piece is a chunk of the rank's local tensor, (axis, index, chunks)."""
+    Megatron's ``replica`` id (all zeros: the main replica), ``key`` (Megatron's), ``part``: where
+    the piece is a chunk of the rank's local tensor, (axis, index, chunks); ``data``: the rank's
+    tensor of the piece (its parameter, or a view of it), where the model has storage."""
 
     name: str
     shape: tuple[int, ...]
@@ -50,6 +51,7 @@ class Shard:
     layer: int
     key: str
     part: tuple[int, int, int] | None = None
+    data: Any = field(default=None, compare=False, repr=False)  # the rank's tensor of it (a view)
 
     @property
     def main(self) -> bool:
@@ -106,11 +108,11 @@ def _shard(t: Any, layers: int) -> Shard:
     if n == 1 and t.key.startswith(_STACK):  # one layer of the stack
         layer = offset[0]
         return Shard(f"{_STACK}{layer}.{t.key[len(_STACK):]}", shape[1:], _box(offset[1:], local),
-                     tuple(replica), _DTYPES[t.dtype], layer, t.key)
+                     tuple(replica), _DTYPES[t.dtype], layer, t.key, data=t.data)
     if n:
         raise ValueError(f"megatron: {t.key!r} has {n} leading axes of its own; allowed the layer stack's one")
     layer = -1 if t.key.startswith("embedding.") else layers
-    return Shard(t.key, shape, _box(offset, local), tuple(replica), _DTYPES[t.dtype], layer, t.key)
+    return Shard(t.key, shape, _box(offset, local), tuple(replica), _DTYPES[t.dtype], layer, t.key, data=t.data)
 
 def _box(offset: tuple[int, ...], local: tuple[int, ...]) -> Box:
     return tuple((o, o + n) for o, n in zip(offset, local))

@@ -1,0 +1,107 @@
+"""Megatron-Core on a CPU build of torch (LiveR's tests and CPU jobs run it so, over gloo).
+
+Megatron-Core is written for CUDA; three things its GPT model's forward asks of CUDA are answered
+here for the CPU, in a process whose torch has no CUDA (``install``, idempotent; it changes nothing
+where CUDA is there):
+
+- ``torch.cuda.current_device()``, which Megatron passes as a ``device`` for scratch tensors
+  (RoPE's frequencies, TP's gathers): the CPU;
+- its global scratch-memory buffer, which ``initialize_model_parallel`` makes (this engine does
+  not call it: groups are the World's own): made;
+- its model-parallel RNG tracker, which forks CUDA generator states for dropout in TP regions:
+  a tracker of CPU generator states with the same interface and seeding
+  (``model_parallel_cuda_manual_seed``'s: the TP rank's seed offset by 2718).
+
+Also, with no attention mask given, Megatron makes a causal one on "cuda": the engine passes its
+own (``causal_mask``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Iterator
+
+import torch
+
+TP_SEED_OFFSET = 2718
+"""Megatron's offset of the tensor-parallel RNG's seed (``model_parallel_cuda_manual_seed``)."""
+
+
+class CpuRngTracker:
+    """Megatron's ``CudaRNGStatesTracker`` over CPU generator states: named states, each forked
+    into for a block of operations (the global CPU generator holds it for the duration), and left
+    with its advance kept."""
+
+    def __init__(self) -> None:
+        self.states_: dict[str, torch.Tensor] = {}
+        self.seeds_: set[int] = set()
+        self._current_state_name = "default-rng"
+
+    def is_initialized(self) -> bool:
+        return bool(self.states_)
+
+    def reset(self) -> None:
+        self.states_, self.seeds_ = {}, set()
+
+    def get_states(self) -> dict[str, torch.Tensor]:
+        return {k: v.clone() for k, v in self.states_.items()}
+
+    def set_states(self, states: dict[str, torch.Tensor]) -> None:
+        self.states_ = {k: v.clone() for k, v in states.items()}
+
+    def add(self, name: str, seed: int) -> None:
+        if seed in self.seeds_:
+            raise ValueError(f"the RNG seed {seed} is already in use")
+        if name in self.states_:
+            raise ValueError(f"the RNG state {name!r} already exists")
+        self.seeds_.add(seed)
+        self.states_[name] = torch.Generator().manual_seed(seed).get_state()
+
+    @contextlib.contextmanager
+    def fork(self, name: str = "model-parallel-rng") -> Iterator[None]:
+        if name not in self.states_:
+            raise ValueError(f"the RNG state {name!r} is not added")
+        outside = torch.get_rng_state()
+        torch.set_rng_state(self.states_[name])
+        try:
+            yield
+        finally:
+            self.states_[name] = torch.get_rng_state()
+            torch.set_rng_state(outside)
+
+
+def install() -> bool:
+    """The shims above, in this process; False (nothing done) where torch has CUDA."""
+    if torch.cuda.is_available():
+        return False
+    from megatron.core import parallel_state
+    from megatron.core.tensor_parallel import random
+
+    torch.cuda.current_device = _cpu  # type: ignore[assignment]
+    if getattr(parallel_state, "_GLOBAL_MEMORY_BUFFER", None) is None:
+        parallel_state._set_global_memory_buffer()
+    if not isinstance(random._CUDA_RNG_STATE_TRACKER, CpuRngTracker):
+        random._CUDA_RNG_STATE_TRACKER = CpuRngTracker()
+        random._CUDA_RNG_STATE_TRACKER_INITIALIZED = True
+    return True
+
+
+def _cpu() -> str:
+    return "cpu"
+
+
+def seed(seed: int, tp_rank: int) -> None:
+    """Megatron's ``model_parallel_cuda_manual_seed`` on the CPU: the default generator at ``seed``
+    (the same on every rank of a data-parallel group), the tensor-parallel state at ``seed`` +
+    2718 + the TP rank."""
+    from megatron.core.tensor_parallel import random
+
+    torch.manual_seed(seed)
+    tracker = random._CUDA_RNG_STATE_TRACKER
+    tracker.reset()
+    tracker.add("model-parallel-rng", seed + TP_SEED_OFFSET + tp_rank)
+
+
+def causal_mask(seq: int, device: torch.device | str = "cpu") -> torch.Tensor:
+    """The causal attention mask as Megatron takes it: True where a position may not attend."""
+    return torch.triu(torch.ones(seq, seq, dtype=torch.bool, device=device), diagonal=1)[None, None]
