@@ -27,7 +27,7 @@ def tp_step_matches_one_process(*, store_addr: str, namespace: str, rank: int, p
     from liver.world.group import Group
     from liver.world.world import World, connect_store
 
-    cpu.install()
+    cpu.install("cpu")
     cfg = GPTConfig(**config)
     pc = ParallelConfig.from_dict(parallel)
     lay = Layout(cfg.num_layers, pc, TrainConfig(global_batch=2 * pc.dp, micro_batch=1))

@@ -375,8 +375,9 @@ def test_the_first_steps_sharding_is_worked_out_in_the_companion_and_changes_not
                     assert len(computed) == sharding.computed()
                 computed.clear()
                 states.append({n: t.clone() for n, t in e.state.items()})
-            assert stats[0].loss == stats[1].loss and stats[0].grad_norm == stats[1].grad_norm
+            assert stats[0].loss == stats[1].loss
             if FAKE_REDUCE_SCATTER_WRITES or parallel.dp == 1:  # (else the gradients are uninitialised memory)
+                assert stats[0].grad_norm == stats[1].grad_norm
                 assert all(torch.equal(states[0][n], states[1][n]) for n in states[0])
         finally:
             forget_meshes()

@@ -1,8 +1,8 @@
 """Megatron-Core on a CPU build of torch (LiveR's tests and CPU jobs run it so, over gloo).
 
 Megatron-Core is written for CUDA; three things its GPT model's forward asks of CUDA are answered
-here for the CPU, in a process whose torch has no CUDA (``install``, idempotent; it changes nothing
-where CUDA is there):
+here for the CPU, in a process that trains on the CPU (``install``, idempotent; nothing for a
+process that trains on a GPU):
 
 - ``torch.cuda.current_device()``, which Megatron passes as a ``device`` for scratch tensors
   (RoPE's frequencies, TP's gathers): the CPU;
@@ -70,9 +70,10 @@ class CpuRngTracker:
             torch.set_rng_state(outside)
 
 
-def install() -> bool:
-    """The shims above, in this process; False (nothing done) where torch has CUDA."""
-    if torch.cuda.is_available():
+def install(device: torch.device | str = "cpu") -> bool:
+    """The shims above, in this process, where it trains on ``device`` "cpu" (a CPU job on a machine
+    with GPUs too: the process is the CPU job's); False (nothing done) for any other device."""
+    if torch.device(device).type != "cpu":
         return False
     from megatron.core import parallel_state
     from megatron.core.tensor_parallel import random
