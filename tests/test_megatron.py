@@ -71,6 +71,16 @@ def test_megatrons_boxes_tile_every_tensor_exactly_once_at_emulated_sizes(config
         assert holders == want, s.name
 
 
+def test_the_models_facts_are_counted_on_megatrons_own_model():
+    from liver.engine.megatron.view import facts
+    f = facts(GQA)
+    h, kv = GQA.hidden_size, GQA.hidden_size // GQA.num_attention_heads * GQA.num_query_groups
+    per_layer = h * (h + 2 * kv) + h * h + 3 * h * GQA.ffn_hidden_size + 2 * h  # qkv, proj, SwiGLU, two norms
+    assert f.params == GQA.num_layers * per_layer + 2 * GQA.vocab_size * h + h  # embedding, output, final norm
+    assert (f.layers, f.width, f.seq_len) == (8, 64, GQA.seq_length)
+    assert f.flops_per_token == 6.0 * f.params + 12.0 * 8 * 64 * GQA.seq_length
+
+
 def test_swiglus_halves_are_two_tensors_each_cut_over_tp():
     lay = layout(2, 1, 1)
     specs, tab = table(GQA, lay)

@@ -30,6 +30,7 @@ from liver.engine.megatron.model import collection, gpt, megatron
 from liver.resource_view.spec import TensorSpec
 from liver.resource_view.table import BoxTable
 from liver.resource_view.view import Box
+from liver.topology import ModelFacts, ParallelConfig, TrainConfig
 from liver.topology.layout import Layout
 from liver.world.fake import FakeWorld, fake_pg
 
@@ -215,3 +216,13 @@ def _volume(box: Box) -> int:
     for lo, hi in box:
         n *= max(0, hi - lo)
     return n
+
+
+def facts(config: GPTConfig) -> ModelFacts:
+    """What the rest of LiveR knows of the model (``ModelFacts``): its parameters counted on the
+    whole model as one process builds it (meta device), its layers, width and sequence; a decoder's
+    FLOPs a token of them."""
+    whole = Layout(config.num_layers, ParallelConfig(), TrainConfig(global_batch=1, micro_batch=1))
+    with rank_model(config, whole, 0) as (model, _):
+        params = sum(p.numel() for p in model.parameters())
+    return ModelFacts.decoder(params, config.num_layers, config.hidden_size, config.seq_length)
