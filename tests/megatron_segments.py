@@ -21,7 +21,7 @@ def tp_step_matches_one_process(*, store_addr: str, namespace: str, rank: int, p
     from liver.engine.megatron import cpu
     from liver.engine.megatron.config import GPTConfig
     from liver.engine.megatron.model import collection, gpt, world_collection
-    from liver.engine.megatron.view import shards, split
+    from liver.engine.megatron.view import shards
     from liver.topology import ParallelConfig, TrainConfig
     from liver.topology.layout import Layout
     from liver.world.group import Group
@@ -39,7 +39,7 @@ def tp_step_matches_one_process(*, store_addr: str, namespace: str, rank: int, p
     cpu.seed(1234, 0)
     whole = gpt(cfg, ParallelConfig(), [cfg.num_layers], 0, collection(solo, solo, solo, solo))
     cpu.seed(1234, world.coord.tp)
-    model = gpt(cfg, pc, split(lay), world.coord.pp, world_collection(world))
+    model = gpt(cfg, pc, list(lay.layers_per_stage), world.coord.pp, world_collection(world))
     mine = shards(model, world.process_group("dp"), cfg.num_layers)
     ref = {s.name: s.data for s in shards(whole, solo, cfg.num_layers)}
     with torch.no_grad():

@@ -131,13 +131,6 @@ def _halves(pieces: list[Any], layers: int) -> list[Shard]:
     return [replace(a, name=a.name + "_w", shape=shape, part=(axis, 0, 2)),
             replace(b, name=b.name + "_v", shape=shape, box=v_box, part=(axis, 1, 2))]
 
-def split(layout: Layout) -> list[int]:
-    """Each pipeline stage's layer count under ``layout``."""
-    counts = [0] * layout.pp
-    for layer in range(layout.layers):
-        counts[layout.stage_of_layer(layer)] += 1
-    return counts
-
 @contextlib.contextmanager
 def rank_model(config: GPTConfig, layout: Layout, rank: int,
                dtype: torch.dtype = torch.float32) -> Iterator[tuple[torch.nn.Module, Any]]:
@@ -148,7 +141,7 @@ def rank_model(config: GPTConfig, layout: Layout, rank: int,
     with world.registered():
         pgs = collection(world.tp.pg, world.pp.pg, world.dp.pg, fake_pg(f"megatron-solo-{rank}", 0, 1))
         with torch.device("meta"):
-            model = gpt(config, layout.parallel, split(layout), layout.coord(rank).pp, pgs, dtype,
+            model = gpt(config, layout.parallel, list(layout.layers_per_stage), layout.coord(rank).pp, pgs, dtype,
                         perform_initialization=False)
         yield model, world.dp.pg
 
@@ -169,9 +162,7 @@ def layout_shards(config: GPTConfig, layout: Layout, dtype: torch.dtype = torch.
         c = layout.coord(rank)
         key = (c.pp, c.tp)
         if key not in made:
-            first = next(r for r in range(layout.size) if (layout.coord(r).pp, layout.coord(r).tp) == key
-                         and layout.coord(r).dp == 0)
-            made[key] = rank_shards(config, layout, first, dtype)
+            made[key] = rank_shards(config, layout, layout.rank(c.pp, 0, c.tp), dtype)
         out.append([s if c.dp == 0 else replace(s, replica=(*s.replica[:-1], c.dp)) for s in made[key]])
     return out
 
