@@ -43,6 +43,13 @@ def holders(s: dict) -> set[str]:
 
 @pytest.mark.timeout(600)
 def test_nodes_join_get_a_notice_and_vanish_and_the_job_moves_across_them(tmp_path):
+    """The job's whole life on four nodes: node2 joins and the scale-out onto it begins, and the
+    controller is SIGKILLed while it prepares: the workers train on (the store lives in a process of
+    its own), the agents keep their workers; `liver controller --resume` finds the job in its
+    journal, withdraws the handoff no rank committed (or watches the one that was) and does it
+    again, its digest kept, nothing rolled back. Then node3 joins (a second scale-out), node0 gets a
+    preemption notice (the scale-in of its rank within the deadline), node1 vanishes with its whole
+    tree (a recovery from the checkpoint on node2 and node3)."""
     job = Job(tmp_path / "run")
     try:
         for name in ("node0", "node1"):
@@ -50,12 +57,22 @@ def test_nodes_join_get_a_notice_and_vanish_and_the_job_moves_across_them(tmp_pa
         s = job.wait(lambda s: s["step"] >= 3, "the first generation")
         assert holders(s) == {"node0", "node1"}
         job.agent("node2")  # registers mid-run: on_join "now" scales out onto it
-        job.wait(lambda s: s["phase"] == "stable" and ranks(s) == 3, "the scale-out onto node2")
+        job.wait(lambda s: s["phase"] in ("prepare", "ready", "switch"), "the scale-out onto node2 to begin")
+        os.killpg(job.proc.pid, signal.SIGKILL)
+        job.proc.wait()
+        before = steps_done(job.run_dir)
+        time.sleep(2.0)
+        assert steps_done(job.run_dir) > before  # training goes on without a controller
+        job.proc = subprocess.Popen([sys.executable, "-m", "liver.cli", "controller", "--resume", str(job.run_dir)],
+                                    env=dict(os.environ, OMP_NUM_THREADS="1"), stdout=job.log,
+                                    stderr=subprocess.STDOUT, start_new_session=True)
+        s = job.wait(lambda s: s["phase"] == "stable" and ranks(s) == 3, "the scale-out onto node2 after the restart")
+        assert holders(s) == {"node0", "node1", "node2"}
         job.agent("node3")
         s = job.wait(lambda s: s["phase"] == "stable" and ranks(s) == 4, "the scale-out onto node3")
         assert holders(s) == {"node0", "node1", "node2", "node3"}
 
-        code, text = scrape(job)  # metrics for operators, mid-run
+        code, text = scrape(job)  # metrics for operators, mid-run (the resumed controller's)
         assert code == 200
         assert metric(text, "liver_agents") == 4 and metric(text, "liver_generation_info", ranks="4") == 1
         assert metric(text, "liver_events_total", kind="scale-out", outcome="done") == 2
@@ -81,9 +98,11 @@ def test_nodes_join_get_a_notice_and_vanish_and_the_job_moves_across_them(tmp_pa
     finally:
         job.close()
     rep = json.loads((job.run_dir / "report.json").read_text())
-    events = rep["events"]
-    kinds = [(e["event"]["kind"], e["status"]) for e in events]
+    events = [e for e in rep["events"] if e["outcome"] != "requeued"]
+    kinds = [(e["event"]["kind"], e["outcome"]) for e in events]
     assert kinds == [("scale-out", "done"), ("scale-out", "done"), ("scale-in", "done"), ("fail-stop", "recovered")]
+    assert len(rep["events"]) - len(events) <= 1  # the handoff the dead controller left, at most
+    assert events[0]["new"] == "tp1pp3dp1"
     for e in events[:3]:
         assert e["digest_before"] == e["digest_after"] and e["digest_after"] is not None
     assert events[2]["deadline_met"] is True and events[2]["event"]["node"] == "node0"
@@ -97,6 +116,8 @@ def test_nodes_join_get_a_notice_and_vanish_and_the_job_moves_across_them(tmp_pa
     assert rec["lost_steps"] == rec["failed_at_step"] - rec["restored_step"] >= 0
     steps = [s["step"] for s in rep["steps"]]
     assert steps[-1] > rec["restored_step"] and max(steps) == steps[-1]
+    before = [s["step"] for s in rep["steps"] if s["generation"] < rec["generation"]]
+    assert before == sorted(set(before))  # no step trained twice before the loss: the controller's death rolled nothing back
 
 
 def scrape(job: Job) -> tuple[int, str]:
@@ -120,46 +141,6 @@ def metric(text: str, name: str, **labels: str) -> float:
 def steps_done(run_dir: Path) -> int:
     lines = (run_dir / "steps.jsonl").read_text().splitlines()
     return max((json.loads(x)["step"] for x in lines if x.strip()), default=0)
-
-
-@pytest.mark.timeout(600)
-def test_the_controller_dies_mid_handoff_and_a_new_one_goes_on_with_the_job(tmp_path):
-    """SIGKILL of the controller while a scale-out onto a new node prepares: the workers train on
-    (the store lives in a process of its own), the agents keep their workers; `liver controller
-    --resume` finds the job in its journal, withdraws the handoff no rank committed (or watches the
-    one that was) and does it again: the scale-out completes with its digest kept, nothing lost."""
-    job = Job(tmp_path / "run")
-    try:
-        for name in ("node0", "node1"):
-            job.agent(name)
-        job.wait(lambda s: s["step"] >= 3, "the first generation")
-        job.agent("node2")
-        job.wait(lambda s: s["phase"] in ("prepare", "ready", "switch"), "the scale-out onto node2 to begin")
-        os.killpg(job.proc.pid, signal.SIGKILL)
-        job.proc.wait()
-        before = steps_done(job.run_dir)
-        time.sleep(3.0)
-        assert steps_done(job.run_dir) > before  # training goes on without a controller
-        job.proc = subprocess.Popen([sys.executable, "-m", "liver.cli", "controller", "--resume", str(job.run_dir)],
-                                    env=dict(os.environ, OMP_NUM_THREADS="1"), stdout=job.log,
-                                    stderr=subprocess.STDOUT, start_new_session=True)
-        s = job.wait(lambda s: s["phase"] == "stable" and ranks(s) == 3, "the scale-out after the restart")
-        assert holders(s) == {"node0", "node1", "node2"}
-        assert request(job.url, job.token, "POST", "/end", {"after": 2})[0] == 202
-        assert job.proc.wait(120) == 0, job.tail()
-        for name, a in job.agents.items():
-            assert stop_agent(a, 30) == 0, (job.run_dir / f"agent-{name}.log").read_text()[-2000:]
-    finally:
-        job.close()
-    rep = json.loads((job.run_dir / "report.json").read_text())
-    done = [e for e in rep["events"] if e["status"] == "done"]
-    assert len(done) == 1 and done[0]["event"]["kind"] == "scale-out" and done[0]["new"] == "tp1pp3dp1"
-    assert done[0]["digest_before"] == done[0]["digest_after"] is not None
-    others = [e["status"] for e in rep["events"] if e["status"] != "done"]
-    assert others in ([], ["interrupted by a controller restart; queued again"])
-    assert not any(e["event"]["kind"] == "fail-stop" for e in rep["events"])
-    steps = [s["step"] for s in rep["steps"]]
-    assert steps == sorted(set(steps))  # no step trained twice: nothing was rolled back
 
 
 @pytest.mark.timeout(300)

@@ -4,6 +4,7 @@ job's slot ids, the agent protocol's messages and the endpoint's agent routes.""
 
 import http.client
 import json
+import time
 from collections import Counter
 
 import pytest
@@ -292,7 +293,7 @@ def test_a_resumed_controller_withdraws_what_the_dead_one_announced_after_its_jo
 
     from liver.controller.failures import ControllerError
     from liver.controller.live import LiveMode
-    from liver.controller.membership import Membership
+    from liver.controller.membership import WITHDRAWN_GRACE_S, Membership
     from liver.controller.phases import Phase
     from liver.protocol.agent import Register
     from liver.protocol.store import COMMIT, WITHDRAW, decide, decided
@@ -318,6 +319,14 @@ def test_a_resumed_controller_withdraws_what_the_dead_one_announced_after_its_jo
                           phase_log=lambda *a, **kw: None)
     Membership(reg, url=lambda: "?").register(Register(node="n", slots=2, host="vm", pid=5, done=1, workers=(
         Running(proc=0, slot=0, role="start", generation=0, pid=100),
-        Running(proc=7, slot=1, role="joiner", generation=1, pid=101))))  # (started after the journal)
-    assert n.workers[7].returncode == KILLED and n.workers[0].returncode is None
+        Running(proc=7, slot=1, role="joiner", generation=1, pid=101),  # (started after the journal)
+        Running(proc=6, slot=1, role="joiner", generation=1, pid=99))))  # (one that ends by itself)
+    n.sync(Sync(node="n", done=1, exited=(Exited(proc=6, returncode=0),)))
+    # not stopped at once: the members of its group rendezvous would wait for it there until their
+    # timeout; it ends by itself, or is stopped after the grace, and its slot is not offered before
+    assert n.workers[7].returncode is None and n.settling() and nodes.free_slots() == []
+    n.reap(time.time())
+    assert n.workers[7].returncode is None and n.settling() and 6 not in n.withdrawn
+    n.reap(time.time() + WITHDRAWN_GRACE_S + 1)
+    assert n.workers[7].returncode == KILLED and not n.settling() and n.workers[0].returncode is None
     assert nodes.new_proc_ids(1) == [8]  # its number is not used again

@@ -25,6 +25,11 @@ from liver.policy.outcome import Outcome
 from liver.protocol.agent import Register, Registered, Sync, SyncReply
 
 
+# A withdrawn generation's joiner sees the withdrawal at its next pause and ends (runtime/member.py),
+# within a second or two of its group rendezvous completing; stopped after this if it does not.
+WITHDRAWN_GRACE_S = 20.0
+
+
 class MembershipError(RuntimeError):
     pass
 
@@ -81,7 +86,7 @@ class Membership:
                 for r in msg.workers:  # started by a controller that died, after its journal's last write:
                     self.host.nodes.skip_proc(r.proc)  # its generation is withdrawn (and its number never reused)
                     if r.proc not in known:
-                        node.kill(r.proc)
+                        node.let_end(r.proc, WITHDRAWN_GRACE_S)
             else:
                 if old is not None:  # declared lost before, or gone empty: it comes back as a new node
                     if not isinstance(old, RemoteNode) or (not old.lost and old.running()):
@@ -130,6 +135,7 @@ class Membership:
         for n in list(self.host.nodes.nodes.values()):
             if not isinstance(n, RemoteNode) or n.lost:
                 continue
+            n.reap(now)
             if now - n.last_seen > limit:
                 gone = n.mark_lost()
                 self.host.phase_log("node-lost", node=n.name, silent_s=round(now - n.last_seen, 1),

@@ -62,6 +62,9 @@ class RemoteNode:
         self._tails: dict[int, str] = {}
         self.cond = threading.Condition()
         self.resumed = False     # restored from a journal: its agent has not registered again yet
+        # processes of a generation withdrawn after they started (by a controller that died): each
+        # ends by itself once it sees the withdrawal, else it is stopped at its time (``reap``)
+        self.withdrawn: dict[int, float] = {}
         self._fresh_from = 1 << 62  # restored: the first command id sent since (none the agent saw)
         for r in workers:  # (a controller that came back: the agent's processes carry on)
             self.workers[r.proc] = Worker(r.proc, r.slot, r.role, r.generation, r.pid, time.time())
@@ -97,6 +100,28 @@ class RemoteNode:
         with self.cond:
             out, self._exits = self._exits, []
             return out
+
+    def let_end(self, proc: int, grace_s: float) -> None:
+        """A process of a withdrawn generation: not stopped at once (a member of a group rendezvous
+        stopped there holds the others in it until their timeout); stopped after ``grace_s`` if it
+        has not ended by itself."""
+        with self.cond:
+            self.withdrawn[proc] = time.time() + grace_s
+
+    def reap(self, now: float) -> None:
+        """Those of ``let_end`` that have ended are forgotten; those past their time are stopped."""
+        with self.cond:
+            for p, at in list(self.withdrawn.items()):
+                if self.workers[p].returncode is not None:
+                    del self.withdrawn[p]
+                elif now > at:
+                    self.kill(p)
+                    del self.withdrawn[p]
+
+    def settling(self) -> bool:
+        """A withdrawn generation's process still runs here (its slot is not free yet)."""
+        with self.cond:
+            return bool(self.withdrawn)
 
     def wait(self, procs: list[int], timeout_s: float) -> bool:
         with self.cond:

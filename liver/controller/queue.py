@@ -93,8 +93,9 @@ class EventQueue:
         triggered notice. Called with the lock held."""
         if not self.state.queue or self.state.ending:  # (an operator's end: no new event begins)
             return None
-        if any(isinstance(n, RemoteNode) and n.resumed for n in self.host.nodes.up()):
-            return None  # a controller that came back: not before its nodes said what they run
+        if any(isinstance(n, RemoteNode) and (n.resumed or n.settling()) for n in self.host.nodes.up()):
+            return None  # a controller that came back: not before its nodes said what they run, and
+            # the processes of the generation it withdrew have ended (their slots free again)
         if self.state.progress is None or self.state.active is None or self.state.progress.generation != self.state.active.generation:
             return None  # the Active World has not trained a step yet (it starts, or recovers)
         queue = list(self.state.queue)

@@ -21,6 +21,7 @@ from __future__ import annotations
 import threading
 import time
 from datetime import timedelta
+from typing import Callable
 
 import torch
 import torch.distributed as dist
@@ -47,6 +48,9 @@ def _describes(view, layout: Layout) -> bool:
     return view.parallel == layout.parallel if isinstance(view, Layout) else view.size == layout.size
 
 
+WITHDRAWN_EVERY_S = 0.2  # a store round trip each time: not at every unit of work
+
+
 class Abandoned(RuntimeError):
     """Raised inside an abandoned preparation at its next pause: it stops there."""
 
@@ -57,7 +61,9 @@ class Preparation:
     def __init__(self, *, adapter: EngineAdapter, job: JobConfig, spec: GenerationSpec, proc: int, store: dist.Store,
                  backend: str, device: torch.device, timeout_s: float, budget_bytes: int,
                  connect: str = "background", active: World | None = None, pace: Pace | None = None,
-                 old: TrainingEngine | None = None) -> None:
+                 old: TrainingEngine | None = None, withdrawn: Callable[[], bool] | None = None) -> None:
+        """``withdrawn``: asked at pauses (at most every ``WITHDRAWN_EVERY_S``) by a process that has
+        no iteration boundary to learn of it (a cold joiner): True stops the preparation as abandoned."""
         self.adapter, self.job, self.spec, self.proc, self.store = adapter, job, spec, proc, store
         self.active = active  # this process's Active World (None for a joiner, and in a heal)
         self.old = old  # this process's engine on the old generation (None for a joiner): its kept shards
@@ -75,6 +81,7 @@ class Preparation:
         self.built = False
         self.ready = False
         self.abandoned = False
+        self._withdrawn, self._asked = withdrawn, 0.0
         self._release_lock = threading.Lock()
         self.error: BaseException | None = None
         self.timings: dict[str, float] = {}
@@ -94,6 +101,9 @@ class Preparation:
 
     def _pause(self) -> None:
         """Between units of phase A's work: stop if abandoned, else keep to the pace."""
+        if self._withdrawn is not None and time.monotonic() - self._asked > WITHDRAWN_EVERY_S:
+            self._asked = time.monotonic()
+            self.abandoned = self.abandoned or self._withdrawn()
         if self.abandoned:
             raise Abandoned(f"preparation of generation {self.generation} was abandoned")
         self.pace()

@@ -21,6 +21,7 @@ import os  # noqa: E402
 import signal  # noqa: E402
 import sys  # noqa: E402
 import threading  # noqa: E402
+from datetime import timedelta  # noqa: E402
 from pathlib import Path  # noqa: E402
 from typing import Any  # noqa: E402
 
@@ -39,7 +40,7 @@ from liver.protocol import store as protocol  # noqa: E402
 from liver.protocol.cut import agree, confirm  # noqa: E402
 from liver.protocol.messages import (GenerationSpec, Progress, Saved, Stalled, StartReport,  # noqa: E402
                                     StopReport, SwitchReport, write)
-from liver.protocol.store import COMMIT, decide as decide_key  # noqa: E402
+from liver.protocol.store import COMMIT, WITHDRAW, decide as decide_key  # noqa: E402
 from liver.runtime.boundary import Local, after_force, decide  # noqa: E402
 from liver.runtime.companion import Companion, Preparation  # noqa: E402
 from liver.runtime.courier import Courier, Post  # noqa: E402
@@ -129,8 +130,9 @@ class Member:
             rec["digest_after_s"] = time.perf_counter() - t0
         write(self.store, StartReport.key(g, self.proc), from_dict(StartReport, rec, "start report"))
 
-    def join(self) -> None:
-        """Cold joiner: warm up on a mock world, prepare the Shadow World, receive the state."""
+    def join(self) -> bool:
+        """Cold joiner: warm up on a mock world, prepare the Shadow World, receive the state. False:
+        its generation was withdrawn first (nothing to train)."""
         g = self.spec.generation
         spec = GenerationSpec.fetch(self.store, g)
         layout = self.adapter.layout(self.job, spec.parallel)
@@ -142,10 +144,16 @@ class Member:
         self.into = self.adapter.joiner_storage(rehearsed)  # in the new layout: the transfer may write into it
         del rehearsed
         warmup_s = time.perf_counter() - t0
-        prep = self._preparation(spec, store=self.store)
+        # a generation withdrawn under it (a controller cancelled it, or one resumed after its death)
+        # ends it here by itself: stopped from outside inside a Gloo rendezvous, it would hold the
+        # other members there until their group timeout
+        prep = self._preparation(spec, store=self.store, withdrawn=lambda: protocol.decided(self.store, g) == WITHDRAW)
         prep.run()
-        if prep.defer_connect and prep.built and not prep.ready:
+        if prep.defer_connect and prep.built and not prep.ready and not prep.abandoned:
             prep.connect()  # NCCL: with the old ranks, when they reach their boundary
+        if prep.abandoned or not self._committed(g):
+            print(f"[liver] proc {self.proc}: generation {g} was withdrawn before it began; this joiner ends", flush=True)
+            return False
         if not prep.ready:
             raise RuntimeError(f"proc {self.proc}: preparing generation {g} failed: {prep.error!r}")
         prep.timings["mock_warmup_s"] = warmup_s
@@ -155,6 +163,19 @@ class Member:
         priority.normal()
         self.binding.bind()
         self._switch(prep, dict(self.boot))
+        return True
+
+    def _committed(self, g: int) -> bool:
+        """Whether generation ``g`` is switched to: its rank 0 commits once every member is ready,
+        the controller may withdraw it first (``protocol/store.py``). Waits for either; the
+        controller stops a joiner whose old ranks are gone."""
+        key = f"decision/{g}"
+        while True:
+            try:
+                self.store.wait([key], timedelta(seconds=1))
+                return protocol.decided(self.store, g) == COMMIT
+            except RuntimeError:  # (DistStoreError: not yet)
+                continue
 
     # ---- the training loop ---------------------------------------------------------------
     def train(self) -> None:
@@ -445,7 +466,10 @@ def main(spec_path: str | None = None, boot: dict[str, float] | None = None) -> 
         rehearse_process(spec.config.adapter)
     m = Member(spec, boot or {"process_start": STARTED, "imported": IMPORTED})
     if spec.role == "joiner":
-        m.join()
+        if not m.join():
+            m.courier.drain()
+            sys.stdout.flush()
+            os._exit(0)  # its preparation's groups may still wait for members that left
     else:
         m.start()
     try:
