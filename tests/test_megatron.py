@@ -6,6 +6,7 @@ boxes. Megatron-Core is the optional extra ``liver[megatron]`` (``make env`` ins
 import random
 import warnings
 from math import prod
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -17,6 +18,7 @@ from liver.topology.layout import Layout
 
 pytest.importorskip("megatron.core")
 warnings.filterwarnings("ignore", message=".*Transformer Engine and Apex.*")
+ROOT = Path(__file__).resolve().parents[1]
 
 from liver.engine.megatron.config import GPTConfig  # noqa: E402
 from liver.engine.megatron.view import layout_shards, rank_model, rank_shards, table, tiling_errors  # noqa: E402
@@ -137,3 +139,40 @@ def test_megatrons_model_on_a_worlds_own_gloo_groups_steps_as_the_model_built_wh
         assert abs(o["loss"] - o["whole_loss"]) < 1e-5, o
         assert o["max_diff"] < 1e-5 and o["max_abs"] > 0, o
     assert out[0]["whole_loss"] == out[1]["whole_loss"]  # (the same batch and values on both ranks)
+
+
+MEGATRON_JOB = ROOT / "configs" / "megatron.toml"
+LIVE_EVENTS = [("reshape 1,1,2", "tp1pp1dp2"),                     # TP2 -> DP2, in place
+               ("reshape 1,2,1", "tp1pp2dp1"),                     # a pipeline of two stages
+               ("scale-out 4 as 2,2,1", "tp2pp2dp1"),              # cold joiners
+               ("scale-in 2 deadline 60s as 1,1,2", "tp1pp1dp2")]  # with a deadline
+
+
+@pytest.mark.timeout(600)
+def test_live_reshapes_of_a_megatron_model_equal_restart(tmp_path):
+    """Megatron-Core's GPT (configs/megatron.toml) reshaped live: TP2 -> DP2, into two pipeline
+    stages, a scale-out onto cold joiners, a scale-in with a deadline; each switch keeps the digest,
+    and every step after is bit-equal (loss and digest) to the same changes made by stop-and-restart
+    through a checkpoint, at the same steps."""
+    from test_run import check_continuous, liver
+    events = tmp_path / "events.txt"
+    events.write_text("".join(f"at step {3 if i == 0 else '+3'}: {a}\n" for i, (a, _) in enumerate(LIVE_EVENTS)))
+    common = ("--config", str(MEGATRON_JOB), "--set", "checkpoint.every=0", "--digest")
+    live = liver(tmp_path / "live", *common, "--events", str(events), "--end-after-events", "3", "--steps", "100000")
+    assert live["rc"] == 0
+    assert [e["status"] for e in live["events"]] == ["done"] * len(LIVE_EVENTS), [e["status"] for e in live["events"]]
+    assert [e["new"] for e in live["events"]] == [n for _, n in LIVE_EVENTS]
+    for e in live["events"]:
+        assert e["digest_equal"] is True, e
+    assert live["events"][3]["deadline_met"] is True
+    total = live["steps"][-1]["step"]
+    check_continuous(live, total)
+    cuts = [e["last_old_step"] for e in live["events"]]
+    events2 = tmp_path / "events2.txt"
+    events2.write_text("".join(f"at step {c}: {a}\n" for c, (a, _) in zip(cuts, LIVE_EVENTS)))
+    restart = liver(tmp_path / "restart", *common, "--events", str(events2), "--steps", str(total),
+                    "--mode", "restart-forked")
+    assert restart["rc"] == 0
+    assert [e["last_old_step"] for e in restart["events"]] == cuts
+    assert [(s["step"], s["parallel"], s["loss"], s["digest"]) for s in live["steps"]] == \
+        [(s["step"], s["parallel"], s["loss"], s["digest"]) for s in restart["steps"]]

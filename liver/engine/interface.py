@@ -248,6 +248,18 @@ class EngineAdapter(ABC):
         return max(self.rank_bytes(job, layout, r) for r in range(layout.size))
 
 
+def state_and_grad_bytes(adapter: EngineAdapter, job: JobConfig, layout: Layout, rank: int) -> int:
+    """Rank ``rank``'s shards of the state under ``adapter``'s view of ``layout``, plus a gradient
+    of each parameter's shard (an engine whose parameters are its state: no other copy)."""
+    t = adapter.view(job, layout)
+    n = 0
+    for s in adapter.state_specs(job):
+        b = box_of(t, s, rank)
+        if b is not None:
+            n += box_numel(b) * s.itemsize * (2 if s.kind == "param" else 1)
+    return n
+
+
 def absolute_engine_path(path: str) -> str:
     """``file.py:ATTR`` with the file made absolute (a worker's directory may differ); a module
     path unchanged."""

@@ -65,3 +65,7 @@ class FakeWorld(World):
             members = members_of(rank)
             groups[axis] = FakeGroup(f"{prefix}/{axis}", members, members.index(rank), backend, device)
         return cls(generation, layout, rank, backend, device, groups, 0.0)
+
+    def solo_process_group(self, name: str) -> ProcessGroup:
+        """A fake one (no thread of its own: a template may fork after it)."""
+        return fake_pg(f"fake_solo_{name}_{next(_ids)}", 0, 1)

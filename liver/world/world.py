@@ -262,6 +262,16 @@ class World:
         Megatron-Core's, call ``size()`` and ``rank()`` on every one they are given)."""
         return self._with_pg(self.groups[axis], False).pg
 
+    def solo_process_group(self, name: str) -> dist.ProcessGroup:
+        """A one-member ``ProcessGroup`` of this process alone, made once per ``name`` (a library's
+        axis this job does not use: Megatron-Core's context parallelism)."""
+        key = f"solo/{name}"
+        if key not in self._solo:
+            self._solo[key] = Group.solo(f"liver/gen{self.generation}/{key}", [self.rank], self.backend, self.device)
+            if self._registered:
+                _register_group(self._solo[key])
+        return self._solo[key].pg
+
     def _with_pg(self, g: Group, cpu: bool) -> Group:
         if g.pg is not None:
             return g

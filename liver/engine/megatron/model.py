@@ -59,9 +59,8 @@ def collection(tp: Any, pp: Any, dp: Any, solo: Any, embedding: Any = None) -> A
 def world_collection(world: Any) -> Any:
     """``collection`` over a LiveR ``World``'s own groups (a one-member group made where an axis has
     one member, and for context parallelism)."""
-    from liver.world.group import Group
-    solo = Group.solo(f"liver/gen{world.generation}/megatron-cp", [world.rank], world.backend, world.device)
-    return collection(world.process_group("tp"), world.process_group("pp"), world.process_group("dp"), solo.pg)
+    return collection(world.process_group("tp"), world.process_group("pp"), world.process_group("dp"),
+                      world.solo_process_group("megatron-cp"))
 
 
 def gpt(config: GPTConfig, parallel: ParallelConfig, split: list[int], stage: int, pgs: Any,

@@ -17,7 +17,7 @@ from typing import Callable, Mapping
 
 import torch
 
-from liver.engine.interface import EngineAdapter, Prebuilt, TrainingEngine
+from liver.engine.interface import EngineAdapter, state_and_grad_bytes, Prebuilt, TrainingEngine
 from liver.engine.native.ahead import first_step_ahead, fsdp_initialised, fsdp_unsharded_made
 from liver.engine.native.engine import NativeEngine, build_model, fsdp, model_facts, optimizer_state, structure
 from liver.engine.native.recipe import Recipe
@@ -247,10 +247,4 @@ class NativeAdapter(EngineAdapter):
 
     def rank_bytes(self, job: JobConfig, layout: Layout, rank: int) -> int:
         """The shards of the state, plus a gradient for each parameter's shard."""
-        t = self.view(job, layout)
-        n = 0
-        for s in self.state_specs(job):
-            b = t.box(s, rank)
-            if b is not None:
-                n += box_numel(b) * s.itemsize * (2 if s.kind == "param" else 1)
-        return n
+        return state_and_grad_bytes(self, job, layout, rank)

@@ -12,9 +12,8 @@ import time
 from typing import Any
 
 import torch
-from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.tensor import DTensor, Shard
 
+from liver.engine import scalars as train_scalars
 from liver.engine.flops import mfu as model_flops_utilisation, peak_flops
 from liver.engine.interface import StepStats
 from liver.host import faults
@@ -22,6 +21,7 @@ from liver.data import tokens_of
 from liver.engine.reference import model
 from liver.engine.reference.optim import adamw_step, learning_rate, with_adam_state
 from liver.engine.reference.pipeline import OneFOneB
+from liver.engine.tp_checkpoint import tp_dtensors
 from liver.resource_view.spec import TensorSpec
 from liver.resource_view.view import Box, local_shape, view
 from liver.topology.config import JobConfig
@@ -117,36 +117,14 @@ class Engine:
         """TP shards as DTensors over the World's TP group (its CPU one for a host snapshot:
         ``cpu``); replicated tensors plain. ``tensors`` replaces the engine's own."""
         tp = self.world.cpu_groups["tp"] if cpu else self.world.tp
-        tensors = self.state if tensors is None else tensors
-        mesh = DeviceMesh.from_group(tp.pg, tp.device.type) if tp.size > 1 else None
-        out: dict[str, torch.Tensor] = {}
-        for spec in self.specs:
-            if spec.name not in tensors:
-                continue
-            t = tensors[spec.name]
-            if mesh is not None and spec.shard_dim is not None:
-                t = DTensor.from_local(t, mesh, [Shard(spec.shard_dim)], run_check=False,
-                                       shape=torch.Size(spec.shape),
-                                       stride=torch.empty(spec.shape, device="meta").stride())
-            out[spec.name] = t
-        return out
+        return tp_dtensors(self.specs, self.state if tensors is None else tensors, tp)
 
     # ---- scalars -----------------------------------------------------------------------------
     def scalars(self) -> dict[str, Any]:
-        t = self.job.train
-        return {"step": self.step, "consumed_samples": self.consumed_samples,
-                "rng": {"seed": t.seed, "counter": self.step},
-                "lr_schedule": {"lr": t.lr, "min_lr": t.min_lr, "warmup_steps": t.warmup_steps,
-                                "total_steps": t.total_steps,
-                                "current": learning_rate(t, self.step)},
-                "corpus": tokens_of(t).fingerprint}
+        return train_scalars.of(self.job.train, self.step, self.consumed_samples)
 
     def load_scalars(self, s: dict[str, Any]) -> None:
-        if s["rng"]["seed"] != self.job.train.seed:
-            raise ValueError(f"scalars.rng.seed={s['rng']['seed']} differs from the job's "
-                             f"train.seed={self.job.train.seed}")
-        self.step = int(s["step"])
-        self.consumed_samples = int(s["consumed_samples"])
+        self.step, self.consumed_samples = train_scalars.load(self.job.train, s)
 
     # ---- training ----------------------------------------------------------------------------
     def train_step(self) -> StepStats:
