@@ -74,7 +74,7 @@ class RestartMode(Mode):
         rec["digest_before"] = first(stops.values(), "digest_before")
         rec["digest_before_s"] = least(stops.values(), "digest_before_s")
         rec["stopped_at"] = time.time()
-        rec["checkpoint"] = saved.path
+        rec["checkpoint"], rec["checkpoint_format"] = saved.path, self.ctl.adapter.restart_format
         slots = [self.state.slot_of[p] for p in self.state.active.procs if p not in h.leaving] + h.join_slots
         self.ctl.go(Trigger.SAVED)
         self.ctl.start_generation(h.target, sorted(slots), saved.path, "restart")

@@ -154,6 +154,8 @@ class EngineAdapter(ABC):
     """One kind of engine, as the runtime sees it (see the module's docstring)."""
 
     name: str = "engine"
+    #: what stop-and-restart writes (``save_for_restart``), for its event's record
+    restart_format: str = "torch-dcp"
     #: the model's configuration: the frozen dataclass a job's model table fills (``job.model``)
     model_config: type = ModelConfig
 
@@ -246,6 +248,18 @@ class EngineAdapter(ABC):
 
     def max_rank_bytes(self, job: JobConfig, layout: Layout) -> int:
         return max(self.rank_bytes(job, layout, r) for r in range(layout.size))
+
+    def save_for_restart(self, engine: TrainingEngine, path: str) -> float:
+        """Stop-and-restart's save, collective (the baseline a live switch is compared with):
+        torch's DCP here (``liver.checkpoint.dcp``). Seconds taken."""
+        from liver.checkpoint import dcp
+        return dcp.save(engine, path)
+
+    def load_checkpoint(self, engine: TrainingEngine, path: str) -> float:
+        """Collective: ``engine``'s state from ``path`` (a restart's save, or a periodic DCP
+        checkpoint for a recovery), whatever layout wrote it. Seconds taken."""
+        from liver.checkpoint import dcp
+        return dcp.load(engine, path)
 
 
 def state_and_grad_bytes(adapter: EngineAdapter, job: JobConfig, layout: Layout, rank: int) -> int:

@@ -32,7 +32,6 @@ import torch  # noqa: E402
 from liver.protocol.agent import IGNORE_SIGTERM  # noqa: E402
 from liver import logs  # noqa: E402
 from liver.host import cores, faults, priority, threads as host_threads  # noqa: E402
-from liver.checkpoint import dcp as ckpt  # noqa: E402
 from liver.checkpoint.periodic import PeriodicCheckpointer  # noqa: E402
 from liver.engine.digest import local_hashes, state_digest  # noqa: E402
 from liver.engine.interface import EngineAdapter, StepStats, TrainingEngine  # noqa: E402
@@ -121,7 +120,7 @@ class Member:
         self.engine = self.adapter.build(self.job, world, self.device, initialise=spec.load_from is None)
         timings["build_s"] = time.perf_counter() - t0
         if spec.load_from:
-            timings["load_s"] = ckpt.load(self.engine, spec.load_from)
+            timings["load_s"] = self.adapter.load_checkpoint(self.engine, spec.load_from)
         rec = {"proc": self.proc, "generation": g, "timings": timings, **self.boot, "ready": time.time(),
                "step": self.engine.step, "cores": cores.available()}
         if self.digest:
@@ -419,7 +418,7 @@ class Member:
             t0 = time.perf_counter()
             rec["digest_before"] = state_digest(e)
             rec["digest_before_s"] = time.perf_counter() - t0
-        rec["save_s"] = ckpt.save(e, path)
+        rec["save_s"] = self.adapter.save_for_restart(e, str(path))
         rec["saved_at"] = time.time()
         write(self.store, StopReport.key(g, self.proc), from_dict(StopReport, rec, "stop report"))
         if e.world.rank == 0:

@@ -28,6 +28,7 @@ _lock = threading.Lock()  # (a fake world is torch's default group while a meta 
 class MegatronAdapter(EngineAdapter):
     name = "megatron"
     model_config = GPTConfig
+    restart_format = "megatron-dist-checkpointing"
 
     def __init__(self) -> None:
         self._specs: dict[JobConfig, list[TensorSpec]] = {}
@@ -96,6 +97,16 @@ class MegatronAdapter(EngineAdapter):
     def rank_bytes(self, job: JobConfig, layout: Layout, rank: int) -> int:
         """Its pieces and moments (fp32), and a gradient for each parameter's piece."""
         return state_and_grad_bytes(self, job, layout, rank)
+
+    def save_for_restart(self, engine: TrainingEngine, path: str) -> float:
+        """Megatron's own checkpoint (``dist_checkpointing``): the baseline as its users restart."""
+        from liver.engine.megatron import checkpoint
+        return checkpoint.save(engine, path)
+
+    def load_checkpoint(self, engine: TrainingEngine, path: str) -> float:
+        """Megatron's checkpoint where ``path`` is one (a restart's), else DCP's (a periodic one)."""
+        from liver.engine.megatron import checkpoint
+        return checkpoint.load(engine, path) if checkpoint.is_megatron(path) else super().load_checkpoint(engine, path)
 
     def joiner_storage(self, engine: TrainingEngine) -> dict[str, torch.Tensor] | None:
         return None  # (a warm-up engine's pieces are views of its model: the switch builds its own)

@@ -79,6 +79,8 @@ def install(device: torch.device | str = "cpu") -> bool:
     from megatron.core.tensor_parallel import random
 
     torch.cuda.current_device = _cpu  # type: ignore[assignment]
+    if not torch.cuda.is_available():  # (its checkpoint writer syncs the device before it copies)
+        torch.cuda.synchronize = _nothing  # type: ignore[assignment]
     if getattr(parallel_state, "_GLOBAL_MEMORY_BUFFER", None) is None:
         parallel_state._set_global_memory_buffer()
     if not isinstance(random._CUDA_RNG_STATE_TRACKER, CpuRngTracker):
@@ -106,3 +108,7 @@ def seed(seed: int, tp_rank: int) -> None:
 def causal_mask(seq: int, device: torch.device | str = "cpu") -> torch.Tensor:
     """The causal attention mask as Megatron takes it: True where a position may not attend."""
     return torch.triu(torch.ones(seq, seq, dtype=torch.bool, device=device), diagonal=1)[None, None]
+
+
+def _nothing(*args, **kw) -> None:
+    return None
