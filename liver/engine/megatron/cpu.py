@@ -94,13 +94,14 @@ def _cpu() -> str:
 
 
 def seed(seed: int, tp_rank: int) -> None:
-    """Megatron's ``model_parallel_cuda_manual_seed`` on the CPU: the default generator at ``seed``
-    (the same on every rank of a data-parallel group), the tensor-parallel state at ``seed`` +
-    2718 + the TP rank."""
+    """Megatron's ``model_parallel_cuda_manual_seed`` with the TP rank given (not read from its
+    global state): the default generators at ``seed`` (the same on every rank of a data-parallel
+    group), the tensor-parallel state at ``seed`` + 2718 + the TP rank; in Megatron's tracker, or
+    in the CPU one ``install`` put in its place."""
     from megatron.core.tensor_parallel import random
 
-    torch.manual_seed(seed)
-    tracker = random._CUDA_RNG_STATE_TRACKER
+    torch.manual_seed(seed)  # (the CUDA generators too, where there are some)
+    tracker = random.get_cuda_rng_tracker()
     tracker.reset()
     tracker.add("model-parallel-rng", seed + TP_SEED_OFFSET + tp_rank)
 

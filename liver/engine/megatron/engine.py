@@ -64,8 +64,9 @@ class MegatronEngine:
         self._flops_per_token = flops_per_token
         cfg = job.model
         c = self.layout.coord(world.rank)
-        if initialise and state is None:
-            cpu.seed(job.train.seed, c.tp)
+        # Megatron's seeding (``model_parallel_cuda_manual_seed``'s), on every build: its
+        # initialisation draws from it, and its layers fork the TP state whatever they load
+        cpu.seed(job.train.seed, c.tp)
         with torch.device(device):
             self.model = gpt(cfg, self.layout.parallel, list(self.layout.layers_per_stage), c.pp,
                              world_collection(world), torch.float32,

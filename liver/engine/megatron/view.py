@@ -136,9 +136,11 @@ def rank_model(config: GPTConfig, layout: Layout, rank: int,
                dtype: torch.dtype = torch.float32) -> Iterator[tuple[torch.nn.Module, Any]]:
     """Rank ``rank``'s stage of ``config``'s model under ``layout``, built on the meta device over
     fake groups as that rank, and its data-parallel group; the fake world is torch's default group
-    for the duration (Megatron asks torch whether distributed is initialised)."""
+    for the duration (Megatron asks torch whether distributed is initialised), in this thread only:
+    a worker's companion reads a layout's view beside the training thread, whose checkpoint writes
+    see the Active World's groups meanwhile."""
     world = FakeWorld.build_fake(0, layout, rank, "gloo", torch.device("cpu"))
-    with world.registered():
+    with world.registered_here():
         pgs = collection(world.tp.pg, world.pp.pg, world.dp.pg, fake_pg(f"megatron-solo-{rank}", 0, 1))
         with torch.device("meta"):
             model = gpt(config, layout.parallel, list(layout.layers_per_stage), layout.coord(rank).pp, pgs, dtype,
