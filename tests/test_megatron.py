@@ -180,9 +180,12 @@ def test_live_reshapes_of_a_megatron_model_equal_restart(tmp_path):
         [(s["step"], s["parallel"], s["loss"], s["digest"]) for s in restart["steps"]]
 
 
-def test_megatrons_own_checkpoint_of_the_engine_loads_back_exactly(tmp_path):
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_megatrons_own_checkpoint_of_the_engine_loads_back_exactly(tmp_path, dtype):
     """The Megatron engine's restart save is Megatron's ``dist_checkpointing`` (its metadata beside
-    torch's); loaded into a new engine, the state and the next step are the same to the bit."""
+    torch's); loaded into a new engine, the state and the next step are the same to the bit. In
+    bf16 the state is the fp32 main weights (Megatron's ``fp32_param``) and the model computes in
+    bf16 copies of them."""
     import torch
 
     from liver.engine.digest import state_digest
@@ -192,12 +195,14 @@ def test_megatrons_own_checkpoint_of_the_engine_loads_back_exactly(tmp_path):
     from liver.topology.presets import preset
     from liver.world.world import World, make_store
 
-    job = JobConfig(model=GPTConfig(num_query_groups=2), train=preset("tiny").train)
+    job = JobConfig(model=GPTConfig(num_query_groups=2), train=preset("tiny").train, compute_dtype=dtype)
     store, _ = make_store()
     world = World.build(store, 0, ADAPTER.layout(job, ParallelConfig()), 0, "gloo", torch.device("cpu"))
     world.activate()
     try:
         one = ADAPTER.build(job, world, torch.device("cpu"))
+        assert {p.dtype for p in one.model.parameters()} == {getattr(torch, dtype)}
+        assert {t.dtype for t in one.state.values()} == {torch.float32}
         for _ in range(2):
             one.train_step()
         ADAPTER.save_for_restart(one, str(tmp_path / "ckpt"))

@@ -62,9 +62,6 @@ class MegatronAdapter(EngineAdapter):
     def check(self, job: JobConfig, parallel: ParallelConfig) -> None:
         if not isinstance(job.model, GPTConfig):
             raise ValueError(f"engine megatron: job.model is a {type(job.model).__name__}; allowed GPTConfig")
-        if job.compute_dtype != "float32":
-            raise ValueError(f"job.compute_dtype={job.compute_dtype!r}: the Megatron-Core engine trains in 'float32' "
-                             "for now (bf16 with fp32 main weights: not yet)")
         job.model.check(parallel)
         stages(parallel, list(Layout(job.model.num_layers, parallel, job.train).layers_per_stage))
 

@@ -20,6 +20,7 @@ from liver.engine.megatron.model import megatron
 
 METADATA = "metadata.json"  # (dist_checkpointing's own, beside torch's ``.metadata``)
 KINDS = ("exp_avg", "exp_avg_sq")
+MAIN = "fp32_param"
 
 
 def is_megatron(path: str | Path) -> bool:
@@ -38,10 +39,18 @@ def sharded_state_dict(engine: Any) -> dict[str, Any]:
         i = index.get(data.untyped_storage().data_ptr()) if isinstance(data, torch.Tensor) else None
         if i is None or data.numel() != engine.params[i].numel():
             continue  # (no parameter: Megatron's extra state)
-        for kind in KINDS:
-            optimizer[f"{kind}.{key}"] = make_sharded_optimizer_tensor(item, engine.moments[kind][i],
-                                                                       prefix=f"optimizer.state.{kind}")
+        for kind, t in _optimizer_tensors(engine, i):
+            optimizer[f"{kind}.{key}"] = make_sharded_optimizer_tensor(item, t, prefix=f"optimizer.state.{kind}")
     return {"model": model, "optimizer": optimizer, "scalars": engine.scalars()}
+
+
+def _optimizer_tensors(engine: Any, i: int) -> list[tuple[str, torch.Tensor]]:
+    """Parameter ``i``'s optimizer state: its moments, and its fp32 main weight where the parameter
+    is a compute copy (Megatron's mixed-precision optimizer saves it as ``fp32_param``)."""
+    out = [(kind, engine.moments[kind][i]) for kind in KINDS]
+    if engine.main[i].data_ptr() != engine.params[i].data_ptr():
+        out.append((MAIN, engine.main[i]))
+    return out
 
 
 def save(engine: Any, path: str | Path) -> float:
@@ -70,9 +79,10 @@ def load(engine: Any, path: str | Path) -> float:
         for name, item in wanted["optimizer"].items():
             kind, key = name.split(".", 1)
             i = index[wanted["model"][key].data.untyped_storage().data_ptr()]
+            into = dict(_optimizer_tensors(engine, i))[kind]
             got = loaded["optimizer"][name]
-            if got.data_ptr() != engine.moments[kind][i].data_ptr():
-                engine.moments[kind][i].copy_(got)
+            if got.data_ptr() != into.data_ptr():
+                into.copy_(got)
     engine.load_scalars(loaded["scalars"])
-    engine.refresh()
+    engine.refresh()  # (the compute copies from the main weights)
     return time.perf_counter() - t0

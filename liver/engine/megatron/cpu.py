@@ -1,13 +1,14 @@
 """Megatron-Core on a CPU build of torch (LiveR's tests and CPU jobs run it so, over gloo).
 
-Megatron-Core is written for CUDA; three things its GPT model's forward asks of CUDA are answered
+Megatron-Core is written for CUDA; what its GPT model and its checkpoint ask of CUDA are answered
 here for the CPU, in a process that trains on the CPU (``install``, idempotent; nothing for a
 process that trains on a GPU):
 
 - ``torch.cuda.current_device()``, which Megatron passes as a ``device`` for scratch tensors
   (RoPE's frequencies, TP's gathers): the CPU;
+- ``torch.cuda.synchronize()``, which its checkpoint writer calls before it copies: nothing;
 - its global scratch-memory buffer, which ``initialize_model_parallel`` makes (this engine does
-  not call it: groups are the World's own): made;
+  not call it: groups are the World's own): made (``memory_buffer``, which a GPU needs too);
 - its model-parallel RNG tracker, which forks CUDA generator states for dropout in TP regions:
   a tracker of CPU generator states with the same interface and seeding
   (``model_parallel_cuda_manual_seed``'s: the TP rank's seed offset by 2718).
@@ -75,18 +76,24 @@ def install(device: torch.device | str = "cpu") -> bool:
     with GPUs too: the process is the CPU job's); False (nothing done) for any other device."""
     if torch.device(device).type != "cpu":
         return False
-    from megatron.core import parallel_state
     from megatron.core.tensor_parallel import random
 
     torch.cuda.current_device = _cpu  # type: ignore[assignment]
-    if not torch.cuda.is_available():  # (its checkpoint writer syncs the device before it copies)
-        torch.cuda.synchronize = _nothing  # type: ignore[assignment]
-    if getattr(parallel_state, "_GLOBAL_MEMORY_BUFFER", None) is None:
-        parallel_state._set_global_memory_buffer()
+    torch.cuda.synchronize = _nothing  # type: ignore[assignment]  # (its checkpoint writer's, before it copies)
+    memory_buffer()
     if not isinstance(random._CUDA_RNG_STATE_TRACKER, CpuRngTracker):
         random._CUDA_RNG_STATE_TRACKER = CpuRngTracker()
         random._CUDA_RNG_STATE_TRACKER_INITIALIZED = True
     return True
+
+
+def memory_buffer() -> None:
+    """Megatron's process-wide scratch buffer (attention's and TP's gathers), which
+    ``initialize_model_parallel`` would make; on any device (idempotent)."""
+    from megatron.core import parallel_state
+
+    if getattr(parallel_state, "_GLOBAL_MEMORY_BUFFER", None) is None:
+        parallel_state._set_global_memory_buffer()
 
 
 def _cpu() -> str:

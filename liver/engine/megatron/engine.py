@@ -7,10 +7,12 @@ what Megatron-Core 0.16 asks of CUDA for the rest is done here where the device 
 - the pipeline schedule is LiveR's 1F1B (``liver.engine.reference.pipeline``) over the World's
   PP group: Megatron's own asks for a P2P communicator on "cuda" (``schedules.py``);
 - data parallelism is one all-reduce of the gradients over the World's DP group (Megatron's DDP
-  makes groups of its own and its buffers on CUDA), then AdamW over the fp32 parameters with the
-  moments as state tensors (Megatron's optimizer wraps CUDA tensors).
+  makes groups of its own and its buffers on CUDA), then AdamW over the fp32 main weights with
+  the moments as state tensors (Megatron's optimizer wraps CUDA tensors). In fp32 the main
+  weights are the parameters; in bf16 (``job.compute_dtype``) the parameters are bf16 copies of
+  them, made again after each update.
 
-The state of a rank: every piece of the model's ``sharded_state_dict`` (a view of its parameter:
+The state of a rank: every piece of the model's ``sharded_state_dict`` (a view of its main weight:
 a SwiGLU weight's two halves are two pieces) and, for each, the same view of its two AdamW
 moments; the scalars of ``liver.engine.scalars``. All of it moves live, and through a checkpoint.
 """
@@ -41,6 +43,9 @@ from liver.topology.config import JobConfig
 from liver.world.world import World
 
 
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+
+
 def cut(t: torch.Tensor, part: tuple[int, int, int] | None) -> torch.Tensor:
     """The piece of a rank's local tensor that a ``Shard`` names (``part``: axis, index, chunks)."""
     if part is None:
@@ -59,22 +64,29 @@ class MegatronEngine:
         initialisation from the job's seed), uninitialised (to be loaded), or given ``state``
         (shards in this layout: copied into the model's tensors)."""
         cpu.install(device)
+        cpu.memory_buffer()  # (a GPU's too: this engine never calls initialize_model_parallel)
         self.job, self.world, self.layout, self.device = job, world, world.layout, device
         self.specs = specs
         self._flops_per_token = flops_per_token
         cfg = job.model
         c = self.layout.coord(world.rank)
+        self.compute_dtype = _DTYPES[job.compute_dtype]
         # Megatron's seeding (``model_parallel_cuda_manual_seed``'s), on every build: its
         # initialisation draws from it, and its layers fork the TP state whatever they load
         cpu.seed(job.train.seed, c.tp)
         with torch.device(device):
             self.model = gpt(cfg, self.layout.parallel, list(self.layout.layers_per_stage), c.pp,
-                             world_collection(world), torch.float32,
+                             world_collection(world), self.compute_dtype,
                              perform_initialization=initialise and state is None)
+        if self.compute_dtype != torch.float32:  # every parameter in it, norms too (as Megatron's Float16Module)
+            self.model.to(self.compute_dtype)
         self.first_stage, self.last_stage = c.pp == 0, c.pp == self.layout.pp - 1
         self.params = [p for p in self.model.parameters()]
         by_storage = {p.untyped_storage().data_ptr(): p for p in self.params}
-        self.moments = {kind: [torch.zeros_like(p, memory_format=torch.contiguous_format) for p in self.params]
+        # the main weights: the parameters themselves in fp32, else an fp32 copy of each (the state;
+        # the parameters are their compute copies, ``refresh``)
+        self.main = [p.detach() if p.dtype == torch.float32 else p.detach().float() for p in self.params]
+        self.moments = {kind: [torch.zeros_like(m, memory_format=torch.contiguous_format) for m in self.main]
                         for kind in OPTIMIZER_KINDS}
         index = {id(p): i for i, p in enumerate(self.params)}
         self.pieces: list[Shard] = shards(self.model, world.process_group("dp"), cfg.num_layers)
@@ -84,7 +96,7 @@ class MegatronEngine:
             p = by_storage[s.data.untyped_storage().data_ptr()]
             i = index[id(p)]
             self.boxes[s.name] = s.box
-            self.state[s.name] = cut(p.detach(), s.part)
+            self.state[s.name] = cut(self.main[i], s.part)
             for kind in OPTIMIZER_KINDS:
                 self.boxes[f"{s.name}.{kind}"] = s.box
                 self.state[f"{s.name}.{kind}"] = cut(self.moments[kind][i], s.part)
@@ -99,6 +111,7 @@ class MegatronEngine:
                         raise ValueError(f"state[{name!r}] has shape {tuple(given.shape)}; this rank's shard under "
                                          f"{self.layout.parallel.short()} is {local_shape(self.boxes[name])}")
                     t.copy_(given)
+            self.refresh()
         # a parameter split over TP counts on every TP rank in the gradient's norm, a replicated one once
         self._counted = [bool(getattr(p, "tensor_model_parallel", False)) or world.tp.rank == 0 for p in self.params]
         self._decay = [p.dim() > 1 for p in self.params]
@@ -121,10 +134,14 @@ class MegatronEngine:
         return [n for n in self.model.state_dict(keep_vars=True) if n in buffers]
 
     def release_compute(self) -> None:
-        """fp32 parameters are the state itself: no copy to let go of."""
+        """The parameters are the model's (its modules hold them): they go with the old engine."""
 
+    @torch.no_grad()
     def refresh(self) -> None:
-        """The state is the model's own tensors (views): nothing to re-derive."""
+        """The compute copies from the main weights (fp32: they are the same tensors)."""
+        for p, m in zip(self.params, self.main):
+            if p.data_ptr() != m.data_ptr():
+                p.copy_(m)
 
     def checkpoint_tensors(self, tensors: dict[str, torch.Tensor] | None = None,
                            cpu: bool = False) -> dict[str, torch.Tensor]:
@@ -159,14 +176,14 @@ class MegatronEngine:
                 return F.cross_entropy(out.float().reshape(-1, cfg.vocab_size), tgt.reshape(-1)) * scale
             return out
 
-        sched = OneFOneB(w.pp, (cfg.seq_length, mb, cfg.hidden_size), torch.float32, self.device)
+        sched = OneFOneB(w.pp, (cfg.seq_length, mb, cfg.hidden_size), self.compute_dtype, self.device)
         losses = sched.run(forward, n_micro)
         faults.here("mid-step", self.step + 1)
 
         loss = torch.tensor([sum(losses)], dtype=torch.float64, device=self.device)
         w.dp.allreduce(loss)
         w.pp.allreduce(loss)
-        grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in self.params]
+        grads = [p.grad.float() if p.grad is not None else torch.zeros_like(m) for p, m in zip(self.params, self.main)]
         if lay.dp > 1:
             flat = torch._utils._flatten_dense_tensors(grads)
             w.dp.allreduce(flat)
@@ -175,8 +192,9 @@ class MegatronEngine:
         norm = self._grad_norm(grads)
         clip = min(1.0, tr.grad_clip / (norm + 1e-6)) if tr.grad_clip > 0 else 1.0
         lr = learning_rate(tr, self.step)
-        adamw_step(self.params, grads, self.moments["exp_avg"], self.moments["exp_avg_sq"], self._decay,
+        adamw_step(self.main, grads, self.moments["exp_avg"], self.moments["exp_avg_sq"], self._decay,
                    tr, self.step, lr, clip)
+        self.refresh()
         self.drop_grads()
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
