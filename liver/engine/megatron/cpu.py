@@ -5,7 +5,7 @@ here for the CPU, in a process that trains on the CPU (``install``, idempotent; 
 process that trains on a GPU):
 
 - ``torch.cuda.current_device()``, which Megatron passes as a ``device`` for scratch tensors
-  (RoPE's frequencies, TP's gathers): the CPU;
+  (RoPE's frequencies, TP's gathers): the CPU, to Megatron's own calls only;
 - ``torch.cuda.synchronize()``, which its checkpoint writer calls before it copies: nothing;
 - its global scratch-memory buffer, which ``initialize_model_parallel`` makes (this engine does
   not call it: groups are the World's own): made (``memory_buffer``, which a GPU needs too);
@@ -20,6 +20,7 @@ own (``causal_mask``).
 from __future__ import annotations
 
 import contextlib
+import sys
 from typing import Iterator
 
 import torch
@@ -78,7 +79,8 @@ def install(device: torch.device | str = "cpu") -> bool:
         return False
     from megatron.core.tensor_parallel import random
 
-    torch.cuda.current_device = _cpu  # type: ignore[assignment]
+    if not isinstance(torch.cuda.current_device, _MegatronOnCpu):
+        torch.cuda.current_device = _MegatronOnCpu(torch.cuda.current_device)  # type: ignore[assignment]
     torch.cuda.synchronize = _nothing  # type: ignore[assignment]  # (its checkpoint writer's, before it copies)
     memory_buffer()
     if not isinstance(random._CUDA_RNG_STATE_TRACKER, CpuRngTracker):
@@ -96,8 +98,16 @@ def memory_buffer() -> None:
         parallel_state._set_global_memory_buffer()
 
 
-def _cpu() -> str:
-    return "cpu"
+class _MegatronOnCpu:
+    """``torch.cuda.current_device`` in a CPU job: "cpu" to Megatron's code, which asks it where to
+    make its scratch tensors; torch's own answer to everyone else (torch's DCP on a machine that
+    has GPUs asks it for the current stream)."""
+
+    def __init__(self, real) -> None:
+        self.real = real
+
+    def __call__(self):
+        return "cpu" if sys._getframe(1).f_globals.get("__name__", "").startswith("megatron.") else self.real()
 
 
 def seed(seed: int, tp_rank: int) -> None:
