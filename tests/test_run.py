@@ -27,10 +27,13 @@ def liver(run_dir: Path, *args: str) -> dict:
     handoffs only, for tests that compare no step's state); no timeline drawn (a second of CPU a
     run: the test that reads it asks for it); the preparation unpaced unless ``args`` set its
     share (``--companion-share``: a test whose event must meet a Prepare of seconds, as pacing
-    makes it, says so; what pacing costs and spares is the benches' to measure)."""
+    makes it, says so; what pacing costs and spares is the benches' to measure); a cold joiner's
+    warm-up without training steps on its mock world unless ``args`` ask for some (``--mock-steps``:
+    the steps only move first-use costs out of Prepare, which tests do not measure)."""
     paced = any(a == "--companion-share" or a.startswith("prepare.companion_share=") for a in args)
+    warmed = any(a in ("--mock-steps", "--warmup-steps") or a.startswith("prepare.mock_steps=") for a in args)
     rc = main(["run", "--run-dir", str(run_dir), "--digest", "--set", "timeline=false",
-               *(() if paced else ("--companion-share", "0")), *args])
+               *(() if paced else ("--companion-share", "0")), *(() if warmed else ("--mock-steps", "0")), *args])
     report = json.loads((run_dir / "report.json").read_text())
     report["rc"] = rc
     for e in report["events"]:  # what became of each event is a value (liver/policy/outcome.py)
