@@ -10,6 +10,8 @@ Collective over torch's default group: the generation's World, which the runtime
 
 from __future__ import annotations
 
+import contextlib
+import queue
 import time
 from pathlib import Path
 from typing import Any
@@ -59,25 +61,27 @@ def save(engine: Any, path: str | Path) -> float:
     Path(path).mkdir(parents=True, exist_ok=True)
     megatron()  # (its import, with its warnings silenced)
     from megatron.core import dist_checkpointing
-    try:
+    with _results_in_this_process():
         dist_checkpointing.save(sharded_state_dict(engine), str(path))
-    finally:
-        _stop_writer_manager()
     return time.perf_counter() - t0
 
 
-def _stop_writer_manager() -> None:
-    """Megatron's checkpoint writer keeps its results queue in a process of its own (a
-    multiprocessing manager, spawned at its first save and kept in a module global). A process
-    that ends without running its finalizers (a worker's ``os._exit``) leaves that manager behind,
-    an orphan of a few hundred MiB for every rank of every restart: it is shut down after each save
-    (the next save spawns another)."""
+@contextlib.contextmanager
+def _results_in_this_process():
+    """Megatron's checkpoint writer hands its results over a queue kept in a module global, made at
+    its first save in a process of its own (a spawned multiprocessing manager: a fresh interpreter,
+    about 4.5 s on the CPU machine, paid by every restarted rank at its first save and by no
+    long-running Megatron job after its first). A synchronous save, the only kind this engine makes,
+    puts to that queue and reads it back in the saving process itself (its writers report over a
+    queue of their own), so a queue of this process serves it: no manager is spawned, and none is
+    left behind by a worker that ends by ``os._exit`` (an orphan of a few hundred MiB each)."""
     from megatron.core.dist_checkpointing.strategies import filesystem_async as writer
 
-    queue, writer._results_queue = writer._results_queue, None
-    manager = getattr(queue, "_manager", None)
-    if manager is not None:
-        manager.shutdown()
+    kept, writer._results_queue = writer._results_queue, queue.Queue()
+    try:
+        yield
+    finally:
+        writer._results_queue = kept
 
 
 def load(engine: Any, path: str | Path) -> float:
