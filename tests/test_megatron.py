@@ -14,6 +14,7 @@ from hypothesis import given, settings, strategies as st
 
 from liver.engine.megatron.ranges import range_boxes, shifted
 from liver.topology import ParallelConfig, TrainConfig
+from liver.resource_view.view import intersect
 from liver.topology.layout import Layout
 
 pytest.importorskip("megatron.core")
@@ -106,6 +107,65 @@ def test_a_plan_between_two_megatron_layouts_moves_every_element_once():
         _, new = table(GQA, lb)
         procs = list(range(max(la.size, lb.size)))
         assert_exact(plan_transfer(old, new, specs, procs[:la.size], procs[:lb.size]), specs, old, new)
+
+
+DISTOPT_SHAPES = [(1, 1, 1), (1, 1, 2), (2, 1, 4), (1, 2, 3), (2, 2, 2), (4, 2, 8), (2, 4, 8), (1, 1, 64)]
+
+
+def distopt_shapes(config) -> dict[str, tuple[int, ...]]:
+    return {s.name: s.shape for s in table(config, layout(1, 1, 1))[0]}
+
+
+@pytest.mark.parametrize("config,shape,bucket", [(GQA, s, None) for s in DISTOPT_SHAPES] +
+                         [(MHA, (8, 1, 8), None), (GQA, (2, 2, 4), 3000), (MHA, (1, 1, 8), 5000)],
+                         ids=lambda v: "x".join(map(str, v)) if isinstance(v, tuple) else
+                         ("gqa-swiglu" if v.swiglu else "mha-gelu") if isinstance(v, GPTConfig) else f"bucket{v}")
+def test_the_distributed_optimizers_ranges_tile_every_tensor_once_at_emulated_sizes(config, shape, bucket):
+    """Megatron's DDP over fake groups of the layout's sizes lays out its buffers, its distributed
+    optimizer's own range arithmetic cuts them for every DP rank: as boxes, the main replicas of
+    each tensor's fp32 weight and moments tile it exactly once, up to 64 ranks; a rank's boxes lie
+    in its own TP and pipeline piece, and at one DP rank they are its pieces whole (``bucket``:
+    Megatron's bucket size, small: each bucket is cut over the DP ranks on its own)."""
+    from liver.engine.megatron.distopt import KINDS, layout_ranges, tiling_errors as range_errors
+    lay = layout(*shape)
+    per_rank = layout_ranges(config, lay, **({} if bucket is None else {"bucket_size": bucket}))
+    assert range_errors(per_rank, distopt_shapes(config)) == []
+    pieces = layout_shards(config, lay)
+    for rank, row in enumerate(per_rank):
+        mine = {p.name: p.box for p in pieces[rank]}
+        for r in row:  # inside the rank's own piece of the tensor (its TP slice, on its stage)
+            assert r.kind in KINDS and all(intersect(b, mine[r.name]) == b for b in r.boxes), (rank, r)
+        if lay.dp == 1:
+            assert {(r.name, r.boxes) for r in row} == {(n, (b,)) for n, b in mine.items()}
+
+
+def test_a_plan_between_two_distributed_optimizer_layouts_writes_every_element_once_and_right():
+    """The distributed optimizer's state moved between emulated layouts (DP, TP and PP changing
+    together; the flat ranges cut anew): run on arrays, every element of every new rank's boxes is
+    written exactly once, with the value of the same element of the tensor."""
+    from liver.engine.megatron.distopt import layout_ranges, plan_ranges
+    shapes = distopt_shapes(GQA)
+    whole = {n: np.random.default_rng(len(n)).standard_normal(s) for n, s in shapes.items()}
+    for a, b in (((1, 1, 4), (2, 1, 2)), ((2, 2, 2), (1, 4, 3)), ((1, 1, 2), (4, 2, 1))):
+        old, new = layout_ranges(GQA, layout(*a)), layout_ranges(GQA, layout(*b))
+        moves = plan_ranges(old, new)
+        written = {(rank, r.name, r.kind): np.zeros(shapes[r.name], dtype=int) for rank, row in enumerate(new)
+                   for r in row}
+        got = {k: np.full(shapes[k[1]], np.nan) for k in written}
+        held = {(rank, r.name, r.kind): r.boxes for rank, row in enumerate(old) for r in row}
+        for m in moves:
+            assert any(intersect(m.box, s) == m.box for s in held[(m.src, m.name, m.kind)]), m  # the source holds it
+            sl = tuple(slice(lo, hi) for lo, hi in m.box)
+            written[(m.dst, m.name, m.kind)][sl] += 1
+            got[(m.dst, m.name, m.kind)][sl] = whole[m.name][sl]
+        for rank, row in enumerate(new):
+            for r in row:
+                want = np.zeros(shapes[r.name], dtype=int)
+                for box in r.boxes:
+                    want[tuple(slice(lo, hi) for lo, hi in box)] = 1
+                key = (rank, r.name, r.kind)
+                assert (written[key] == want).all(), key
+                assert np.array_equal(got[key][want == 1], whole[r.name][want == 1]), key
 
 
 @pytest.mark.parametrize("kwargs,shape,words", [
