@@ -113,6 +113,28 @@ class MegatronAdapter(EngineAdapter):
         return FakeWorld.build_fake(generation, layout, rank, backend, device)
 
 
+class MegatronGpuAdapter(MegatronAdapter):
+    """The Megatron-Core engine trained as Megatron trains on a GPU: its DDP, its distributed
+    optimizer and its own pipeline schedule (``gpu_engine``); a job file selects it with
+    ``engine = "liver.engine.megatron:GPU_ADAPTER"``. The same tensors and views as ``ADAPTER``'s,
+    at one DP rank (the optimizer's shards are then whole parameters)."""
+
+    name = "megatron-distributed-optimizer"
+
+    def check(self, job: JobConfig, parallel: ParallelConfig) -> None:
+        super().check(job, parallel)
+        if parallel.dp != 1:
+            raise ValueError(f"engine megatron-distributed-optimizer: parallel.dp={parallel.dp}: allowed 1 (over "
+                             f"several DP ranks its optimizer's shards are flat ranges, which LiveR does not move "
+                             f"yet); engine = 'liver.engine.megatron:ADAPTER' takes any DP degree")
+
+    def build(self, job: JobConfig, world: World, device: torch.device, *, initialise: bool = True,
+              state: dict[str, torch.Tensor] | None = None) -> TrainingEngine:
+        from liver.engine.megatron.gpu_engine import MegatronGpuEngine
+        return MegatronGpuEngine(job, world, device, self.state_specs(job), self.facts(job).flops_per_token,
+                                 initialise=initialise, state=state)
+
+
 def _smallest_tp(cfg: GPTConfig) -> int | None:
     """The smallest TP degree above one that ``cfg`` allows (None: none up to its heads)."""
     for tp in range(2, cfg.num_attention_heads + 1):
@@ -125,3 +147,4 @@ def _smallest_tp(cfg: GPTConfig) -> int | None:
 
 
 ADAPTER = MegatronAdapter()
+GPU_ADAPTER = MegatronGpuAdapter()

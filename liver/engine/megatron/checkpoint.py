@@ -34,16 +34,22 @@ def sharded_state_dict(engine: Any) -> dict[str, Any]:
     """The engine's whole state as Megatron describes it for its checkpoints."""
     from megatron.core.dist_checkpointing.optimizer import make_sharded_optimizer_tensor
     model = engine.model.sharded_state_dict(metadata={"dp_cp_group": engine.world.process_group("dp")})
-    index = {p.untyped_storage().data_ptr(): i for i, p in enumerate(engine.params)}
     optimizer = {}
     for key, item in model.items():
         data = getattr(item, "data", None)
-        i = index.get(data.untyped_storage().data_ptr()) if isinstance(data, torch.Tensor) else None
-        if i is None or data.numel() != engine.params[i].numel():
+        i = _whole_parameter(data, engine.params)
+        if i is None:
             continue  # (no parameter: Megatron's extra state)
         for kind, t in _optimizer_tensors(engine, i):
             optimizer[f"{kind}.{key}"] = make_sharded_optimizer_tensor(item, t, prefix=f"optimizer.state.{kind}")
     return {"model": model, "optimizer": optimizer, "scalars": engine.scalars()}
+
+
+def _whole_parameter(t: Any, params: list[torch.Tensor]) -> int | None:
+    """The index of the parameter ``t`` is (its elements, all of them), else None."""
+    if not isinstance(t, torch.Tensor) or t.numel() == 0:
+        return None
+    return next((i for i, p in enumerate(params) if p.data_ptr() == t.data_ptr() and p.numel() == t.numel()), None)
 
 
 def _optimizer_tensors(engine: Any, i: int) -> list[tuple[str, torch.Tensor]]:
@@ -96,10 +102,9 @@ def load(engine: Any, path: str | Path) -> float:
         if [k for k in missing if not k.endswith("_extra_state")] or unexpected:
             raise ValueError(f"checkpoint {path}: the model's tensors do not match it (missing {missing[:3]}, "
                              f"unexpected {unexpected[:3]})")
-        index = {p.untyped_storage().data_ptr(): i for i, p in enumerate(engine.params)}
         for name, item in wanted["optimizer"].items():
             kind, key = name.split(".", 1)
-            i = index[wanted["model"][key].data.untyped_storage().data_ptr()]
+            i = _whole_parameter(wanted["model"][key].data, engine.params)
             into = dict(_optimizer_tensors(engine, i))[kind]
             got = loaded["optimizer"][name]
             if got.data_ptr() != into.data_ptr():

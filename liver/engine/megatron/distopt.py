@@ -21,7 +21,7 @@ import torch
 
 from liver.engine.megatron import cpu
 from liver.engine.megatron.config import GPTConfig
-from liver.engine.megatron.model import collection, gpt, megatron
+from liver.engine.megatron.model import collection, gpt
 from liver.engine.megatron.ranges import range_boxes, shifted
 from liver.engine.megatron.view import Shard, shards
 from liver.resource_view.view import Box, box_numel, intersect, local_shape

@@ -46,6 +46,17 @@ from liver.world.world import World
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 
+def owner(t: torch.Tensor, params: list[torch.Tensor]) -> int:
+    """The index of the parameter whose elements ``t`` (a view: a piece of Megatron's sharded
+    state) lies in; parameters may share a storage (Megatron's DDP lays them in one buffer)."""
+    lo = t.data_ptr()
+    for i, p in enumerate(params):
+        start = p.data_ptr()
+        if start <= lo < start + p.numel() * p.element_size():
+            return i
+    raise ValueError(f"megatron: a piece of the sharded state (shape {list(t.shape)}) is in no parameter")
+
+
 def cut(t: torch.Tensor, part: tuple[int, int, int] | None) -> torch.Tensor:
     """The piece of a rank's local tensor that a ``Shard`` names (``part``: axis, index, chunks)."""
     if part is None:
@@ -82,19 +93,12 @@ class MegatronEngine:
             self.model.to(self.compute_dtype)
         self.first_stage, self.last_stage = c.pp == 0, c.pp == self.layout.pp - 1
         self.params = [p for p in self.model.parameters()]
-        by_storage = {p.untyped_storage().data_ptr(): p for p in self.params}
-        # the main weights: the parameters themselves in fp32, else an fp32 copy of each (the state;
-        # the parameters are their compute copies, ``refresh``)
-        self.main = [p.detach() if p.dtype == torch.float32 else p.detach().float() for p in self.params]
-        self.moments = {kind: [torch.zeros_like(m, memory_format=torch.contiguous_format) for m in self.main]
-                        for kind in OPTIMIZER_KINDS}
-        index = {id(p): i for i, p in enumerate(self.params)}
+        self.main, self.moments = self._optimizer_state()
         self.pieces: list[Shard] = shards(self.model, world.process_group("dp"), cfg.num_layers)
         self.boxes: dict[str, Box] = {}
         self.state: dict[str, torch.Tensor] = {}
         for s in self.pieces:
-            p = by_storage[s.data.untyped_storage().data_ptr()]
-            i = index[id(p)]
+            i = owner(s.data, self.params)
             self.boxes[s.name] = s.box
             self.state[s.name] = cut(self.main[i], s.part)
             for kind in OPTIMIZER_KINDS:
@@ -118,6 +122,14 @@ class MegatronEngine:
         self._mask = cpu.causal_mask(cfg.seq_length, device)
         self.step = 0
         self.consumed_samples = 0
+
+    def _optimizer_state(self) -> tuple[list[torch.Tensor], dict[str, list[torch.Tensor]]]:
+        """Each parameter's main weight and AdamW moments (tensors of its shape): the parameter
+        itself in fp32, else an fp32 copy of it (the state; the parameters are their compute
+        copies, ``refresh``), and zeros."""
+        main = [p.detach() if p.dtype == torch.float32 else p.detach().float() for p in self.params]
+        return main, {kind: [torch.zeros_like(m, memory_format=torch.contiguous_format) for m in main]
+                      for kind in OPTIMIZER_KINDS}
 
     # ---- what the runtime asks of an engine -------------------------------------------------
     def drop_grads(self) -> None:
