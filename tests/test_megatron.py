@@ -14,7 +14,7 @@ from hypothesis import given, settings, strategies as st
 
 from liver.engine.megatron.ranges import range_boxes, shifted
 from liver.topology import ParallelConfig, TrainConfig
-from liver.resource_view.view import intersect
+from liver.resource_view.view import box_numel, intersect
 from liver.topology.layout import Layout
 
 pytest.importorskip("megatron.core")
@@ -274,3 +274,125 @@ def test_megatrons_own_checkpoint_of_the_engine_loads_back_exactly(tmp_path, dty
         assert (a.loss, a.grad_norm) == (b.loss, b.grad_norm) and state_digest(two) == state_digest(one)
     finally:
         world.destroy()
+
+
+# ---- on a GPU: Megatron's DDP, distributed optimizer and schedule (skipped without CUDA) ---------
+gpu = pytest.mark.skipif(not __import__("torch").cuda.is_available(), reason="Megatron's distributed optimizer needs CUDA")
+
+
+def test_the_gpu_adapter_refuses_what_it_cannot_run_naming_the_field():
+    import torch
+
+    from liver.engine.megatron import GPU_ADAPTER
+    from liver.topology import JobConfig
+    job = JobConfig(model=GPTConfig(num_query_groups=2), train=TrainConfig(global_batch=8, micro_batch=1))
+    with pytest.raises(ValueError, match=r"parallel.dp=2: allowed 1"):
+        GPU_ADAPTER.check(job, ParallelConfig(dp=2))
+    GPU_ADAPTER.check(job, ParallelConfig(tp=2, pp=2))
+    if not torch.cuda.is_available():
+        from liver.world.world import World, make_store
+        store, _ = make_store()
+        world = World.build(store, 0, GPU_ADAPTER.layout(job, ParallelConfig()), 0, "gloo", torch.device("cpu"))
+        try:
+            with pytest.raises(ValueError, match=r"device cpu: Megatron's distributed optimizer and schedule need a GPU"):
+                GPU_ADAPTER.build(job, world, torch.device("cpu"))
+        finally:
+            world.destroy()
+
+
+@gpu
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_megatrons_distributed_optimizer_trains_and_its_state_moves_and_loads_back_exactly(tmp_path, dtype):
+    """World size 1 on a GPU (NCCL): Megatron's DDP, distributed optimizer and schedule train; an
+    engine built from the state (as a switch builds the new generation's) and one loaded from
+    Megatron's checkpoint take the next step to the same bits."""
+    import torch
+
+    from liver.engine.digest import state_digest
+    from liver.engine.megatron import GPU_ADAPTER
+    from liver.engine.megatron.gpu_engine import MegatronGpuEngine
+    from liver.topology import JobConfig
+    from liver.world.world import World, make_store
+    job = JobConfig(model=GPTConfig(num_query_groups=2), train=TrainConfig(global_batch=4, micro_batch=1),
+                    compute_dtype=dtype)
+    store, _ = make_store()
+    dev = torch.device("cuda", 0)
+    world = World.build(store, 0, GPU_ADAPTER.layout(job, ParallelConfig()), 0, "nccl", dev)
+    world.activate()
+    try:
+        one = GPU_ADAPTER.build(job, world, dev)
+        assert isinstance(one, MegatronGpuEngine) and type(one.optimizer).__name__ == "DistributedOptimizer"
+        assert {t.dtype for t in one.state.values()} == {torch.float32}
+        losses = [one.train_step().loss for _ in range(4)]
+        assert all(np.isfinite(losses)) and losses[-1] < losses[0], losses
+        moved = GPU_ADAPTER.build(job, world, dev, initialise=False, state={k: v.clone() for k, v in one.state.items()})
+        moved.load_scalars(one.scalars())
+        GPU_ADAPTER.save_for_restart(one, str(tmp_path / "ckpt"))
+        loaded = GPU_ADAPTER.build(job, world, dev, initialise=False)
+        GPU_ADAPTER.load_checkpoint(loaded, str(tmp_path / "ckpt"))
+        assert state_digest(moved) == state_digest(one) == state_digest(loaded)
+        a, b, c = one.train_step(), moved.train_step(), loaded.train_step()
+        assert (a.loss, a.grad_norm) == (b.loss, b.grad_norm) == (c.loss, c.grad_norm)
+        assert state_digest(moved) == state_digest(one) == state_digest(loaded)
+        assert a.mfu > 0
+    finally:
+        world.destroy()
+
+
+@gpu
+@pytest.mark.parametrize("shape", [(1, 1, 4), (2, 2, 2), (2, 1, 8), (1, 4, 16)], ids=lambda s: "x".join(map(str, s)))
+def test_megatrons_own_distributed_optimizer_metadata_is_the_box_table_at_emulated_sizes(monkeypatch, shape):
+    """Megatron's real distributed optimizer, built on the GPU over fake groups as emulated ranks of
+    a layout (up to 64), describes its state for its own checkpoints (``fully_sharded_model_space``:
+    each parameter's flat range and its offsets); as boxes, that is each rank's row of LiveR's table
+    (``distopt.layout_ranges``), and the table tiles every tensor once."""
+    import torch
+
+    from liver.engine.megatron.distopt import KINDS, full_collection, layout_ranges, tiling_errors as range_errors
+    from liver.engine.megatron.gpu_engine import optimizer_config
+    from liver.engine.megatron.model import gpt, megatron
+    from liver.topology import JobConfig
+    from liver.world.fake import FakeWorld, fake_pg
+    import torch.distributed as dist
+    # (its parameter groups are agreed by all_gather_object over the default group: over a fake one,
+    # every emulated rank has this one's, as every rank of a dense GPT does)
+    monkeypatch.setattr(dist, "all_gather_object", lambda out, obj, group=None: out.__setitem__(slice(None), [obj] * len(out)))
+    lay, dev = layout(*shape), torch.device("cuda", 0)
+    table_rows = layout_ranges(GQA, lay, dev)
+    assert range_errors(table_rows, distopt_shapes(GQA)) == []
+    job = JobConfig(model=GQA, train=TrainConfig(global_batch=8, micro_batch=1), compute_dtype="bfloat16")
+    m = megatron()
+    for rank in sorted({0, lay.size - 1, lay.size // 2}):
+        world = FakeWorld.build_fake(0, lay, rank, "nccl", dev)
+        with world.registered_here():
+            pgs = full_collection(world.tp.pg, world.pp.pg, world.dp.pg, fake_pg(f"solo-{rank}", 0, 1))
+            with torch.device(dev):
+                model = gpt(GQA, lay.parallel, list(lay.layers_per_stage), lay.coord(rank).pp, pgs, torch.bfloat16)
+            model.to(torch.bfloat16)
+            from megatron.core.optimizer import get_megatron_optimizer
+            from liver.engine.megatron.distopt import wrap
+            ddp = wrap(model, pgs)
+            opt = get_megatron_optimizer(optimizer_config(job), [ddp], pg_collection=pgs, use_gloo_process_groups=False)
+            opt.init_state_fn(opt.optimizer, opt.config)
+            theirs = opt.sharded_param_state_fs_model_space(model.sharded_state_dict(metadata={"dp_cp_group": world.dp.pg}))
+        ours = {(r.name, r.kind): r.boxes for r in table_rows[rank]}
+        swiglu = lambda name: name.endswith(("linear_fc1.weight_w", "linear_fc1.weight_v"))  # noqa: E731
+        seen, factory_elements = set(), dict.fromkeys(KINDS, 0)
+        for tensors in theirs.values():
+            for kind in KINDS:
+                st = tensors[kind]
+                key = st.key[len(f"optimizer.state.{kind}."):]
+                if isinstance(st, m.ShardedTensorFactory):  # (SwiGLU's fc1: two tensors of ours, _w and _v)
+                    factory_elements[kind] += st.flattened_range.stop - st.flattened_range.start
+                    continue
+                n = st.prepend_axis_num
+                name = f"decoder.layers.{st.global_offset[0]}.{key[len('decoder.layers.'):]}" if n else key
+                origin = st.global_offset[n:]
+                boxes = tuple(shifted(b, origin) for b in range_boxes(tuple(st.local_shape), st.flattened_range.start,
+                                                                       st.flattened_range.stop))
+                assert ours[(name, kind)] == boxes, (rank, name, kind)
+                seen.add((name, kind))
+        assert seen == {k for k in ours if not swiglu(k[0])}, rank
+        for kind in KINDS:  # SwiGLU's: the elements of its flat ranges are those of our halves' boxes
+            assert factory_elements[kind] == sum(box_numel(b) for (name, k), boxes in ours.items()
+                                                 if k == kind and swiglu(name) for b in boxes), (rank, kind)
