@@ -11,7 +11,7 @@ export PYTHONPATH=$PWD NCCL_NVLS_ENABLE=0 OMP_NUM_THREADS=1 PYTHONUNBUFFERED=1
 python3 -c "import torch, sys; print('torch', torch.__version__, 'python', sys.version.split()[0], torch.cuda.get_device_name(0))" > $OUT/env.txt
 python3 -m pip install -q --no-deps --root-user-action=ignore .whl/megatron_core-0.16.1-*.whl .whl/psutil-*.whl 2>&1 | tail -3 >> $OUT/env.txt
 timeout 200 python3 -m pytest -q -p no:cacheprovider -W ignore tests/test_megatron.py \
-    -k "distributed_optimizer or gpu_adapter" 2>&1 | tail -60 > $OUT/pytest-gpu.txt
+    -k "distributed_optimizer or gpu_adapter" --tb=short 2>&1 | grep -v "^  warnings.warn\|UserWarning\|DeprecationWarning" | tail -150 > $OUT/pytest-gpu.txt
 printf '# no events: the job trains at world size 1\n' > /tmp/none.events
 for cfg in megatron-gpu-1b-distopt megatron-gpu-1b; do
   timeout 240 python3 -m liver.cli run --config configs/$cfg.toml --events /tmp/none.events --steps 12 \

@@ -1,8 +1,8 @@
 """Megatron-Core on a CPU build of torch (LiveR's tests and CPU jobs run it so, over gloo).
 
 Megatron-Core is written for CUDA; what its GPT model and its checkpoint ask of CUDA are answered
-here for the CPU, in a process that trains on the CPU (``install``, idempotent; nothing for a
-process that trains on a GPU):
+here for the CPU, in a process that trains on the CPU (``install``, idempotent; undone for a
+process that then trains on a GPU):
 
 - ``torch.cuda.current_device()``, which Megatron passes as a ``device`` for scratch tensors
   (RoPE's frequencies, TP's gathers): the CPU, to Megatron's own calls only;
@@ -74,19 +74,31 @@ class CpuRngTracker:
 
 def install(device: torch.device | str = "cpu") -> bool:
     """The shims above, in this process, where it trains on ``device`` "cpu" (a CPU job on a machine
-    with GPUs too: the process is the CPU job's); False (nothing done) for any other device."""
-    if torch.device(device).type != "cpu":
-        return False
+    with GPUs too: the process is the CPU job's); for any other device, Megatron's own CUDA answers
+    back where a CPU build before had shimmed them (a test process builds on both), and False."""
+    from megatron.core import parallel_state
     from megatron.core.tensor_parallel import random
 
-    if not isinstance(torch.cuda.current_device, _MegatronOnCpu):
+    on_cpu = torch.device(device).type == "cpu"
+    shimmed = isinstance(torch.cuda.current_device, _MegatronOnCpu)
+    if on_cpu and not shimmed:
         torch.cuda.current_device = _MegatronOnCpu(torch.cuda.current_device)  # type: ignore[assignment]
-    torch.cuda.synchronize = _nothing  # type: ignore[assignment]  # (its checkpoint writer's, before it copies)
+        torch.cuda.synchronize, _REAL["synchronize"] = _nothing, torch.cuda.synchronize  # type: ignore[assignment]
+    elif not on_cpu and shimmed:
+        torch.cuda.current_device = torch.cuda.current_device.real  # type: ignore[assignment,union-attr]
+        torch.cuda.synchronize = _REAL.pop("synchronize")  # type: ignore[assignment]
+    if on_cpu != shimmed:  # (scratch tensors it cached on the other device, and the other RNG tracker)
+        parallel_state._GLOBAL_MEMORY_BUFFER = None
+        random._CUDA_RNG_STATE_TRACKER = CpuRngTracker() if on_cpu else None
+        random._CUDA_RNG_STATE_TRACKER_INITIALIZED = on_cpu
     memory_buffer()
-    if not isinstance(random._CUDA_RNG_STATE_TRACKER, CpuRngTracker):
+    if on_cpu and not isinstance(random._CUDA_RNG_STATE_TRACKER, CpuRngTracker):
         random._CUDA_RNG_STATE_TRACKER = CpuRngTracker()
         random._CUDA_RNG_STATE_TRACKER_INITIALIZED = True
-    return True
+    return on_cpu
+
+
+_REAL: dict[str, object] = {}  # (what ``install`` shimmed, to put back)
 
 
 def memory_buffer() -> None:

@@ -43,6 +43,15 @@ def optimizer_config(job: Any) -> Any:
                            decoupled_weight_decay=True)
 
 
+def one_optimizer(optimizer: Any) -> Any:
+    """The distributed optimizer ``get_megatron_optimizer`` made, out of the chain it returns (one
+    link: a dense model has no expert parameters)."""
+    links = getattr(optimizer, "chained_optimizers", [optimizer])
+    if len(links) != 1:
+        raise ValueError(f"megatron: {len(links)} optimizers for one model (expert parameters?): allowed one")
+    return links[0]
+
+
 class MegatronGpuEngine(MegatronEngine):
     """A rank of a Megatron-Core GPT job with Megatron's DDP, distributed optimizer and schedule."""
 
@@ -65,8 +74,8 @@ class MegatronGpuEngine(MegatronEngine):
                                    w.solo_process_group("megatron-cp"))
         with w.registered_here():  # (its parameter groups are agreed over the default group: this World's)
             self.ddp = wrap(self.model, self.pgs)
-            self.optimizer = get_megatron_optimizer(optimizer_config(self.job), [self.ddp], pg_collection=self.pgs,
-                                                    use_gloo_process_groups=False)
+            self.optimizer = one_optimizer(get_megatron_optimizer(optimizer_config(self.job), [self.ddp],
+                                                                  pg_collection=self.pgs, use_gloo_process_groups=False))
         config = self.model.config
         config.no_sync_func = self.ddp.no_sync
         config.grad_scale_func = self.optimizer.scale_loss
@@ -171,4 +180,4 @@ class MegatronGpuEngine(MegatronEngine):
 
     def _loss(self, tgt: torch.Tensor, out: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         loss = F.cross_entropy(out.float().reshape(-1, self.job.model.vocab_size), tgt.reshape(-1))
-        return loss, {"loss": loss.detach()}
+        return loss, {"loss": loss.detach().clone()}  # (a copy: the schedule divides the loss in place)
