@@ -83,11 +83,12 @@ class MegatronGpuEngine(MegatronEngine):
         inner = self.optimizer.optimizer
         main, moments = [], {"exp_avg": [], "exp_avg_sq": []}
         for p in self.params:
-            shard = self._main_shard(p)
+            held = self._main_shard(p)  # (the optimizer's parameter: in fp32 a view of the model's)
+            shard = held.detach()  # (the state has no autograd)
             if shard.numel() != p.numel():
                 raise ValueError(f"megatron-distributed-optimizer: a parameter of {p.numel()} elements has a shard "
                                  f"of {shard.numel()} on this rank: allowed parallel.dp=1")
-            state = inner.state[shard]  # (made now, as Megatron's own init_state_fn does, with torch's step count)
+            state = inner.state[held]  # (made now, as Megatron's own init_state_fn does, with torch's step count)
             for kind in moments:
                 state.setdefault(kind, torch.zeros_like(shard, memory_format=torch.contiguous_format))
                 moments[kind].append(state[kind].view(p.shape))
