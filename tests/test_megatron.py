@@ -144,28 +144,32 @@ def test_a_plan_between_two_distributed_optimizer_layouts_writes_every_element_o
     together; the flat ranges cut anew): run on arrays, every element of every new rank's boxes is
     written exactly once, with the value of the same element of the tensor."""
     from liver.engine.megatron.distopt import layout_ranges, plan_ranges
-    shapes = distopt_shapes(GQA)
-    whole = {n: np.random.default_rng(len(n)).standard_normal(s) for n, s in shapes.items()}
     for a, b in (((1, 1, 4), (2, 1, 2)), ((2, 2, 2), (1, 4, 3)), ((1, 1, 2), (4, 2, 1))):
         old, new = layout_ranges(GQA, layout(*a)), layout_ranges(GQA, layout(*b))
-        moves = plan_ranges(old, new)
-        written = {(rank, r.name, r.kind): np.zeros(shapes[r.name], dtype=int) for rank, row in enumerate(new)
-                   for r in row}
-        got = {k: np.full(shapes[k[1]], np.nan) for k in written}
-        held = {(rank, r.name, r.kind): r.boxes for rank, row in enumerate(old) for r in row}
-        for m in moves:
-            assert any(intersect(m.box, s) == m.box for s in held[(m.src, m.name, m.kind)]), m  # the source holds it
-            sl = tuple(slice(lo, hi) for lo, hi in m.box)
-            written[(m.dst, m.name, m.kind)][sl] += 1
-            got[(m.dst, m.name, m.kind)][sl] = whole[m.name][sl]
-        for rank, row in enumerate(new):
-            for r in row:
-                want = np.zeros(shapes[r.name], dtype=int)
-                for box in r.boxes:
-                    want[tuple(slice(lo, hi) for lo, hi in box)] = 1
-                key = (rank, r.name, r.kind)
-                assert (written[key] == want).all(), key
-                assert np.array_equal(got[key][want == 1], whole[r.name][want == 1]), key
+        check_range_plan(plan_ranges(old, new), old, new)
+
+
+def check_range_plan(moves, old, new) -> None:
+    """``moves`` run on arrays: every element of every new rank's boxes written exactly once, with
+    the value of the same element of the tensor, from an old rank that holds it."""
+    shapes = distopt_shapes(GQA)
+    whole = {n: np.random.default_rng(len(n)).standard_normal(s) for n, s in shapes.items()}
+    written = {(rank, r.name, r.kind): np.zeros(shapes[r.name], dtype=int) for rank, row in enumerate(new) for r in row}
+    got = {k: np.full(shapes[k[1]], np.nan) for k in written}
+    held = {(rank, r.name, r.kind): r.boxes for rank, row in enumerate(old) for r in row}
+    for m in moves:
+        assert any(intersect(m.box, s) == m.box for s in held[(m.src, m.name, m.kind)]), m  # the source holds it
+        sl = tuple(slice(lo, hi) for lo, hi in m.box)
+        written[(m.dst, m.name, m.kind)][sl] += 1
+        got[(m.dst, m.name, m.kind)][sl] = whole[m.name][sl]
+    for rank, row in enumerate(new):
+        for r in row:
+            want = np.zeros(shapes[r.name], dtype=int)
+            for box in r.boxes:
+                want[tuple(slice(lo, hi) for lo, hi in box)] = 1
+            key = (rank, r.name, r.kind)
+            assert (written[key] == want).all(), key
+            assert np.array_equal(got[key][want == 1], whole[r.name][want == 1]), key
 
 
 @pytest.mark.parametrize("kwargs,shape,words", [
@@ -339,57 +343,93 @@ def test_megatrons_distributed_optimizer_trains_and_its_state_moves_and_loads_ba
         world.destroy()
 
 
-@gpu
-@pytest.mark.parametrize("shape", [(1, 1, 4), (2, 2, 2), (2, 1, 8), (1, 4, 16)], ids=lambda s: "x".join(map(str, s)))
-def test_megatrons_own_distributed_optimizer_metadata_is_the_box_table_at_emulated_sizes(monkeypatch, shape):
-    """Megatron's real distributed optimizer, built on the GPU over fake groups as emulated ranks of
-    a layout (up to 64), records what it holds of each parameter (its flat range, as its checkpoints
-    describe it); as boxes of the parameter's pieces, that is each rank's row of LiveR's table
-    (``distopt.layout_ranges``: Megatron's DDP and range arithmetic for every DP rank at once), and
-    the table tiles every tensor once. (Megatron 0.16 refuses to build its own flat-range
-    ShardedTensors, ``fully_sharded_model_space``: "flattened_range is not supported".)"""
+def megatron_optimizer_rows(lay: Layout, ranks) -> dict[int, list]:
+    """What Megatron's real distributed optimizer holds on each of ``ranks`` of ``lay`` (built on the
+    GPU over fake groups as that rank, bf16): its own record of each parameter's flat range
+    (``_get_model_param_range_map``: what its checkpoints describe) as boxes of the parameter's
+    pieces, a ``distopt.RangeShard`` per piece and kind. (Megatron 0.16 refuses to build its own
+    flat-range ShardedTensors, ``fully_sharded_model_space``: "flattened_range is not supported".)"""
     import torch
+    from megatron.core.optimizer import get_megatron_optimizer
 
-    from liver.engine.megatron.distopt import KINDS, full_collection, layout_ranges, piece_boxes
-    from liver.engine.megatron.distopt import tiling_errors as range_errors
+    from liver.engine.megatron import cpu
+    from liver.engine.megatron.distopt import KINDS, RangeShard, full_collection, piece_boxes, wrap
     from liver.engine.megatron.engine import owner
     from liver.engine.megatron.gpu_engine import one_optimizer, optimizer_config
     from liver.engine.megatron.model import gpt
     from liver.engine.megatron.view import shards
     from liver.topology import JobConfig
     from liver.world.fake import FakeWorld, fake_pg
-    import torch.distributed as dist
-    # (its parameter groups are agreed by all_gather_object over the default group: over a fake one,
-    # every emulated rank has this one's, as every rank of a dense GPT does)
-    monkeypatch.setattr(dist, "all_gather_object", lambda out, obj, group=None: out.__setitem__(slice(None), [obj] * len(out)))
-    lay, dev = layout(*shape), torch.device("cuda", 0)
-    from liver.engine.megatron import cpu
+    dev = torch.device("cuda", 0)
     cpu.install(dev)  # (Megatron's own CUDA answers, where a CPU test of this process had shimmed them)
-    table_rows = layout_ranges(GQA, lay, dev)
-    assert range_errors(table_rows, distopt_shapes(GQA)) == []
     job = JobConfig(model=GQA, train=TrainConfig(global_batch=8, micro_batch=1), compute_dtype="bfloat16")
-    for rank in sorted({0, lay.size - 1, lay.size // 2}):
+    out = {}
+    for rank in ranks:
         world = FakeWorld.build_fake(0, lay, rank, "nccl", dev)
         with world.registered_here():
             pgs = full_collection(world.tp.pg, world.pp.pg, world.dp.pg, fake_pg(f"solo-{rank}", 0, 1))
             with torch.device(dev):
                 model = gpt(GQA, lay.parallel, list(lay.layers_per_stage), lay.coord(rank).pp, pgs, torch.bfloat16)
             model.to(torch.bfloat16)
-            model_params = list(model.parameters())
-            from megatron.core.optimizer import get_megatron_optimizer
-            from liver.engine.megatron.distopt import wrap
-            ddp = wrap(model, pgs)
-            opt = one_optimizer(get_megatron_optimizer(optimizer_config(job), [ddp], pg_collection=pgs,
+            params = list(model.parameters())
+            opt = one_optimizer(get_megatron_optimizer(optimizer_config(job), [wrap(model, pgs)], pg_collection=pgs,
                                                        use_gloo_process_groups=False))
             pieces = shards(model, world.dp.pg, GQA.num_layers)
-        # Megatron's own record of what this rank's optimizer holds of each parameter (the flat range
-        # its checkpoints describe, ``_get_model_param_range_map``), at the parameter's sharded offsets
-        ours = {(r.name, r.kind): r.boxes for r in table_rows[rank]}
-        theirs = {}
+        row = []
         for piece in pieces:
-            param = model_params[owner(piece.data, model_params)]
-            got = opt._get_model_param_range_map(param)["param"] if param in opt.model_param_gbuf_map else None
-            boxes = () if got is None else tuple(piece_boxes(piece, tuple(param.shape), got.start, got.end))
+            param = params[owner(piece.data, params)]
+            if param not in opt.model_param_gbuf_map:
+                continue  # (none of it on this DP rank)
+            got = opt._get_model_param_range_map(param)["param"]
+            boxes = tuple(piece_boxes(piece, tuple(param.shape), got.start, got.end))
             if boxes:
-                theirs.update({(piece.name, kind): boxes for kind in KINDS})
-        assert theirs == ours, rank
+                row += [RangeShard(piece.name, kind, boxes, not any(piece.replica[:-1])) for kind in KINDS]
+        out[rank] = row
+    return out
+
+
+@pytest.fixture
+def fake_object_gather(monkeypatch):
+    """Megatron agrees its parameter groups by all_gather_object over the default group: over a fake
+    one, every emulated rank has this one's, as every rank of a dense GPT does."""
+    import torch.distributed as dist
+    monkeypatch.setattr(dist, "all_gather_object", lambda out, obj, group=None: out.__setitem__(slice(None), [obj] * len(out)))
+
+
+@gpu
+@pytest.mark.parametrize("shape", [(1, 1, 4), (2, 2, 2), (2, 1, 8), (1, 4, 16)], ids=lambda s: "x".join(map(str, s)))
+def test_megatrons_own_distributed_optimizer_records_are_the_box_table_at_emulated_sizes(fake_object_gather, shape):
+    """Megatron's real distributed optimizer, as emulated ranks of a layout (up to 64), holds of each
+    parameter exactly the boxes of that rank's row of LiveR's table (``distopt.layout_ranges``:
+    Megatron's DDP and range arithmetic for every DP rank at once), and the table tiles every tensor
+    once."""
+    import torch
+
+    from liver.engine.megatron.distopt import layout_ranges, tiling_errors as range_errors
+    lay = layout(*shape)
+    ours = layout_ranges(GQA, lay, torch.device("cuda", 0))
+    assert range_errors(ours, distopt_shapes(GQA)) == []
+    for rank, row in megatron_optimizer_rows(lay, sorted({0, lay.size - 1, lay.size // 2})).items():
+        assert set(row) == set(ours[rank]), rank
+
+
+@gpu
+def test_a_plan_between_emulated_layouts_made_from_megatrons_own_records_is_liver_s_and_exact(fake_object_gather):
+    """Every rank of two layouts built as Megatron's real distributed optimizer: the plan between
+    what they hold is the plan between LiveR's tables, and it writes every element of every new
+    rank's boxes exactly once, from an old main replica that holds it."""
+    import torch
+
+    from liver.engine.megatron.distopt import layout_ranges, plan_ranges
+    dev = torch.device("cuda", 0)
+    for a, b in (((1, 1, 4), (2, 1, 2)), ((2, 2, 2), (1, 4, 3))):
+        la, lb = layout(*a), layout(*b)
+        theirs = [megatron_optimizer_rows(x, range(x.size)) for x in (la, lb)]
+        theirs = [[t[r] for r in range(len(t))] for t in theirs]
+        ours = [layout_ranges(GQA, x, dev) for x in (la, lb)]
+        assert [list(map(set, t)) for t in theirs] == [list(map(set, o)) for o in ours]
+        moves = plan_ranges(*theirs)
+        assert sorted(moves, key=repr) == sorted(plan_ranges(*ours), key=repr)
+        check_range_plan(moves, *theirs)
+
+
