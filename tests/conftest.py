@@ -9,7 +9,7 @@ from liver.topology import JobConfig, ModelConfig, TrainConfig  # noqa: E402
 
 TINY = JobConfig(model=ModelConfig(num_layers=4, hidden_size=32, num_heads=4, ffn_size=64,
                                    vocab_size=256, seq_len=16, vocab_multiple=64),
-                 train=TrainConfig(global_batch=8, micro_batch=1, warmup_steps=2, lr=3e-3,
+                 train=TrainConfig(global_batch=8, micro_batch=2, warmup_steps=2, lr=3e-3,
                                    corpus_bytes=1 << 20))
 
 
