@@ -29,6 +29,9 @@ from liver.engine.megatron.distopt import full_collection, wrap
 from liver.engine.megatron.engine import MegatronEngine
 from liver.engine.reference.optim import learning_rate
 from liver.host import faults
+from liver.resource_view.spec import TensorSpec
+from liver.topology.config import JobConfig
+from liver.world.world import World
 
 
 def optimizer_config(job: Any) -> Any:
@@ -55,13 +58,14 @@ def one_optimizer(optimizer: Any) -> Any:
 class MegatronGpuEngine(MegatronEngine):
     """A rank of a Megatron-Core GPT job with Megatron's DDP, distributed optimizer and schedule."""
 
-    def __init__(self, *args: Any, **kw: Any) -> None:
-        device = args[2] if len(args) > 2 else kw["device"]
+    def __init__(self, job: JobConfig, world: World, device: torch.device, specs: list[TensorSpec],
+                 flops_per_token: float, *, initialise: bool = True,
+                 state: dict[str, torch.Tensor] | None = None) -> None:
         if torch.device(device).type != "cuda":
             raise ValueError(f"engine megatron-distributed-optimizer: device {device}: Megatron's distributed "
                              f"optimizer and schedule need a GPU; on a CPU use engine = "
                              f"'liver.engine.megatron:ADAPTER'")
-        super().__init__(*args, **kw)
+        super().__init__(job, world, device, specs, flops_per_token, initialise=initialise, state=state)
 
     def _optimizer_state(self) -> tuple[list[torch.Tensor], dict[str, list[torch.Tensor]]]:
         """Megatron's DDP around the model and its distributed optimizer over it; each parameter's
