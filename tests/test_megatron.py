@@ -214,14 +214,16 @@ LIVE_EVENTS = [("reshape 1,1,2", "tp1pp1dp2"),                     # TP2 -> DP2,
 
 @pytest.mark.timeout(600)
 def test_live_reshapes_of_a_megatron_model_equal_restart(tmp_path):
-    """Megatron-Core's GPT (configs/megatron.toml) reshaped live: TP2 -> DP2, into two pipeline
-    stages, a scale-out onto cold joiners, a scale-in with a deadline; each switch keeps the digest,
+    """Megatron-Core's GPT (configs/megatron.toml, with dropout) reshaped live: TP2 -> DP2, into two
+    pipeline stages, a scale-out onto cold joiners, a scale-in with a deadline; each switch keeps the digest,
     and every step after is bit-equal (loss and digest) to the same changes made by stop-and-restart
     through a checkpoint, at the same steps."""
     from test_run import check_continuous, liver
     events = tmp_path / "events.txt"
     events.write_text("".join(f"at step {3 if i == 0 else '+3'}: {a}\n" for i, (a, _) in enumerate(LIVE_EVENTS)))
-    common = ("--config", str(MEGATRON_JOB), "--digest")
+    # (with dropout: Megatron's RNGs are seeded at every build, the new generation's as a restart's)
+    common = ("--config", str(MEGATRON_JOB), "--digest", "--set", "job.model.hidden_dropout=0.1",
+              "--set", "job.model.attention_dropout=0.1")
     # (the live job writes its periodic checkpoints beside the preparations: none may fail)
     live = liver(tmp_path / "live", *common, "--events", str(events), "--end-after-events", "3", "--steps", "100000")
     assert live["rc"] == 0
