@@ -178,9 +178,7 @@ class MegatronEngine:
         positions = torch.arange(cfg.seq_length, device=self.device).unsqueeze(0).expand(mb, -1)
 
         def forward(i: int, x: torch.Tensor | None) -> torch.Tensor:
-            win = torch.from_numpy(tokens_of(tr).windows(first_sample + i * mb, mb, cfg.seq_length + 1, tr.seed)
-                                   % cfg.vocab_size).to(self.device)
-            ids, tgt = win[:, :-1].contiguous(), win[:, 1:].contiguous()
+            ids, tgt = self._micro_batch(first_sample + i * mb)
             if not self.first_stage:
                 self.model.set_input_tensor(x)
             out = self.model(ids, positions, self._mask)
@@ -208,15 +206,27 @@ class MegatronEngine:
                    tr, self.step, lr, clip)
         self.refresh()
         self.drop_grads()
+        return self._stepped(t0, float(loss.item()), norm, lr)
+
+    def _micro_batch(self, first: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The micro-batch of the corpus from global sample ``first``: its tokens and their targets."""
+        cfg, tr = self.job.model, self.job.train
+        win = torch.from_numpy(tokens_of(tr).windows(first, tr.micro_batch, cfg.seq_length + 1, tr.seed)
+                               % cfg.vocab_size).to(self.device)
+        return win[:, :-1].contiguous(), win[:, 1:].contiguous()
+
+    def _stepped(self, t0: float, loss: float, norm: float, lr: float) -> StepStats:
+        """A step's end: the counters moved on, and its statistics (started at ``t0``)."""
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
+        tr = self.job.train
         self.step += 1
         self.consumed_samples += tr.global_batch
         dt = time.perf_counter() - t0
-        tokens = tr.global_batch * cfg.seq_length
-        mfu = model_flops_utilisation(self._flops_per_token, tokens / dt, peak_flops(self.device, job.compute_dtype),
-                                      lay.size)
-        return StepStats(self.step, float(loss.item()), norm, lr, dt, tokens / dt, mfu)
+        tokens = tr.global_batch * self.job.model.seq_length
+        mfu = model_flops_utilisation(self._flops_per_token, tokens / dt,
+                                      peak_flops(self.device, self.job.compute_dtype), self.layout.size)
+        return StepStats(self.step, loss, norm, lr, dt, tokens / dt, mfu)
 
     def _grad_norm(self, grads: list[torch.Tensor]) -> float:
         total = torch.zeros(1, dtype=torch.float64, device=self.device)

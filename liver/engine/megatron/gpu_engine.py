@@ -22,8 +22,6 @@ from typing import Any, Iterator
 import torch
 import torch.nn.functional as F
 
-from liver.data import tokens_of
-from liver.engine.flops import mfu as model_flops_utilisation, peak_flops
 from liver.engine.interface import StepStats
 from liver.engine.megatron.distopt import full_collection, wrap
 from liver.engine.megatron.engine import MegatronEngine
@@ -114,8 +112,6 @@ class MegatronGpuEngine(MegatronEngine):
     @torch.no_grad()
     def refresh(self) -> None:
         """The model's parameters from the optimizer's main weights, as its step leaves them."""
-        if not hasattr(self, "optimizer"):
-            return
         self.optimizer._copy_main_params_to_model_params()
         self.ddp.start_param_sync(force_sync=True)
 
@@ -151,14 +147,7 @@ class MegatronGpuEngine(MegatronEngine):
                             device=self.device)
         w.dp.allreduce(loss)
         w.pp.allreduce(loss)
-        torch.cuda.synchronize(self.device)
-        self.step += 1
-        self.consumed_samples += tr.global_batch
-        dt = time.perf_counter() - t0
-        tokens = tr.global_batch * cfg.seq_length
-        mfu = model_flops_utilisation(self._flops_per_token, tokens / dt, peak_flops(self.device, job.compute_dtype),
-                                      lay.size)
-        return StepStats(self.step, float(loss.item()), float(norm), lr, dt, tokens / dt, mfu)
+        return self._stepped(t0, float(loss.item()), float(norm), lr)
 
     def _schedule_extra(self) -> dict[str, Any]:
         """What Megatron's schedule takes beyond the batch: the groups, and between stages the
@@ -170,11 +159,7 @@ class MegatronGpuEngine(MegatronEngine):
         return extra
 
     def _micro_batches(self, first: int, n: int, mb: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        cfg, tr = self.job.model, self.job.train
-        for i in range(n):
-            win = torch.from_numpy(tokens_of(tr).windows(first + i * mb, mb, cfg.seq_length + 1, tr.seed)
-                                   % cfg.vocab_size).to(self.device)
-            yield win[:, :-1].contiguous(), win[:, 1:].contiguous()
+        return (self._micro_batch(first + i * mb) for i in range(n))
 
     def _forward_step(self, data: Iterator[tuple[torch.Tensor, torch.Tensor]], model: Any) -> tuple[Any, Any]:
         """Megatron's forward-step function: the model's output and the function of its loss (on
