@@ -13,7 +13,7 @@ cuts = st.builds(Cut, wanted=small, ready_min=small, ready_max=small, stop_at=st
                  end_at=st.integers(0, 6), ckpt_busy=st.integers(0, 1), built_min=small, built_max=small)
 locals_ = st.builds(Local, step=st.integers(0, 6), generation=st.integers(0, 2), preparing=small,
                     built=st.booleans(), ready=st.booleans(), defer_connect=st.booleans(),
-                    checkpoint_due=st.booleans())
+                    checkpoint_due=st.booleans(), precopy_slices=st.integers(0, 2), precopied=st.integers(0, 2))
 
 
 @settings(max_examples=3000, deadline=None)
@@ -35,12 +35,17 @@ def test_every_rule_of_the_boundary(cut, me):
         assert still and cut.force == still and not cut.switch_to
     if a.connect:
         assert still and me.defer_connect and me.built and not me.ready and cut.connect_now == still
+    switchable = bool(still) and not a.force and cut.switch_to == still
+    # a pre-copy's slice at every boundary where all are ready, until all are copied; a deadline
+    # does not wait for the rest (the switch streams what is not mirrored)
+    assert a.precopy == (switchable and me.precopied < me.precopy_slices and cut.force != still)
+    assert not (a.precopy and a.propose)
     if a.propose:
         # only what every rank is ready for and the controller still wants
         assert a.propose == still == cut.wanted == cut.ready_min == cut.ready_max and not a.force
         assert not cut.ckpt_busy  # (a checkpoint still written over the Active World's groups finishes first)
     else:
-        assert not (still and not a.force and cut.switch_to == still and not cut.ckpt_busy)
+        assert not (switchable and not a.precopy and not cut.ckpt_busy)
     # never a checkpoint while the state is handed over or the last one is still written
     assert a.checkpoint == (me.checkpoint_due and not cut.ckpt_busy and not a.propose and not a.force)
 
@@ -75,3 +80,10 @@ def test_the_handoff_cycle_as_ranks_see_it():
     assert decide(Cut(1, 1, 1, 0, 0, 0, 0, 1, 1), me).propose == 1
     assert decide(Cut(0, 1, 1, 0, 0, 0, 0, 1, 1), me).abandon  # the controller withdrew it
     assert decide(Cut(2, 1, 1, 0, 0, 0, 0), me) == Action(abandon=True, prepare=2)  # superseded
+    # with a pre-copy of two slices: a slice at each of two boundaries, then the switch
+    me = replace(me, precopy_slices=2)
+    assert decide(Cut(1, 1, 1, 0, 0, 0, 0, 1, 1), me) == Action(precopy=True)
+    assert decide(Cut(1, 1, 1, 0, 0, 0, 0, 1, 1), replace(me, precopied=1)) == Action(precopy=True)
+    assert decide(Cut(1, 1, 1, 0, 0, 0, 0, 1, 1), replace(me, precopied=2)).propose == 1
+    # a deadline switches at once: what is not mirrored streams
+    assert decide(Cut(1, 1, 1, 0, 1, 0, 0, 1, 1), replace(me, precopied=1)).propose == 1

@@ -28,7 +28,7 @@ FLAG_FIELDS = {"model": "preset", "gpus": "gpus", "parallel": "parallel", "steps
                "end_after_events": "controller.end_after_events", "memory_gib": "controller.memory_gib",
                "ckpt_every": "checkpoint.every", "from_checkpoint": "checkpoint.start_from", "budget_mib": "transfer.budget_mib",
                "mock_steps": "prepare.mock_steps", "connect": "prepare.connect",
-               "companion_share": "prepare.companion_share", "slots": "agent.slots",
+               "companion_share": "prepare.companion_share", "precopy": "prepare.precopy", "slots": "agent.slots",
                "events": "events.schedule", "trace": "events.trace", "compress": "events.compress",
                "notice": "events.notice_s", "host": "controller.host", "port": "controller.port",
                "on_join": "controller.on_join"}
@@ -189,6 +189,9 @@ def job_flags(r: argparse.ArgumentParser) -> None:
     r.add_argument("--companion-share", type=float,
                    help="at most this share of each training step goes to preparing the next "
                         "generation beside it (0: no limit; a deadline lifts it; default 0.0015)")
+    r.add_argument("--precopy", action="store_const", const=True, default=None,
+                   help="copy the state that moves between old ranks before the switch and keep it current "
+                        "by replaying each step's update there: the pause moves only the rest (default: off)")
     r.add_argument("--no-bind-cores", action="store_true",
                    help="CPU workers: leave them to the OS scheduler (default: each slot's worker bound "
                         "to cores of its own where the node has a core per slot)")

@@ -163,4 +163,24 @@ def switch_metrics(done: dict[int, SwitchReport], leavers: dict[int, SwitchRepor
     extra = [r.peak_extra_bytes for r in allrec.values() if r.peak_extra_bytes is not None]
     if extra:
         out["peak_extra_bytes"] = max(extra)
+    mirrors = [r.precopy for r in allrec.values() if r.precopy is not None]
+    if mirrors:
+        out["precopy"] = precopy_metrics(mirrors, allrec.values())
     return out
+
+
+def precopy_metrics(mirrors: list[dict[str, Any]], reports) -> dict[str, Any]:
+    """A pre-copy's figures over the old ranks' mirrors (liver/runtime/mirror.py): whether the
+    switch used them (a deadline may come first), the bytes copied before the switch and those the
+    switch still moved, the gradients sent each mirrored step, the waits and replays it added to
+    steps (the busiest process's), and the memory of the mirrors (the largest)."""
+    steps = max(m["mirrored_steps"] for m in mirrors)
+    return {"used": all(m["used"] for m in mirrors), "slices": mirrors[0]["slices"],
+            "mirrored_steps": steps,
+            "bytes_precopied": sum(m["bytes_precopied"] for m in mirrors),
+            "bytes_streamed_at_switch": sum(r.transfer["bytes_sent"] + r.transfer["bytes_local"] for r in reports),
+            "grad_bytes_per_step": sum(m["grad_bytes"] for m in mirrors) // 2 // max(1, steps),
+            "copy_wait_s": max(m["copy_wait_s"] for m in mirrors),
+            "replay_s": max(m["replay_s"] for m in mirrors),
+            "mirror_bytes": max(m["mirror_bytes"] for m in mirrors),
+            "capped_shards": mirrors[0]["capped_shards"]}

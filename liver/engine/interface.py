@@ -47,6 +47,17 @@ class StepStats:
     mfu: float | None = None
 
 
+@dataclass(frozen=True, slots=True)
+class Update:
+    """What one step's optimizer update needs besides the state and the gradients: an engine hands
+    it, with its reduced gradients, to a pre-copy's mirror (liver/runtime/mirror.py), which replays
+    the update on its copy (``EngineAdapter.replay``)."""
+
+    step: int          # the engine's step before the update (0 for the first)
+    lr: float
+    grad_scale: float  # the clip coefficient (1.0: no clipping)
+
+
 class TrainingEngine(Protocol):
     world: World
     layout: Layout
@@ -54,6 +65,9 @@ class TrainingEngine(Protocol):
     specs: list[TensorSpec]
     boxes: dict[str, Box]              # spec name -> this rank's box (tensors it holds)
     state: dict[str, torch.Tensor]     # spec name -> this rank's shard
+    # an engine whose adapter replays its update (``EngineAdapter.replay``) also has ``mirror``
+    # (None, or a pre-copy's mirror that the runtime sets): it calls ``mirror.before_update()``
+    # right before its optimizer update and ``mirror.after_update(grads, Update(...))`` right after
 
     def train_step(self) -> StepStats: ...
 
@@ -245,6 +259,16 @@ class EngineAdapter(ABC):
         """The training loop over LiveR's iterations (``liver.engine.loop.Steps``): here the
         engine's own step, once an iteration."""
         steps.run_all()
+
+    def replay(self, job: JobConfig):
+        """Pre-copy (liver/runtime/mirror.py): a function ``(shards, grads, update)`` that applies one
+        step's optimizer update to ``shards`` (by state name, in any layout's boxes) from the
+        reduced gradients ``grads`` of their parameters (by parameter name, the same boxes) and
+        ``update`` (``Update``: step, learning rate, clip coefficient), as the engine's own update
+        does, element for element; its engine then calls its ``mirror``'s ``before_update`` and
+        ``after_update`` around each update. None (here): the engine cannot, and its state
+        streams at the switch."""
+        return None
 
     def max_rank_bytes(self, job: JobConfig, layout: Layout) -> int:
         return max(self.rank_bytes(job, layout, r) for r in range(layout.size))

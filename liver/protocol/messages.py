@@ -197,6 +197,8 @@ class PrepareReport:
     ahead: str = ""                  # what of its first step's DTensor work was done then (``ahead.py``)
     ahead_s: float = 0.0             # its seconds, in the companion
     ahead_error: str = ""            # why it stopped short, if it did (the rest is done at the first step)
+    precopy: str = ""                # whether its state is mirrored before the switch, and if not why
+    precopy_s: float = 0.0           # making the mirror: its slices' schedules, its group and storage
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -226,6 +228,7 @@ class SwitchReport:
     peak_extra_bytes: int | None = None
     process_start: float | None = None   # a cold joiner's start and end of imports
     imported: float | None = None
+    precopy: dict[str, Any] | None = None  # an old rank's mirror (liver/runtime/mirror.py): what it copied, when, its cost
 
     @staticmethod
     def key(generation: int, proc: int) -> str:

@@ -25,6 +25,8 @@ class Local:
     ready: bool = False       # ... and connected them (first collectives): it reported ready
     defer_connect: bool = False  # the groups' first collectives wait for a boundary (connect = "boundary")
     checkpoint_due: bool = False
+    precopy_slices: int = 0   # slices its pre-copy mirrors (0: none; the same on every rank)
+    precopied: int = 0        # ... of which the copy has begun
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,6 +37,7 @@ class Action:
     prepare: int = 0          # start preparing this generation
     force: bool = False       # a deadline: finish preparing in the foreground, then ``after_force``
     connect: bool = False        # connect the built groups now, every member together
+    precopy: bool = False     # every rank is ready: copy the next slice of the pre-copy beside the next step
     propose: int = 0          # every rank is ready for this generation: propose the switch
     checkpoint: bool = False  # start a periodic checkpoint
 
@@ -54,12 +57,15 @@ def decide(cut: Cut, me: Local) -> Action:
     # not while any rank still writes a periodic checkpoint over the Active World's groups (the
     # switch lets go of them; the write finishes within a few boundaries); a deadline's forced
     # switch does not wait (``after_force``: the write is abandoned)
-    propose = preparing if preparing and not force and cut.switch_to == preparing and not cut.ckpt_busy else 0
+    switchable = bool(preparing) and not force and cut.switch_to == preparing
+    # a pre-copy copies a slice at each boundary before the switch; a deadline does not wait for it
+    precopy = switchable and me.precopied < me.precopy_slices and cut.force != preparing
+    propose = preparing if switchable and not precopy and not cut.ckpt_busy else 0
     # never while the state is handed over, nor while any rank still writes the last one; a forced
     # boundary decides it after its second cut
     checkpoint = me.checkpoint_due and not cut.ckpt_busy and not propose and not force
     return Action(end_at=cut.end_at, abandon=abandon, prepare=cut.wanted if prepare else 0, force=force,
-                  connect=connect, propose=propose, checkpoint=checkpoint)
+                  connect=connect, precopy=precopy, propose=propose, checkpoint=checkpoint)
 
 
 def after_force(second: Cut, preparing: int, checkpoint_due: bool, ckpt_busy: bool) -> Action:

@@ -29,7 +29,9 @@ import torch.distributed as dist
 from liver.host.cores import Binding, available
 from liver.engine.interface import EngineAdapter, Prebuilt, TrainingEngine
 from liver.transfer.executor import StreamingExecutor
+from liver.transfer.precopy import choose
 from liver.planner.plan import Plan
+from liver.runtime.mirror import Mirror
 from liver.runtime.pace import Pace
 from liver.protocol.messages import Failure, GenerationSpec, write
 from liver.protocol.store import fetch_plan, put
@@ -61,9 +63,12 @@ class Preparation:
     def __init__(self, *, adapter: EngineAdapter, job: JobConfig, spec: GenerationSpec, proc: int, store: dist.Store,
                  backend: str, device: torch.device, timeout_s: float, budget_bytes: int,
                  connect: str = "background", active: World | None = None, pace: Pace | None = None,
-                 old: TrainingEngine | None = None, withdrawn: Callable[[], bool] | None = None) -> None:
+                 old: TrainingEngine | None = None, withdrawn: Callable[[], bool] | None = None,
+                 precopy: tuple[int, int] | None = None) -> None:
         """``withdrawn``: asked at pauses (at most every ``WITHDRAWN_EVERY_S``) by a process that has
-        no iteration boundary to learn of it (a cold joiner): True stops the preparation as abandoned."""
+        no iteration boundary to learn of it (a cold joiner): True stops the preparation as abandoned.
+        ``precopy``: (slice bytes, memory cap bytes) where the state that moves between old ranks is
+        mirrored before the switch (liver/runtime/mirror.py); None: it all streams at the switch."""
         self.adapter, self.job, self.spec, self.proc, self.store = adapter, job, spec, proc, store
         self.active = active  # this process's Active World (None for a joiner, and in a heal)
         self.old = old  # this process's engine on the old generation (None for a joiner): its kept shards
@@ -77,6 +82,9 @@ class Preparation:
         self.plan: Plan | None = None
         self.executor: StreamingExecutor | None = None
         self.prebuilt: Prebuilt | None = None  # what of the new engine is made before the switch
+        self.precopy = precopy
+        self.mirror: Mirror | None = None  # the pre-copy's, on an old rank whose engine replays its update
+        self.rest: StreamingExecutor | None = None  # with a mirror: what the switch still moves
         self._sharing: Sharing | None = None
         self.built = False
         self.ready = False
@@ -114,7 +122,9 @@ class Preparation:
         with self._release_lock:
             for g in self._sharing.handed if self._sharing else ():  # every group, a cut-short build's too
                 g.destroy()
-            self.world = self.transfer = self.executor = self.prebuilt = None
+            if self.mirror is not None:
+                self.mirror.drop()
+            self.world = self.transfer = self.executor = self.prebuilt = self.mirror = self.rest = None
 
     def _run(self) -> None:
         """Phase A: plan, and build the groups (store rendezvous). Phase B follows at once, or at
@@ -153,6 +163,8 @@ class Preparation:
         self._pause()
         self.executor.reserve()  # its staging too
         self.timings["schedule_s"] = time.perf_counter() - t2
+        if self.precopy is not None and self.old is not None and self.active is not None:
+            self._make_mirror()
         if self.world is not None:  # the new engine, as far as it can be made before the pause
             self._pause()
             t3 = time.perf_counter()
@@ -173,6 +185,31 @@ class Preparation:
         if not self.defer_connect:
             self.connect()
 
+    def _make_mirror(self) -> None:
+        """On every old rank alike (each works out the same slices from the global plan): the
+        mirror, its group over the old processes, and the executor of what it leaves to the switch."""
+        t0 = time.perf_counter()
+        replay = self.adapter.replay(self.job)
+        if replay is None:
+            self.timings["precopy"] = f"off: engine {self.adapter.name} does not replay its update"
+            return
+        slice_bytes, cap_bytes = self.precopy
+        chosen = choose(self.plan, lambda name: True, cap_bytes, slice_bytes)
+        self.timings["precopy"] = "on" if chosen.slices else "off: nothing moves between old ranks"
+        if not chosen.slices:
+            return
+        s = self.spec
+        self._pause()
+        group = Group.create(self.store, f"liver/gen{s.generation}/precopy", sorted(set(s.old_procs)), self.proc,
+                             self.backend, self.device, self.timeout)
+        specs = self.adapter.state_specs(self.job)
+        self.mirror = Mirror.make(chosen, self.plan, specs, self.proc, group, self.budget_bytes, self.device,
+                                  replay, pause=self._pause)
+        self.rest = StreamingExecutor(self.plan, specs, self.proc, self.transfer, self.budget_bytes, self.device,
+                                      pause=self._pause, select=chosen.left)
+        self.rest.reserve()
+        self.timings["precopy_s"] = time.perf_counter() - t0
+
     @property
     def defer_connect(self) -> bool:
         """"boundary": the first collectives wait for ``connect()`` at an iteration boundary that every
@@ -188,7 +225,8 @@ class Preparation:
         try:
             t0, c0 = time.perf_counter(), time.thread_time()
             training_thread = self.defer_connect
-            connect_once([*(self.world.every_group() if self.world else []), self.transfer])
+            connect_once([*(self.world.every_group() if self.world else []), self.transfer,
+                          *((self.mirror.group,) if self.mirror is not None else ())])
             if self.world is not None:
                 self.world.connect_pipeline(training_thread)
             members = self.transfer.members

@@ -99,9 +99,11 @@ class Member:
 
     def _preparation(self, spec: GenerationSpec, **kw: Any) -> Preparation:
         c = self.config
+        p = c.prepare
+        precopy = (p.precopy_slice_mib << 20, p.precopy_memory_mib << 20) if p.precopy else None
         return Preparation(adapter=self.adapter, job=self.job, spec=spec, proc=self.proc, backend=self.backend, device=self.device,
-                           timeout_s=c.prepare.group_timeout_s, budget_bytes=c.transfer.budget_bytes,
-                           connect=c.connect, **kw)
+                           timeout_s=p.group_timeout_s, budget_bytes=c.transfer.budget_bytes,
+                           connect=c.connect, precopy=precopy, **kw)
 
     # ---- entering a generation -----------------------------------------------------------
     def start(self) -> None:
@@ -227,6 +229,8 @@ class Member:
         e = self.engine
         g = e.world.generation
         e.world.abort()  # peers blocked on a group with this rank fail now too, and stall as well
+        if getattr(e, "mirror", None) is not None:
+            e.mirror.abort()  # (its copy may be blocked on the lost peer)
         if self.companion is not None:
             self._abandon()
         self.ckpt.abandon()  # a write in flight over the broken groups never becomes the latest
@@ -285,9 +289,11 @@ class Member:
         finally:  # (a peer lost in the cut: the survivors heal from this step, logged like any other)
             if post is not None:
                 self.courier.post(post)
+        mirror = c.prep.mirror if c is not None and c.prep.ready else None
         me = Local(step=e.step, generation=e.world.generation, preparing=c.prep.generation if c else 0,
                    built=bool(c and c.prep.built), ready=bool(c and c.prep.ready),
-                   defer_connect=bool(c and c.prep.defer_connect), checkpoint_due=self.ckpt.due(e))
+                   defer_connect=bool(c and c.prep.defer_connect), checkpoint_due=self.ckpt.due(e),
+                   precopy_slices=mirror.num_slices if mirror else 0, precopied=mirror.started if mirror else 0)
         act = decide(cut, me)
         if act.stop:
             return self._stop_for_restart()
@@ -307,6 +313,9 @@ class Member:
             c.prep.connect()  # every member creates the communicators' connections now, together
         if act.checkpoint:
             self.ckpt.start(e)
+        if act.precopy:
+            e.mirror = mirror  # the engine replays each update on it from now on
+            mirror.start_next(e.state)
         if act.propose:
             # rank 0 commits unless the controller withdrew first (one compare-and-set); every rank
             # learns which from one more all-reduce
@@ -321,6 +330,8 @@ class Member:
                 self._abandon()
 
     def _abandon(self) -> None:
+        if self.engine is not None:
+            self.engine.mirror = None
         self.companion.abandon()
         self.companion = None
 
@@ -366,8 +377,17 @@ class Member:
             torch.cuda.reset_peak_memory_stats(self.device)
         rec["switch_start"] = time.time()
         into, self.into = self.into, None
-        new, info = switch(adapter=self.adapter, job=self.job, old=old, new_world=prep.world, executor=prep.executor,
-                           device=self.device, into=into, prebuilt=prep.prebuilt)
+        # a whole mirror: the switch moves the rest; one cut short (a deadline): everything moves
+        mirror = prep.mirror if prep.mirror is not None and prep.mirror.complete else None
+        if old is not None and getattr(old, "mirror", None) is not None:
+            old.mirror = None
+        new, info = switch(adapter=self.adapter, job=self.job, old=old, new_world=prep.world,
+                           executor=prep.rest if mirror else prep.executor, device=self.device, into=into,
+                           prebuilt=prep.prebuilt, mirrored=mirror.storage if mirror else None)
+        if prep.mirror is not None:
+            rec["precopy"] = {**prep.mirror.stats, "used": mirror is not None,
+                              "slices_mirrored": prep.mirror.current}
+            prep.mirror.drop()  # (its shards are the new engine's now; its group goes)
         del into
         rec["switch_end"] = time.time()
         rec["transfer"] = info

@@ -21,13 +21,15 @@ from liver.world.world import World
 def switch(*, adapter: EngineAdapter, job: JobConfig, old: TrainingEngine | None, new_world: World | None,
            executor: StreamingExecutor, device: torch.device,
            into: dict[str, torch.Tensor] | None = None,
-           prebuilt: Prebuilt | None = None) -> tuple[TrainingEngine | None, dict[str, Any]]:
+           prebuilt: Prebuilt | None = None,
+           mirrored: dict[str, torch.Tensor] | None = None) -> tuple[TrainingEngine | None, dict[str, Any]]:
     """Returns the engine on the new generation (None if this process leaves) and timings.
     ``executor``: this process's side of the plan, made before the switch, on the transfer group
     over every process of both generations. ``into``: new-layout storage allocated before the
     switch (a joiner's warm-up state). ``prebuilt``: what Prepare made of the new engine. The
     timings name the build the switch ran (``build``) and the seconds it took beside the transfer
-    (``build_s``)."""
+    (``build_s``). ``mirrored``: this process's new shards a pre-copy made current before the switch
+    (liver/runtime/mirror.py): ``executor`` then moves only the rest."""
     t0 = time.perf_counter()
     plan, transfer, proc = executor.plan, executor.group, executor.proc
     scalars = transfer.broadcast_object(old.scalars() if old is not None and proc == plan.old_procs[0] else None,
@@ -39,7 +41,7 @@ def switch(*, adapter: EngineAdapter, job: JobConfig, old: TrainingEngine | None
     def deliver(storage: dict[str, torch.Tensor] | None) -> dict[str, torch.Tensor]:
         shards, stats = executor.run(old.state if old is not None else None, release=old is not None, into=storage)
         ran.append(stats)
-        return shards
+        return {**shards, **(mirrored or {})}
 
     engine, built = None, {}
     if new_world is None:

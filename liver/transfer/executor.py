@@ -135,13 +135,18 @@ class StreamingExecutor:
 
     def __init__(self, plan: Plan, specs: list[TensorSpec], proc: int, group: Group,
                  budget_bytes: int, device: torch.device, message_bytes: int | None = None,
-                 pause: Callable[[], None] | None = None) -> None:
+                 pause: Callable[[], None] | None = None,
+                 select: Callable[[TransferTask], bool] | None = None) -> None:
+        """``select``: only the plan's tasks it accepts (a pre-copy's slices and what it leaves to the
+        switch, liver/transfer/precopy.py); the tensors of ``specs`` only (a task's other tensors
+        are skipped: the gradients of a task's parameter, without its moments)."""
         if budget_bytes < 1:
             raise ValueError(f"budget_bytes={budget_bytes}: must be positive")
         if message_bytes is not None and not 1 <= message_bytes <= budget_bytes:
             raise ValueError(f"message_bytes={message_bytes}: allowed 1 to budget_bytes={budget_bytes}")
         self.plan = plan
         self.specs = {s.name: s for s in specs}
+        self._select = select
         self.proc = proc
         self.group = group
         self.budget = budget_bytes
@@ -176,6 +181,10 @@ class StreamingExecutor:
         """Of ``state`` (this process's old engine's, None for a joiner), the tensors ``kept``."""
         return {n: state[n] for n in self.kept() if n in state} if state is not None else {}
 
+    def new_shapes(self) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
+        """The shape and dtype of each new shard this process receives or copies into."""
+        return dict(self._shapes)
+
     def _new_shard(self, name: str) -> None:
         if name not in self._shapes:
             spec = self.specs[name]
@@ -186,10 +195,14 @@ class StreamingExecutor:
         items: list = []  # this layer's messages, by the position of their first slice
         by_peer: dict = {}  # (sending, peer) -> [(position, name, index, bytes)] in order
         for task in tasks:
+            if self._select is not None and not self._select(task):
+                continue
             numel = 1
             for lo, hi in task.dst_box:
                 numel *= hi - lo
             for name in task.tensors:
+                if name not in self.specs:
+                    continue
                 nbytes = numel * self.specs[name].itemsize
                 if task.kind == "keep":
                     keeps.append(name)

@@ -43,6 +43,13 @@ class ReferenceAdapter(EngineAdapter):
         from liver.engine.reference.trainer import Engine
         return Engine(job, world, device, initialise=initialise, state=state)
 
+    def replay(self, job: JobConfig):
+        """The engine's own AdamW (foreach, element-wise: the same bits on any cut of a tensor),
+        on the shards given."""
+        from liver.engine.reference.optim import replay_adamw
+        specs = {s.name: s for s in _specs(job)}
+        return functools.partial(replay_adamw, specs, job.train)
+
     def rehearsal_job(self) -> JobConfig:
         from liver.topology.presets import preset
         return preset("tiny")

@@ -52,3 +52,13 @@ def adamw_step(params: list[torch.Tensor], grads: list[torch.Tensor], exp_avg: l
     torch._foreach_div_(denom, math.sqrt(bc2))
     torch._foreach_add_(denom, t.eps)
     torch._foreach_addcdiv_(params, exp_avg, denom, value=-lr / bc1)
+
+
+def replay_adamw(specs: dict[str, TensorSpec], t: TrainConfig, shards: dict[str, torch.Tensor],
+                 grads: dict[str, torch.Tensor], update) -> None:
+    """``adamw_step`` on the shards of the parameters in ``grads`` and their moments (a mirror's:
+    liver/runtime/mirror.py); decay as the engine decides it, by the parameter's logical shape."""
+    names = list(grads)
+    adamw_step([shards[n] for n in names], [grads[n] for n in names], [shards[n + ".exp_avg"] for n in names],
+               [shards[n + ".exp_avg_sq"] for n in names], [len(specs[n].shape) > 1 for n in names], t,
+               update.step, update.lr, update.grad_scale)

@@ -15,7 +15,7 @@ import torch
 
 from liver.engine import scalars as train_scalars
 from liver.engine.flops import mfu as model_flops_utilisation, peak_flops
-from liver.engine.interface import StepStats
+from liver.engine.interface import StepStats, Update
 from liver.host import faults
 from liver.data import tokens_of
 from liver.engine.reference import model
@@ -76,6 +76,7 @@ class Engine:
             self.state[s.name] = t
         self.step = 0
         self.consumed_samples = 0
+        self.mirror = None  # a pre-copy's (liver/runtime/mirror.py), set by the runtime while it mirrors
         self._bind_params()
         self._rope = model.rope_tables(job.model, device)
 
@@ -170,10 +171,15 @@ class Engine:
         norm = self._grad_norm(grads)
         clip = min(1.0, tr.grad_clip / (norm + 1e-6)) if tr.grad_clip > 0 else 1.0
         lr = learning_rate(tr, self.step)
+        if self.mirror is not None:
+            self.mirror.before_update()
         adamw_step([self.state[s.name] for s in self.local_params], grads,
                    [self.state[s.name + ".exp_avg"] for s in self.local_params],
                    [self.state[s.name + ".exp_avg_sq"] for s in self.local_params],
                    [len(s.shape) > 1 for s in self.local_params], tr, self.step, lr, clip)
+        if self.mirror is not None:
+            self.mirror.after_update({s.name: g for s, g in zip(self.local_params, grads)},
+                                     Update(step=self.step, lr=lr, grad_scale=clip))
         for s in self.local_params:
             p[s.name].grad = None
         self.refresh()

@@ -1,0 +1,107 @@
+"""Pre-copy (liver/transfer/precopy.py, liver/runtime/mirror.py): what is mirrored, in which
+slices (pure, over random plans), and live runs whose mirrored state, kept current by replaying
+each step's update, equals bit for bit what a stop-and-restart computes, while the switch moves
+only what was not mirrored."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from liver.engine.reference import ADAPTER
+from liver.planner.plan import plan_transfer
+from liver.topology import ParallelConfig
+from liver.topology.presets import preset
+from liver.transfer.precopy import choose
+
+from test_run import check_continuous, liver
+
+JOB = preset("tiny")
+SPECS = ADAPTER.state_specs(JOB)
+
+
+def _layouts(draw_parallel):
+    return ADAPTER.layout(JOB, draw_parallel)
+
+
+parallels = st.sampled_from([ParallelConfig(tp=t, pp=p, dp=d) for t in (1, 2) for p in (1, 2, 4) for d in (1, 2)
+                             if t * p * d <= 8])
+
+
+@settings(max_examples=150, deadline=None)
+@given(old=parallels, new=parallels, extra=st.integers(0, 3), cap=st.sampled_from([0, 1 << 14, 1 << 17]),
+       slice_bytes=st.sampled_from([1, 1 << 15, 1 << 30]))
+def test_mirrors_tile_the_moving_boxes_of_old_ranks_within_the_cap_and_slices(old, new, extra, cap, slice_bytes):
+    lo, ln = ADAPTER.layout(JOB, old), ADAPTER.layout(JOB, new)
+    old_procs = list(range(lo.size))
+    new_procs = list(range(max(0, ln.size - extra))) + list(range(100, 100 + min(extra, ln.size)))
+    new_procs = new_procs[:ln.size]
+    plan = plan_transfer(lo, ln, SPECS, old_procs, new_procs)
+    pc = choose(plan, lambda n: True, cap, slice_bytes)
+    again = choose(plan, lambda n: True, cap, slice_bytes)
+    assert pc == again  # every process works out the same
+    tasks = [t for t in plan.tasks if t.kind != "keep"]
+    selected = [t for t in tasks if pc.selects(t)]
+    # only boxes of old processes, whole (every task into a mirrored box is mirrored), never a keep
+    assert all(t.dst_proc in old_procs for t in selected)
+    keys = {(t.tensors, t.dst_proc) for t in selected}
+    assert all(pc.selects(t) for t in tasks if (t.tensors, t.dst_proc) in keys)
+    assert not any(pc.selects(t) for t in plan.tasks if t.kind == "keep")
+    # every movable box of an old process is mirrored unless over the cap
+    movable = {(t.tensors, t.dst_proc) for t in tasks if t.dst_proc in old_procs}
+    assert movable == keys | set(pc.capped) and not keys & set(pc.capped)
+    if cap:
+        assert all(b <= cap for b in pc.mirror_bytes.values())
+    else:
+        assert not pc.capped
+    # the bytes add up; the slices are disjoint whole layers in streaming order, each in budget
+    # unless a single layer is larger
+    assert pc.bytes_mirrored + pc.bytes_left == sum(t.nbytes for t in tasks)
+    layers = [layer for s in pc.slices for layer in s]
+    assert len(layers) == len(set(layers)) and set(layers) == {t.layer for t in selected}
+    order = list(dict.fromkeys(t.layer for t in plan.tasks))
+    assert layers == [x for x in order if x in set(layers)]
+    for s in pc.slices:
+        if len(s) > 1:
+            for p in {t.src_proc for t in selected} | {t.dst_proc for t in selected}:
+                load = sum(t.nbytes for t in selected if t.layer in s and p in (t.src_proc, t.dst_proc))
+                assert load <= slice_bytes
+
+
+def _bytes_moved_at_switch(report: dict) -> list[int]:
+    return [e["bytes_moved"] for e in report["events"]]
+
+
+@pytest.mark.timeout(600)
+def test_live_with_precopy_equals_restart_and_the_switch_moves_only_the_rest(tmp_path: Path):
+    events = tmp_path / "events.txt"
+    events.write_text("at step 3: reshape 1,2,2:3/1        # in place: every shard that moves, mirrored\n"
+                      "at step +5: scale-in 2 as 2,1,1      # a notice: the survivors mirror what they take over\n"
+                      "at step +5: scale-out 4 as 1,2,2     # cold joiners: theirs streams at the switch\n")
+    common = ("--parallel", "2,1,2", "--gpus", "4", "--ckpt-every", "0", "--set", "prepare.precopy_slice_mib=1")
+    live = liver(tmp_path / "live", "--events", str(events), "--steps", "5000", "--end-after-events", "4",
+                 "--precopy", *common)
+    assert live["rc"] == 0
+    assert [e["status"] for e in live["events"]] == ["done"] * 3
+    for e in live["events"]:
+        assert e["digest_equal"] is True, e
+        pc = e["precopy"]
+        assert pc["used"] and pc["slices"] >= 2 and pc["bytes_precopied"] > 0 and pc["grad_bytes_per_step"] > 0, pc
+        assert pc["mirrored_steps"] >= pc["slices"]
+    reshape, scale_in, scale_out = (e["precopy"] for e in live["events"])
+    # between old ranks, the switch moves nothing; to cold joiners, theirs
+    assert reshape["bytes_streamed_at_switch"] == scale_in["bytes_streamed_at_switch"] == 0
+    assert scale_out["bytes_streamed_at_switch"] > 0
+    total = live["steps"][-1]["step"]
+    check_continuous(live, total)
+    cuts = [e["last_old_step"] for e in live["events"]]
+    actions = ["reshape 1,2,2:3/1", "scale-in 2 as 2,1,1", "scale-out 4 as 1,2,2"]
+    events2 = tmp_path / "events2.txt"
+    events2.write_text("".join(f"at step {c}: {a}\n" for c, a in zip(cuts, actions)))
+    restart = liver(tmp_path / "restart", "--events", str(events2), "--steps", str(total), "--mode", "restart-forked",
+                    *common)
+    assert restart["rc"] == 0
+    assert [(s["step"], s["parallel"], s["loss"], s["digest"]) for s in live["steps"]] == \
+        [(s["step"], s["parallel"], s["loss"], s["digest"]) for s in restart["steps"]]
