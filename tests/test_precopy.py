@@ -32,7 +32,7 @@ parallels = st.sampled_from([ParallelConfig(tp=t, pp=p, dp=d) for t in (1, 2) fo
 
 @settings(max_examples=150, deadline=None)
 @given(old=parallels, new=parallels, extra=st.integers(0, 3), cap=st.sampled_from([0, 1 << 14, 1 << 17]),
-       slice_bytes=st.sampled_from([1, 1 << 15, 1 << 30]))
+       slice_bytes=st.sampled_from([1, 1 << 15, 1 << 30, None]))
 def test_mirrors_tile_the_moving_boxes_of_old_ranks_within_the_cap_and_slices(old, new, extra, cap, slice_bytes):
     lo, ln = ADAPTER.layout(JOB, old), ADAPTER.layout(JOB, new)
     old_procs = list(range(lo.size))
@@ -63,7 +63,9 @@ def test_mirrors_tile_the_moving_boxes_of_old_ranks_within_the_cap_and_slices(ol
     assert len(layers) == len(set(layers)) and set(layers) == {t.layer for t in selected}
     order = list(dict.fromkeys(t.layer for t in plan.tasks))
     assert layers == [x for x in order if x in set(layers)]
-    for s in pc.slices:
+    if slice_bytes is None:
+        assert len(pc.slices) == (1 if selected else 0)
+    for s in pc.slices if slice_bytes is not None else ():
         if len(s) > 1:
             for p in {t.src_proc for t in selected} | {t.dst_proc for t in selected}:
                 load = sum(t.nbytes for t in selected if t.layer in s and p in (t.src_proc, t.dst_proc))
@@ -102,6 +104,45 @@ def test_live_with_precopy_equals_restart_and_the_switch_moves_only_the_rest(tmp
     events2.write_text("".join(f"at step {c}: {a}\n" for c, a in zip(cuts, actions)))
     restart = liver(tmp_path / "restart", "--events", str(events2), "--steps", str(total), "--mode", "restart-forked",
                     *common)
+    assert restart["rc"] == 0
+    assert [(s["step"], s["parallel"], s["loss"], s["digest"]) for s in live["steps"]] == \
+        [(s["step"], s["parallel"], s["loss"], s["digest"]) for s in restart["steps"]]
+
+
+NATIVE = [("reshape 1,1,2", "tp1pp1dp2"),                  # TP2 -> FSDP2: every moving shard mirrored
+          ("scale-in 1 as 1,1,1", "tp1pp1dp1"),            # a notice: the survivor mirrors the leaver's half
+          ("scale-out 2 as 1,2,1", "tp1pp2dp1"),           # a cold joiner: nothing moves between old ranks
+          ("reshape 2,1,1", "tp2pp1dp1")]                  # two pipeline stages -> TP2, in place
+
+
+@pytest.mark.timeout(600)
+def test_a_users_model_and_optimizer_mirrored_live_equal_restart(tmp_path: Path):
+    """The example recipe (examples/llama.py): its own AdamW made again over the mirror's shards
+    replays each step's update; live with pre-copy equals stop-and-restart through DCP."""
+    from test_native import liver_native
+    events = tmp_path / "events.txt"
+    events.write_text("".join(f"at step {3 if i == 0 else '+4'}: {a}\n" for i, (a, _) in enumerate(NATIVE)))
+    common = ("--set", "prepare.precopy_slice_mib=1", "--set", "parallel=2,1,1", "--gpus", "2")
+    live = liver_native(tmp_path / "live", "--events", str(events), "--digest", "--end-after-events", "3",
+                        "--steps", "100000", "--precopy", *common)
+    assert live["rc"] == 0
+    assert [e["new"] for e in live["events"]] == [n for _, n in NATIVE], [e["status"] for e in live["events"]]
+    for i, e in enumerate(live["events"]):
+        assert e["digest_equal"] is True, e
+        if i == 2:  # the old process keeps its stage, the joiner receives the other: nothing to mirror
+            assert "precopy" not in e
+            assert {p["precopy"] for p in e["prepare_by_proc"].values()} == {"", "off: nothing moves between old ranks"}
+            continue
+        pc = e["precopy"]
+        assert pc["used"] and pc["bytes_precopied"] > 0 and pc["grad_bytes_per_step"] > 0, pc
+        assert pc["bytes_streamed_at_switch"] == 0, pc
+    total = live["steps"][-1]["step"]
+    check_continuous(live, total)
+    cuts = [e["last_old_step"] for e in live["events"]]
+    events2 = tmp_path / "events2.txt"
+    events2.write_text("".join(f"at step {c}: {a}\n" for c, (a, _) in zip(cuts, NATIVE)))
+    restart = liver_native(tmp_path / "restart", "--events", str(events2), "--digest", "--steps", str(total),
+                           "--mode", "restart-forked", *common)
     assert restart["rc"] == 0
     assert [(s["step"], s["parallel"], s["loss"], s["digest"]) for s in live["steps"]] == \
         [(s["step"], s["parallel"], s["loss"], s["digest"]) for s in restart["steps"]]

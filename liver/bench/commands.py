@@ -37,6 +37,21 @@ def bench_reconfig(args: argparse.Namespace) -> int:
         f"ratio {r['ratio']:.1f}x (forked restart {r['downtime_restart_forked_s']:.2f} s: {r['ratio_forked']:.1f}x)  prepare {r['prepare_s']:.2f} s  steady overhead {r['steady_overhead']:+.2%}"))
 
 
+def bench_precopy(args: argparse.Namespace) -> int:
+    from liver.bench.precopy import run
+
+    rows = run(sizes=args.sizes.split(","), changes=args.changes.split(","), cycles=args.cycles, gap=args.gap,
+               run_dir=Path(args.run_dir) if args.run_dir else None)
+    return print_rows(rows, args.json, lambda r: (
+        f"{r['change']:<28} {r['size']:<5} ({r['parameters'] / 1e6:.1f}M) pre-copy {'on ' if r['precopy'] else 'off'}  "
+        f"downtime {r['downtime_median_s'] * 1e3:.1f} ms [{r['downtime_interval_s'][0] * 1e3:.1f}, "
+        f"{r['downtime_interval_s'][1] * 1e3:.1f}]  transfer {r['transfer_median_s'] * 1e3:.1f} ms  "
+        + (f"streamed at the switch {r['bytes_streamed_at_switch']:,} B, pre-copied {r['bytes_precopied']:,} B, "
+           f"mirroring {r['mirror_overhead']:+.1%} a step over {r['mirrored_steps_median']:g} steps "
+           f"({r['mirror_extra_median_s'] * 1e3:+.1f} ms in all)" if r['precopy'] else
+           f"streamed at the switch {r['bytes_moved']:,} B")))
+
+
 def bench_handoffs(args: argparse.Namespace) -> int:
     from liver.bench.handoffs import run
 
@@ -202,6 +217,15 @@ def add_parsers(sub) -> None:
                          "(a user's own model); default: the reference engine's tiny job")
     br.add_argument("--run-dir", default=None)
     br.set_defaults(fn=bench_reconfig)
+    bpc = bsub.add_parser("precopy", help="one change's pause with pre-copy and without, at the tiny model and "
+                                          "about 10x and 30x larger, on CPU (gloo)")
+    bpc.add_argument("--json", action="store_true")
+    bpc.add_argument("--sizes", default="tiny,x10,x30", help="model sizes, comma-separated: tiny, x10, x30")
+    bpc.add_argument("--changes", default="reshape,scale-in", help="changes, comma-separated: reshape, scale-in")
+    bpc.add_argument("--cycles", type=int, default=4, help="events of each change per run (each followed by the way back)")
+    bpc.add_argument("--gap", type=int, default=20, help="steps between events")
+    bpc.add_argument("--run-dir", default=None)
+    bpc.set_defaults(fn=bench_precopy)
     bh = bsub.add_parser("handoffs", help="a scenario of events live and by stop-and-restart in one call, any "
                                           "backend (the GPU runs; on gloo a CPU dry run)")
     bh.add_argument("--scenario", default="x2", help="x2, x2-twice, x2-native (TP2 <-> FSDP2), x2-cycles (with "

@@ -55,7 +55,26 @@ class Update:
 
     step: int          # the engine's step before the update (0 for the first)
     lr: float
-    grad_scale: float  # the clip coefficient (1.0: no clipping)
+    grad_scale: float = 1.0  # a clip coefficient the update applies (1.0: none, or clipped in place before)
+    groups: tuple = ()       # the optimizer's parameter groups' options now (lr among them), in order
+    counters: tuple = ()     # (key, value) of the optimizer's 0-dim state before the update (``step``, ...)
+
+
+class NotReplayable(Exception):
+    """``EngineAdapter.replay``'s answer where the engine cannot replay its update on another cut of
+    its state bit for bit: the reason, for the event's record."""
+
+
+class Replay(Protocol):
+    def replayable(self, name: str) -> bool:
+        """Whether the state tensor ``name`` changes only through the update (a buffer that the
+        forward pass writes does not: it streams at the switch)."""
+        ...
+
+    def __call__(self, shards: dict[str, torch.Tensor], grads: dict[str, torch.Tensor], update: Update) -> None:
+        """The update on ``shards`` (by state name, any layout's boxes) from the reduced gradients
+        ``grads`` of their parameters (by parameter name, the same boxes)."""
+        ...
 
 
 class TrainingEngine(Protocol):
@@ -260,15 +279,13 @@ class EngineAdapter(ABC):
         engine's own step, once an iteration."""
         steps.run_all()
 
-    def replay(self, job: JobConfig):
-        """Pre-copy (liver/runtime/mirror.py): a function ``(shards, grads, update)`` that applies one
-        step's optimizer update to ``shards`` (by state name, in any layout's boxes) from the
-        reduced gradients ``grads`` of their parameters (by parameter name, the same boxes) and
-        ``update`` (``Update``: step, learning rate, clip coefficient), as the engine's own update
-        does, element for element; its engine then calls its ``mirror``'s ``before_update`` and
-        ``after_update`` around each update. None (here): the engine cannot, and its state
-        streams at the switch."""
-        return None
+    def replay(self, job: JobConfig, engine: TrainingEngine) -> Replay:
+        """Pre-copy (liver/runtime/mirror.py), asked on an old rank with its running ``engine``: the
+        engine's optimizer update as a ``Replay``, the same bits as the engine's own on any cut of
+        the state; the engine then calls its ``mirror``'s ``before_update`` and ``after_update``
+        around each update. ``NotReplayable`` with the reason where it cannot (here: the engine
+        does not say how), and its state streams at the switch."""
+        raise NotReplayable(f"engine {self.name} does not replay its optimizer's update")
 
     def max_rank_bytes(self, job: JobConfig, layout: Layout) -> int:
         return max(self.rank_bytes(job, layout, r) for r in range(layout.size))

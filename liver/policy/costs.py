@@ -84,8 +84,12 @@ class Work:
     moved: int       # every byte sent
 
 
-def work(plan) -> Work:
-    """``Work`` of a ``liver.planner.plan.Plan``."""
+def work(plan, part: str = "all") -> Work:
+    """``Work`` of a ``liver.planner.plan.Plan``: all of it, or a pre-copy's parts
+    (liver/transfer/precopy.py, without its memory cap): ``"mirrored"``, the tasks into old
+    processes' boxes that move, ``"rest"``, the others (what the switch still moves)."""
+    if part not in ("all", "mirrored", "rest"):
+        raise ValueError(f"part={part!r}: allowed 'all', 'mirrored', 'rest'")
     import numpy as np
 
     nproc = max([*plan.placement, *plan.old_procs, 0]) + 1
@@ -103,6 +107,10 @@ def work(plan) -> Work:
         src = dst = np.zeros(0, dtype=np.int64)
         nbytes, same = np.zeros(0), np.zeros(0, dtype=bool)
     local = src == dst
+    if part != "all":
+        mirrored = np.isin(dst, np.asarray(plan.old_procs)) & ~(local & same)
+        keep = mirrored if part == "mirrored" else ~mirrored
+        src, dst, nbytes, same, local = src[keep], dst[keep], nbytes[keep], same[keep], local[keep]
 
     def per_proc(procs: np.ndarray, weights: np.ndarray | None = None) -> np.ndarray:
         return np.bincount(procs, weights=weights, minlength=nproc)
@@ -110,18 +118,19 @@ def work(plan) -> Work:
     io = per_proc(src[~local], nbytes[~local]) + per_proc(dst[~local], nbytes[~local])
     copy = per_proc(dst[local & ~same], nbytes[local & ~same])
     tasks = per_proc(src) + per_proc(dst[~local])  # a task is work for its source and its destination (once where one)
-    return Work(int(io.max(initial=0)), int(copy.max(initial=0)), int(tasks.max(initial=0)), plan.bytes_moved)
+    moved = plan.bytes_moved if part == "all" else int(nbytes[~local].sum())
+    return Work(int(io.max(initial=0)), int(copy.max(initial=0)), int(tasks.max(initial=0)), moved)
 
 
 @functools.lru_cache(maxsize=4096)
-def plan_work(job: Workload, old: ParallelConfig, new: ParallelConfig) -> Work:
+def plan_work(job: Workload, old: ParallelConfig, new: ParallelConfig, part: str = "all") -> Work:
     """``work`` of the planner's plan from ``old`` to ``new`` (survivors keep their ranks), over
     the engine's tensors in its analytic view (each sharded dimension cut evenly)."""
     from liver.planner.plan import plan_transfer
 
     procs = list(range(max(old.world_size, new.world_size)))
     return work(plan_transfer(job.layout(old), job.layout(new), job.specs(), procs[:old.world_size],
-                              procs[:new.world_size]))
+                              procs[:new.world_size]), part)
 
 
 KINDS = ("tp", "dp", "pp")  # the collectives of a step: TP all-reduces, the gradient all-reduce, stage sends
@@ -178,6 +187,16 @@ class Live:
     def downtime_s(self) -> float:
         return self.switch_s + self.transfer_s + self.first_step_s
 
+    # a pre-copy (``precopy``): its copy beside training after Ready, and its steps that mirror
+    precopy_s: float = 0.0      # the mirrored state's copy, one slice of layers a step, beside training
+    mirror_steps: int = 0       # steps that replay their update on the copies (the slices, and one)
+    mirror_step_s: float = 0.0  # what each of them adds: the gradients of the mirrored boxes sent, the update replayed
+
+    @property
+    def mirror_cost_s(self) -> float:
+        """Training time a pre-copy costs in all: its steps' extra."""
+        return self.mirror_steps * self.mirror_step_s
+
 
 SHARED_GROUPS_S = 0.1  # a generation over the same processes shares their communicators (measured: 0.09-0.11 s)
 
@@ -194,14 +213,18 @@ def groups_s(prof: Profile, ranks: int, joiners: bool) -> float:
 
 def live(job: Workload, old: ParallelConfig, new: ParallelConfig, prof: Profile,
          plan: Work | None = None, kinds: frozenset[str] | None = None, first_nccl: bool = False,
-         share: float = PrepareConfig().companion_share) -> Live:
+         share: float = PrepareConfig().companion_share, precopy: bool = False) -> Live:
     """A live handoff. ``plan``: the work of the plan it runs (``work``; by default the planner's
     with survivors keeping their ranks). Its build is paced (runtime/pace.py): the companion's CPU
     work, per transfer task of the busiest process, at ``share`` of each step (0: no limit), so it
     takes that work over ``share`` in wall time whatever the step time. ``kinds``: the collectives whose first use the first step pays (by default
     those ``first_uses`` finds; a run's history can say fewer: a communicator that ran a kind in
     an earlier generation). ``first_nccl``: the processes had never run an NCCL collective (a
-    job that ran on one GPU until now)."""
+    job that ran on one GPU until now). ``precopy``: what moves into old processes' boxes is
+    copied after Ready, a slice of ``PrepareConfig().precopy_slice_mib`` a step beside training,
+    and kept current by sending each step the gradients of those boxes (the parameters' share of
+    the state) and replaying the update (a pass over the copies at the device's copy bandwidth,
+    reading and writing each byte: twice); the switch moves the rest."""
     joiners = new.world_size > old.world_size
     w = plan or plan_work(job, old, new)
     if kinds is None:
@@ -211,13 +234,37 @@ def live(job: Workload, old: ParallelConfig, new: ParallelConfig, prof: Profile,
     params_per_rank = job.facts.params / new.world_size / 1e9
     paced = prof.prepare_cpu_s_per_task * w.tasks / share if share > 0 else 0.0
     build = (prof.prepare_joiner_s if joiners else prof.prepare_base_s) + paced
-    return Live(boot_s=prof.joiner_boot_s if joiners else 0.0,
+    mirror = {}
+    if precopy:
+        m = plan_work(job, old, new, "mirrored")
+        w = plan_work(job, old, new, "rest")
+        if m.io_bytes or m.copy_bytes:
+            mirror = _mirror(job, m, step_time(job, layout(job, old), prof), link, prof.copy_bw)
+    return Live(**mirror, boot_s=prof.joiner_boot_s if joiners else 0.0,
                 mock_s=prof.mock_s_per_gparam * params_per_rank if joiners else 0.0,
                 groups_s=groups_s(prof, new.world_size, joiners),
                 plan_s=prof.plan_s_per_krank * max(old.world_size, new.world_size) / 1000,
                 build_s=max(0.0, build), switch_s=prof.switch_fixed_s + prof.switch_s_per_gb * state_gb,
                 transfer_s=transfer_s(w, link, prof.copy_bw, prof.connect_p2p_s if joiners else 0.0),
                 first_step_s=prof.first_step_s + connect_s(prof, kinds) + (prof.nccl_first_s if first_nccl else 0.0))
+
+
+def _mirror(job: Workload, m: Work, step_s: float, link: float, copy_bw: float) -> dict[str, float]:
+    """A pre-copy of ``m`` (the mirrored part of a plan) beside steps of ``step_s``: one slice a
+    step (``PrepareConfig().precopy_slice_mib`` for the busiest process; 0: one slice), each copied
+    while the step computes (what is left of its copy, the update waits for); each of those steps
+    sends the gradients of the slices mirrored so far, its own among them (the parameters' share
+    of their bytes), and replays the update on them (a pass over them at ``copy_bw``, each byte
+    read and written), in the step (runtime/mirror.py); the switch follows the last."""
+    specs = job.specs()
+    grads = sum(s.nbytes for s in specs if s.kind == "param") / sum(s.nbytes for s in specs)
+    slice_mib = PrepareConfig().precopy_slice_mib
+    slices = max(1, math.ceil(max(m.io_bytes, m.copy_bytes) / (slice_mib << 20))) if slice_mib else 1
+    copy = transfer_s(m, link, copy_bw)
+    wait = max(0.0, copy / slices - step_s)
+    full = m.io_bytes * grads / link + 2 * max(m.io_bytes, m.copy_bytes) / copy_bw  # every slice mirrored
+    cost = slices * wait + full * (slices + 1) / 2  # the k-th step mirrors k/slices of it
+    return {"precopy_s": copy, "mirror_steps": slices, "mirror_step_s": cost / slices}
 
 
 @functools.lru_cache(maxsize=4096)

@@ -27,7 +27,7 @@ import torch
 import torch.distributed as dist
 
 from liver.host.cores import Binding, available
-from liver.engine.interface import EngineAdapter, Prebuilt, TrainingEngine
+from liver.engine.interface import EngineAdapter, NotReplayable, Prebuilt, TrainingEngine
 from liver.transfer.executor import StreamingExecutor
 from liver.transfer.precopy import choose
 from liver.planner.plan import Plan
@@ -163,8 +163,6 @@ class Preparation:
         self._pause()
         self.executor.reserve()  # its staging too
         self.timings["schedule_s"] = time.perf_counter() - t2
-        if self.precopy is not None and self.old is not None and self.active is not None:
-            self._make_mirror()
         if self.world is not None:  # the new engine, as far as it can be made before the pause
             self._pause()
             t3 = time.perf_counter()
@@ -177,6 +175,8 @@ class Preparation:
             self.timings["prebuilt"] = self.prebuilt.path
             self.timings["prebuilt_bytes"] = self.prebuilt.storage_bytes
             self.timings.update(self.prebuilt.ahead)
+        if self.precopy is not None and self.old is not None and self.active is not None:
+            self._make_mirror()  # (its shards in the new engine's storage where Prepare made it)
         # CPU time of this thread (Python holds the GIL for most of it: the training thread's cost)
         self.timings["build_cpu_s"] = time.thread_time() - c0
         self.timings["paced_steps"] = self.pace.waits  # boundaries it waited for
@@ -189,12 +189,13 @@ class Preparation:
         """On every old rank alike (each works out the same slices from the global plan): the
         mirror, its group over the old processes, and the executor of what it leaves to the switch."""
         t0 = time.perf_counter()
-        replay = self.adapter.replay(self.job)
-        if replay is None:
-            self.timings["precopy"] = f"off: engine {self.adapter.name} does not replay its update"
+        try:
+            replay = self.adapter.replay(self.job, self.old)
+        except NotReplayable as why:
+            self.timings["precopy"] = f"off: {why}"
             return
         slice_bytes, cap_bytes = self.precopy
-        chosen = choose(self.plan, lambda name: True, cap_bytes, slice_bytes)
+        chosen = choose(self.plan, replay.replayable, cap_bytes, slice_bytes)
         self.timings["precopy"] = "on" if chosen.slices else "off: nothing moves between old ranks"
         if not chosen.slices:
             return
@@ -204,7 +205,8 @@ class Preparation:
                              self.backend, self.device, self.timeout)
         specs = self.adapter.state_specs(self.job)
         self.mirror = Mirror.make(chosen, self.plan, specs, self.proc, group, self.budget_bytes, self.device,
-                                  replay, pause=self._pause)
+                                  replay, pause=self._pause,
+                                  storage=self.prebuilt.storage if self.prebuilt is not None else None)
         self.rest = StreamingExecutor(self.plan, specs, self.proc, self.transfer, self.budget_bytes, self.device,
                                       pause=self._pause, select=chosen.left)
         self.rest.reserve()

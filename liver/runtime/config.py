@@ -24,7 +24,9 @@ class PrepareConfig:
       cold joiner receives and what did not fit. Costs, while it lasts, one more copy of the mirrored
       shards in memory and their gradients sent every step; only for an engine that replays its
       update (``EngineAdapter.replay``); off by default.
-    - ``precopy_slice_mib``: the most one process sends or receives in one slice (MiB).
+    - ``precopy_slice_mib``: the most one process sends or receives in one slice (MiB; 0: one slice,
+      all of it): a slice is copied beside one step, whose update waits for what is left of its copy,
+      and every step from then on to the switch sends the gradients of what is mirrored.
     - ``precopy_memory_mib``: the most memory a process gives its mirrors (MiB; 0: no cap); the
       shards beyond it, in streaming order, stream at the switch.
     """
@@ -34,7 +36,7 @@ class PrepareConfig:
     mock_steps: int = 2
     group_timeout_s: float = 120.0
     precopy: bool = False
-    precopy_slice_mib: int = 64
+    precopy_slice_mib: int = 0
     precopy_memory_mib: int = 0
 
     def __post_init__(self) -> None:
@@ -49,7 +51,7 @@ class PrepareConfig:
             raise ValueError(f"prepare.group_timeout_s={self.group_timeout_s!r}: allowed 1 to 86400 seconds")
         if not isinstance(self.precopy, bool):
             raise ValueError(f"prepare.precopy={self.precopy!r}: allowed true or false")
-        for name, lo in (("precopy_slice_mib", 1), ("precopy_memory_mib", 0)):
+        for name, lo in (("precopy_slice_mib", 0), ("precopy_memory_mib", 0)):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or not lo <= v <= 1 << 20:
                 raise ValueError(f"prepare.{name}={v!r}: allowed an integer from {lo} to {1 << 20} (MiB)")

@@ -100,7 +100,7 @@ class Member:
     def _preparation(self, spec: GenerationSpec, **kw: Any) -> Preparation:
         c = self.config
         p = c.prepare
-        precopy = (p.precopy_slice_mib << 20, p.precopy_memory_mib << 20) if p.precopy else None
+        precopy = ((p.precopy_slice_mib << 20) or None, p.precopy_memory_mib << 20) if p.precopy else None
         return Preparation(adapter=self.adapter, job=self.job, spec=spec, proc=self.proc, backend=self.backend, device=self.device,
                            timeout_s=p.group_timeout_s, budget_bytes=c.transfer.budget_bytes,
                            connect=c.connect, precopy=precopy, **kw)

@@ -28,15 +28,12 @@ from typing import Any, Callable
 
 import torch
 
-from liver.engine.interface import Update
+from liver.engine.interface import Replay, Update
 from liver.planner.plan import Plan
 from liver.resource_view.spec import TensorSpec
 from liver.transfer.executor import StreamingExecutor
 from liver.transfer.precopy import Precopy
 from liver.world.group import Group
-
-
-Replay = Callable[[dict[str, torch.Tensor], dict[str, torch.Tensor], Update], None]
 
 
 class Mirror:
@@ -60,7 +57,10 @@ class Mirror:
     @classmethod
     def make(cls, precopy: Precopy, plan: Plan, specs: list[TensorSpec], proc: int, group: Group,
              budget_bytes: int, device: torch.device, replay: Replay,
-             pause: Callable[[], None] | None = None) -> "Mirror":
+             pause: Callable[[], None] | None = None,
+             storage: dict[str, torch.Tensor] | None = None) -> "Mirror":
+        """``storage``: the new engine's, made in Prepare (``Prebuilt.storage``): a mirrored shard
+        of its shape and dtype is kept there, so the switch adopts it as it is."""
         params = [s for s in specs if s.kind == "param"]
         slices, grads = [], []
         for i in range(len(precopy.slices)):
@@ -70,9 +70,15 @@ class Mirror:
         shapes: dict[str, tuple] = {}
         for ex in slices:
             shapes.update(ex.new_shapes())
-        # written now, so that a host's pages are faulted in beside training, not in a slice's copy
-        storage = {n: torch.zeros(shape, dtype=dtype, device=device) for n, (shape, dtype) in shapes.items()}
-        return cls(precopy, slices, grads, storage, group, replay)
+        made = storage or {}
+        own = {}
+        for n, (shape, dtype) in shapes.items():
+            t = made.get(n)
+            if t is not None and tuple(t.shape) == tuple(shape) and t.dtype == dtype and t.device == device:
+                own[n] = t
+            else:  # written now, so that a host's pages are faulted in beside training, not in a slice's copy
+                own[n] = torch.zeros(shape, dtype=dtype, device=device)
+        return cls(precopy, slices, grads, own, group, replay)
 
     @property
     def num_slices(self) -> int:
@@ -92,7 +98,7 @@ class Mirror:
             try:
                 t0 = time.perf_counter()
                 _, st = self._slices[i].run(state, release=False, into=self.storage)
-                self.stats["bytes_precopied"] += st.bytes_sent + st.bytes_received + st.bytes_local
+                self.stats["bytes_precopied"] += st.bytes_received + st.bytes_local  # (what lands in mirrors)
                 self.stats["copy_s"] += time.perf_counter() - t0
             except BaseException as e:  # (raised in the training thread, at the update it precedes)
                 self._error = e

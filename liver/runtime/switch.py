@@ -50,7 +50,8 @@ def switch(*, adapter: EngineAdapter, job: JobConfig, old: TrainingEngine | None
         if old is not None:  # the old generation's groups are not the default any more
             old.world.deactivate()
         new_world.activate()  # (DeviceMesh asks the default group for the rank)
-        kept = executor.kept_of(old.state if old is not None else None)
+        # mirrored shards are the new engine's to adopt, as kept ones are
+        kept = {**executor.kept_of(old.state if old is not None else None), **(mirrored or {})}
         t1 = time.perf_counter()
         engine = adapter.enter(job, new_world, device, deliver, into, kept=kept, prebuilt=prebuilt)
         engine.load_scalars(scalars)

@@ -26,6 +26,7 @@ from liver.engine.reference import ADAPTER
 from liver.policy import costs, target
 from liver.policy.workload import Workload
 from liver.policy.decisions import NoticeAction, on_notice
+from liver.topology import ParallelConfig
 from liver.policy.events import EventKind
 from liver.policy.profile import Profile
 from liver.sim.sources import Change
@@ -215,7 +216,7 @@ class Live(Policy):
         if tgt.parallel == old.parallel:
             sim.avail = c.gpus
             return
-        h = costs.live(sim.work, old.parallel, tgt.parallel, sim.prof)
+        h = self.handoff(sim, env, old.parallel, tgt.parallel, c)
         loss = c.gpus < sim.avail
         if not loss and (cut := self._notice_while_preparing(sim, env, h)) is not None:
             yield from self._cut_short(sim, env, c, cut)
@@ -225,11 +226,29 @@ class Live(Policy):
             yield from self.fail(sim, env, c, tgt, h)
             return
         yield from sim.train(env, h.prepare_s, 1 - sim.overhead)
+        yield from self.mirror(sim, env, h)
         yield from sim.pause(env, h.downtime_s)
         sim.avail, sim.layout = c.gpus, tgt
-        sim.record(env, "live", downtime_s=h.downtime_s, prepare_s=h.prepare_s, transfer_s=h.transfer_s)
+        sim.record(env, "live", downtime_s=h.downtime_s, prepare_s=h.prepare_s, transfer_s=h.transfer_s,
+                   **({"mirror_cost_s": h.mirror_cost_s} if h.mirror_steps else {}))
         if loss:
             yield from self.wait_for_loss(sim, env, c)
+
+    def handoff(self, sim: Sim, env: simpy.Environment, old: ParallelConfig, new: ParallelConfig,
+                c: Change | None = None) -> costs.Live:
+        """The handoff's costs (``costs.live``)."""
+        return costs.live(sim.work, old, new, sim.prof)
+
+    @staticmethod
+    def mirror_s(sim: Sim, h: costs.Live) -> float:
+        """A pre-copy's stretch of training after Ready: its mirrored steps, each slowed by its extra."""
+        return h.mirror_steps * (sim.step_s(sim.layout) + h.mirror_step_s) if h.mirror_steps else 0.0
+
+    def mirror(self, sim: Sim, env: simpy.Environment, h: costs.Live) -> Iterator[Any]:
+        """Training while a pre-copy mirrors (none here)."""
+        dt = self.mirror_s(sim, h)
+        if dt > 0:
+            yield from sim.train(env, dt, 1 - h.mirror_cost_s / dt)
 
     @staticmethod
     def _notice_while_preparing(sim: Sim, env: simpy.Environment, h: costs.Live) -> tuple[float, Change] | None:
@@ -263,8 +282,9 @@ class Live(Policy):
             yield from self.wait_for_loss(sim, env, nxt)
             sim.avail = nxt.gpus
             return
-        h = costs.live(sim.work, sim.layout.parallel, tgt.parallel, sim.prof)
+        h = self.handoff(sim, env, sim.layout.parallel, tgt.parallel, nxt)
         yield from sim.train(env, h.prepare_s, 1 - sim.overhead)  # a scale-out to fewer: prepared again
+        yield from self.mirror(sim, env, h)
         yield from sim.pause(env, h.downtime_s)
         sim.layout = tgt
         sim.record(env, "live", downtime_s=h.downtime_s, prepare_s=h.prepare_s, transfer_s=h.transfer_s,
@@ -283,6 +303,22 @@ class Live(Policy):
         yield from sim.pause(env, dt)
         sim.avail, sim.layout = c.gpus, tgt
         sim.record(env, "fail-stop", downtime_s=dt, lost_s=lost, healed=old.dp > 1)
+
+
+class LivePrecopy(Live):
+    """LiveR with pre-copy (``--precopy``): after Ready, what moves into the old processes' boxes is
+    copied beside training and kept current by replaying each step's update, so the pause moves
+    only the rest; where a notice's window cannot hold the preparation and the copy, the handoff
+    does without it (the controller's deadline does not wait for the slices)."""
+
+    name = "live-precopy"
+
+    def handoff(self, sim: Sim, env: simpy.Environment, old: ParallelConfig, new: ParallelConfig,
+                c: Change | None = None) -> costs.Live:
+        h = costs.live(sim.work, old, new, sim.prof, precopy=True)
+        if c is not None and c.gpus < sim.avail and env.now + h.prepare_s + self.mirror_s(sim, h) > c.t:
+            return super().handoff(sim, env, old, new, c)
+        return h
 
 
 class Restart(Policy):
@@ -391,7 +427,7 @@ class DataParallelOnly(Policy):
         sim.record(env, "dp-resize", downtime_s=dt)
 
 
-POLICIES: dict[str, type[Policy]] = {p.name: p for p in (Live, Restart, RestartMemory, DataParallelOnly)}
+POLICIES: dict[str, type[Policy]] = {p.name: p for p in (Live, LivePrecopy, Restart, RestartMemory, DataParallelOnly)}
 
 
 def simulate(job: JobConfig, prof: Profile, policy: str, start_gpus: int, changes: list[Change], hours: float,

@@ -13,7 +13,7 @@ rank's box) is mirrored when
 
 The mirrored tasks are cut into slices of whole layers: a slice is copied between two iteration
 boundaries, and no process sends or receives more than ``slice_bytes`` in one (a layer larger than
-that is a slice of its own).
+that is a slice of its own; no limit: one slice).
 """
 
 from __future__ import annotations
@@ -54,12 +54,12 @@ class Precopy:
                 "capped_shards": len(self.capped)}
 
 
-def choose(plan: Plan, replayable: Callable[[str], bool], cap_bytes: int = 0, slice_bytes: int = 64 << 20) -> Precopy:
+def choose(plan: Plan, replayable: Callable[[str], bool], cap_bytes: int = 0, slice_bytes: int | None = None) -> Precopy:
     """``replayable(name)``: the engine replays that tensor's update; ``cap_bytes``: the most memory
     a process may give its mirrors (0: no cap); ``slice_bytes``: the most one process sends or
-    receives in one slice (a larger layer is a slice alone)."""
-    if slice_bytes < 1:
-        raise ValueError(f"slice_bytes={slice_bytes}: must be positive")
+    receives in one slice (a larger layer is a slice alone; None: one slice)."""
+    if slice_bytes is not None and slice_bytes < 1:
+        raise ValueError(f"slice_bytes={slice_bytes}: must be positive, or None for one slice")
     old = set(plan.old_procs)
     box_bytes: dict[Key, int] = defaultdict(int)
     order: list[Key] = []
@@ -98,7 +98,7 @@ def choose(plan: Plan, replayable: Callable[[str], bool], cap_bytes: int = 0, sl
     cur_load: dict[int, int] = defaultdict(int)
     for layer in per_layer:  # in streaming order
         load = per_layer[layer]
-        if cur and any(cur_load[p] + b > slice_bytes for p, b in load.items()):
+        if cur and slice_bytes is not None and any(cur_load[p] + b > slice_bytes for p, b in load.items()):
             slices.append(tuple(cur))
             cur, cur_load = [], defaultdict(int)
         cur.append(layer)

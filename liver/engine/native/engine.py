@@ -23,7 +23,7 @@ from torch.distributed.fsdp import FSDPModule
 from torch.distributed.tensor import DTensor
 
 from liver.engine.flops import mfu as model_flops_utilisation, peak_flops
-from liver.engine.interface import StepStats
+from liver.engine.interface import StepStats, Update
 from liver.host import faults
 from liver.engine.native.init import initial_values
 from liver.engine.native.optim import OptimizerState, describe
@@ -211,6 +211,9 @@ class NativeEngine:
         self.consumed_samples = 0
         self.facts = model_facts(recipe, job, self.specs)  # (the whole model's, for MFU: the specs are every rank's)
         self._param_list = list(self.model.parameters())  # (a walk of the modules costs a step ~1 ms)
+        self._named_params = [(n, p) for n, p in self.model.named_parameters()]
+        self.mirror = None  # a pre-copy's (liver/runtime/mirror.py), set by the runtime while it mirrors
+        self.optimizer.register_step_pre_hook(self._before_update)
         if initialise:
             self._initialise()
 
@@ -263,6 +266,18 @@ class NativeEngine:
         if wanted - got:
             raise ValueError(f"tensor {sorted(wanted - got)[0]!r} is not in the recipe {self.recipe.name!r}'s "
                              f"model as one process builds it: its initial value is unknown")
+
+    def _before_update(self, optimizer, args, kwargs) -> None:
+        """Right before the optimizer's step (the recipe's loop calls it): a pre-copy's mirror, if
+        any, waits for its slice's copy and replays this update on its shards, from the gradients
+        as the optimizer will read them (reduced, clipped) and its options and counters now."""
+        if self.mirror is None:
+            return
+        self.mirror.before_update()
+        grads = {n: _local(p.grad) for n, p in self._named_params if p.grad is not None and n in self.state}
+        groups = tuple({k: v for k, v in g.items() if k != "params"} for g in self.optimizer.param_groups)
+        self.mirror.after_update(grads, Update(step=self.step, lr=float(groups[0]["lr"]), groups=groups,
+                                               counters=tuple(self._optimizer_scalars().items())))
 
     # ---- scalars -----------------------------------------------------------------------------
     def _optimizer_scalars(self) -> dict[str, float]:

@@ -92,3 +92,63 @@ def describe(optimizer_of, model: nn.Module, recipe_name: str) -> OptimizerState
     if both:
         raise ValueError(f"{what}: state {both[0]!r} is 0-dim for some parameters and not for others")
     return OptimizerState(type(opt).__name__, tuple(sorted(tensors.items())), tuple(sorted(scalars.items())))
+
+
+def groups_of(optimizer_of, model: nn.Module) -> dict[str, int]:
+    """Each parameter's group in ``optimizer_of(model)`` by qualified name (``model`` is changed:
+    pass one built for this, on the meta device; its parameters become CPU stand-ins)."""
+    stand: dict[int, nn.Parameter] = {}
+    names: dict[int, str] = {}
+    for prefix, mod in model.named_modules():
+        for name, p in list(mod._parameters.items()):
+            if p is None:
+                continue
+            if id(p) not in stand:
+                stand[id(p)] = nn.Parameter(torch.zeros((2,) * p.dim(), dtype=p.dtype), p.requires_grad)
+                names[id(stand[id(p)])] = f"{prefix}.{name}" if prefix else name
+            mod._parameters[name] = stand[id(p)]
+    opt = optimizer_of(model)
+    return {names[id(p)]: i for i, g in enumerate(opt.param_groups) for p in g["params"] if id(p) in names}
+
+
+class OptimizerReplay:
+    """A recipe's optimizer update replayed on shards of another layout (a pre-copy's mirror,
+    liver/runtime/mirror.py): a new optimizer of the same class over the shards (plain tensors),
+    each in its parameter's group with that group's options now (``Update.groups``), its state the
+    shards' moments and the running optimizer's counters before its step (``Update.counters``);
+    stepped once. Parameters and optimizer state change only through the update; a persistent
+    buffer (the forward pass writes it) does not, and streams at the switch."""
+
+    def __init__(self, cls: type, group: dict[str, int], state: OptimizerState, params: frozenset[str]) -> None:
+        self.cls, self.group, self.state, self.params = cls, group, state, params
+
+    def replayable(self, name: str) -> bool:
+        base, _, key = name.rpartition(".")
+        return name in self.params or (base in self.params and key in self.state.keys)
+
+    @torch.no_grad()
+    def __call__(self, shards: dict[str, torch.Tensor], grads: dict[str, torch.Tensor], update) -> None:
+        by_group: dict[int, list[str]] = {}
+        for n in grads:
+            by_group.setdefault(self.group[n], []).append(n)
+        groups, params = [], {}
+        for i, names in sorted(by_group.items()):
+            ps = []
+            for n in names:
+                p = params[n] = nn.Parameter(shards[n], requires_grad=False)
+                p.grad = grads[n]
+                ps.append(p)
+            groups.append({**update.groups[i], "params": ps})
+        opt = self.cls(groups)
+        counters = dict(update.counters)
+        for i, names in sorted(by_group.items()):
+            on_device = bool(update.groups[i].get("fused") or update.groups[i].get("capturable"))
+            for n in names:
+                p = params[n]
+                st = opt.state[p]
+                for key, dtype in self.state.scalars:
+                    if key in counters:
+                        st[key] = torch.tensor(counters[key], dtype=dtype, device=p.device if on_device else "cpu")
+                for key, _ in self.state.tensors:
+                    st[key] = shards[f"{n}.{key}"]
+        opt.step()

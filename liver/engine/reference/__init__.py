@@ -43,12 +43,11 @@ class ReferenceAdapter(EngineAdapter):
         from liver.engine.reference.trainer import Engine
         return Engine(job, world, device, initialise=initialise, state=state)
 
-    def replay(self, job: JobConfig):
+    def replay(self, job: JobConfig, engine: TrainingEngine):
         """The engine's own AdamW (foreach, element-wise: the same bits on any cut of a tensor),
-        on the shards given."""
-        from liver.engine.reference.optim import replay_adamw
-        specs = {s.name: s for s in _specs(job)}
-        return functools.partial(replay_adamw, specs, job.train)
+        on the shards given; every tensor of its state changes only through it."""
+        from liver.engine.reference.optim import AdamWReplay
+        return AdamWReplay({s.name: s for s in _specs(job)}, job.train)
 
     def rehearsal_job(self) -> JobConfig:
         from liver.topology.presets import preset

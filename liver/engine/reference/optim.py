@@ -54,11 +54,20 @@ def adamw_step(params: list[torch.Tensor], grads: list[torch.Tensor], exp_avg: l
     torch._foreach_addcdiv_(params, exp_avg, denom, value=-lr / bc1)
 
 
-def replay_adamw(specs: dict[str, TensorSpec], t: TrainConfig, shards: dict[str, torch.Tensor],
-                 grads: dict[str, torch.Tensor], update) -> None:
-    """``adamw_step`` on the shards of the parameters in ``grads`` and their moments (a mirror's:
-    liver/runtime/mirror.py); decay as the engine decides it, by the parameter's logical shape."""
-    names = list(grads)
-    adamw_step([shards[n] for n in names], [grads[n] for n in names], [shards[n + ".exp_avg"] for n in names],
-               [shards[n + ".exp_avg_sq"] for n in names], [len(specs[n].shape) > 1 for n in names], t,
-               update.step, update.lr, update.grad_scale)
+
+class AdamWReplay:
+    """``adamw_step`` on the shards of the parameters given gradients and on their moments (a
+    pre-copy's mirror: liver/runtime/mirror.py); decay as the engine decides it, by the
+    parameter's logical shape."""
+
+    def __init__(self, specs: dict[str, TensorSpec], t: TrainConfig) -> None:
+        self.specs, self.t = specs, t
+
+    def replayable(self, name: str) -> bool:
+        return True
+
+    def __call__(self, shards: dict[str, torch.Tensor], grads: dict[str, torch.Tensor], update) -> None:
+        names = list(grads)
+        adamw_step([shards[n] for n in names], [grads[n] for n in names], [shards[n + ".exp_avg"] for n in names],
+                   [shards[n + ".exp_avg_sq"] for n in names], [len(self.specs[n].shape) > 1 for n in names],
+                   self.t, update.step, update.lr, update.grad_scale)
