@@ -10,10 +10,11 @@ from liver.runtime.boundary import Action, Local, after_force, decide
 
 small = st.integers(0, 3)
 cuts = st.builds(Cut, wanted=small, ready_min=small, ready_max=small, stop_at=st.integers(0, 6), force=small,
-                 end_at=st.integers(0, 6), ckpt_busy=st.integers(0, 1), built_min=small, built_max=small)
+                 end_at=st.integers(0, 6), ckpt_busy=st.integers(0, 1), built_min=small, built_max=small,
+                 precopy_min=st.integers(0, 2), precopy_max=st.integers(0, 2))
 locals_ = st.builds(Local, step=st.integers(0, 6), generation=st.integers(0, 2), preparing=small,
                     built=st.booleans(), ready=st.booleans(), defer_connect=st.booleans(),
-                    checkpoint_due=st.booleans(), precopy_slices=st.integers(0, 2), precopied=st.integers(0, 2))
+                    checkpoint_due=st.booleans(), precopied=st.integers(0, 2))
 
 
 @settings(max_examples=3000, deadline=None)
@@ -36,9 +37,11 @@ def test_every_rule_of_the_boundary(cut, me):
     if a.connect:
         assert still and me.defer_connect and me.built and not me.ready and cut.connect_now == still
     switchable = bool(still) and not a.force and cut.switch_to == still
-    # a pre-copy's slice at every boundary where all are ready, until all are copied; a deadline
-    # does not wait for the rest (the switch streams what is not mirrored)
-    assert a.precopy == (switchable and me.precopied < me.precopy_slices and cut.force != still)
+    # a pre-copy's slice at every boundary where all are ready, until all are copied, only where every
+    # rank has the same slices (one without a pre-copy: nobody mirrors); a deadline does not wait for
+    # the rest (the switch streams what is not mirrored)
+    slices = cut.precopy_min if cut.precopy_min == cut.precopy_max else 0
+    assert a.precopy == (switchable and me.precopied < slices and cut.force != still)
     assert not (a.precopy and a.propose)
     if a.propose:
         # only what every rank is ready for and the controller still wants
@@ -80,10 +83,12 @@ def test_the_handoff_cycle_as_ranks_see_it():
     assert decide(Cut(1, 1, 1, 0, 0, 0, 0, 1, 1), me).propose == 1
     assert decide(Cut(0, 1, 1, 0, 0, 0, 0, 1, 1), me).abandon  # the controller withdrew it
     assert decide(Cut(2, 1, 1, 0, 0, 0, 0), me) == Action(abandon=True, prepare=2)  # superseded
-    # with a pre-copy of two slices: a slice at each of two boundaries, then the switch
-    me = replace(me, precopy_slices=2)
-    assert decide(Cut(1, 1, 1, 0, 0, 0, 0, 1, 1), me) == Action(precopy=True)
-    assert decide(Cut(1, 1, 1, 0, 0, 0, 0, 1, 1), replace(me, precopied=1)) == Action(precopy=True)
-    assert decide(Cut(1, 1, 1, 0, 0, 0, 0, 1, 1), replace(me, precopied=2)).propose == 1
+    # with a pre-copy of two slices on every rank: a slice at each of two boundaries, then the switch
+    two = Cut(1, 1, 1, 0, 0, 0, 0, 1, 1, precopy_min=2, precopy_max=2)
+    assert decide(two, me) == Action(precopy=True)
+    assert decide(two, replace(me, precopied=1)) == Action(precopy=True)
+    assert decide(two, replace(me, precopied=2)).propose == 1
     # a deadline switches at once: what is not mirrored streams
-    assert decide(Cut(1, 1, 1, 0, 1, 0, 0, 1, 1), replace(me, precopied=1)).propose == 1
+    assert decide(replace(two, force=1), replace(me, precopied=1)).propose == 1
+    # a rank without a pre-copy (its copies did not fit): nobody mirrors
+    assert decide(replace(two, precopy_min=0), me).propose == 1

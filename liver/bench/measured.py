@@ -319,7 +319,41 @@ def _engines_reconfig(rows: list[dict[str, Any]]) -> list[str]:
             for r in rows]
 
 
+def _precopy(rows: list[dict[str, Any]]) -> list[str]:
+    out = []
+    for change in dict.fromkeys(r["change"] for r in rows):
+        parts = []
+        for size in dict.fromkeys(r["size"] for r in rows if r["change"] == change):
+            off, on = (next(r for r in rows if r["change"] == change and r["size"] == size and r["precopy"] is p)
+                       for p in (False, True))
+            parts.append(f"{size} ({on['parameters'] / 1e6:.1f}M parameters): pause {off['downtime_median_s'] * 1e3:.0f} ms "
+                         f"without, {on['downtime_median_s'] * 1e3:.0f} ms with (middle 90%: "
+                         f"{on['downtime_interval_s'][0] * 1e3:.0f}-{on['downtime_interval_s'][1] * 1e3:.0f} ms), "
+                         f"{on['bytes_precopied'] / 2**20:.1f} MiB pre-copied, "
+                         f"{on['bytes_streamed_at_switch'] / 2**20:.1f} MiB moved in the switch; mirroring "
+                         f"{_pct(on['mirror_overhead'])} on {on['mirrored_steps_median']:g} step(s), "
+                         f"{on['mirror_extra_median_s'] * 1e3:.0f} ms in all")
+        n = min(r["events"] for r in rows if r["change"] == change)
+        out.append(f"{change} ({n} events each): " + "; ".join(parts) + ".")
+    same = all(r["digest_equal"] for r in rows)
+    return out + [f"State digests before and after every switch: {'equal' if same else 'NOT all equal'}."]
+
+
+def _sim_precopy(d: dict[str, Any]) -> list[str]:
+    out = [f"{r['model']} on {r['gpus']} ({r['profile']}, {r['old']} -> {r['new']}, steps of {r['step_s']:.0f} s): "
+           f"pause {r['pause_s']:.2f} s without, {r['pause_precopy_s']:.2f} s with; mirroring costs the steps "
+           f"{r['mirror_cost_s']:.2f} s: {r['lost_s']:.2f} s lost to the event without, {r['lost_precopy_s']:.2f} s with"
+           for r in d["rows"]]
+    gp = d["goodput"]
+    goods = "; ".join(f"{r['profile']} {r['model']}: live {r['goodput']:.2%}, live-precopy {q['goodput']:.2%} (goal "
+                      f"{r['goal']:.1%}: {'met' if q['goodput'] >= r['goal'] else 'not met'} with it)"
+                      for r in gp if r["policy"] == "live"
+                      for q in gp if q["policy"] == "live-precopy" and (q["profile"], q["model"]) == (r["profile"], r["model"]))
+    return [o + "." for o in out] + [f"Goodput, one event every 10 minutes for 8 hours: {goods}."]
+
+
 RENDER: dict[str, Callable[[Any], list[str]]] = {
+    "precopy": _precopy, "sim_precopy": _sim_precopy,
     "native_overhead": _native_overhead, "build": _build, "engines_reconfig": _engines_reconfig,
     "cpu_target": _cpu_target,
     "sim_validation": _sim_validation, "sim_downtime": _sim_downtime, "sim_goodput": _sim_goodput,

@@ -23,6 +23,14 @@ class Cut:
     ckpt_busy: int  # some rank is still writing the previous periodic checkpoint
     built_min: int = 0  # lowest generation whose groups every rank has built (not yet connected)
     built_max: int = 0
+    precopy_min: int = 0  # the slices of the ranks' pre-copies (0: a rank has none)
+    precopy_max: int = 0
+
+    @property
+    def precopy_slices(self) -> int:
+        """The slices every rank's pre-copy has (the same plan everywhere); 0 where some rank has none
+        (its engine cannot replay, its copies did not fit): then nobody mirrors, everything streams."""
+        return self.precopy_min if self.precopy_min == self.precopy_max else 0
 
     @property
     def connect_now(self) -> int:
@@ -35,16 +43,18 @@ class Cut:
         return self.ready_min if self.ready_min == self.ready_max and self.ready_min == self.wanted else 0
 
 
-def agree(group, wish: Wish | None, ready_gen: int, ckpt_busy: bool = False, built_gen: int = 0) -> Cut:
+def agree(group, wish: Wish | None, ready_gen: int, ckpt_busy: bool = False, built_gen: int = 0,
+          precopy_slices: int = 0) -> Cut:
     """Collective over the Active World: rank 0 contributes the controller's ``wish`` (None on the
-    other ranks), everybody its readiness and whether its checkpoint writer is busy."""
+    other ranks), everybody its readiness, whether its checkpoint writer is busy, and the slices of
+    its ready preparation's pre-copy."""
     w = wish or Wish()
     v = torch.tensor([w.wanted, -ready_gen, ready_gen, w.stop_at, w.force, w.end_at, int(ckpt_busy), -built_gen,
-                      built_gen], dtype=torch.int64, device=_device(group))
+                      built_gen, -precopy_slices, precopy_slices], dtype=torch.int64, device=_device(group))
     group.allreduce(v, "max")
-    wanted, neg_min, mx, stop_at, force, end_at, busy, neg_bmin, bmax = (int(x) for x in v.tolist())
+    wanted, neg_min, mx, stop_at, force, end_at, busy, neg_bmin, bmax, neg_pmin, pmax = (int(x) for x in v.tolist())
     return Cut(wanted=wanted, ready_min=-neg_min, ready_max=mx, stop_at=stop_at, force=force, end_at=end_at,
-               ckpt_busy=busy, built_min=-neg_bmin, built_max=bmax)
+               ckpt_busy=busy, built_min=-neg_bmin, built_max=bmax, precopy_min=-neg_pmin, precopy_max=pmax)
 
 
 def confirm(group, committed: int) -> int:

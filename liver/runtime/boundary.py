@@ -25,8 +25,7 @@ class Local:
     ready: bool = False       # ... and connected them (first collectives): it reported ready
     defer_connect: bool = False  # the groups' first collectives wait for a boundary (connect = "boundary")
     checkpoint_due: bool = False
-    precopy_slices: int = 0   # slices its pre-copy mirrors (0: none; the same on every rank)
-    precopied: int = 0        # ... of which the copy has begun
+    precopied: int = 0        # slices of its pre-copy whose copy has begun (``Cut.precopy_slices``: how many)
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,7 +58,7 @@ def decide(cut: Cut, me: Local) -> Action:
     # switch does not wait (``after_force``: the write is abandoned)
     switchable = bool(preparing) and not force and cut.switch_to == preparing
     # a pre-copy copies a slice at each boundary before the switch; a deadline does not wait for it
-    precopy = switchable and me.precopied < me.precopy_slices and cut.force != preparing
+    precopy = switchable and me.precopied < cut.precopy_slices and cut.force != preparing
     propose = preparing if switchable and not precopy and not cut.ckpt_busy else 0
     # never while the state is handed over, nor while any rank still writes the last one; a forced
     # boundary decides it after its second cut

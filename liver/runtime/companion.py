@@ -204,9 +204,14 @@ class Preparation:
         group = Group.create(self.store, f"liver/gen{s.generation}/precopy", sorted(set(s.old_procs)), self.proc,
                              self.backend, self.device, self.timeout)
         specs = self.adapter.state_specs(self.job)
-        self.mirror = Mirror.make(chosen, self.plan, specs, self.proc, group, self.budget_bytes, self.device,
-                                  replay, pause=self._pause,
-                                  storage=self.prebuilt.storage if self.prebuilt is not None else None)
+        try:
+            self.mirror = Mirror.make(chosen, self.plan, specs, self.proc, group, self.budget_bytes, self.device,
+                                      replay, pause=self._pause,
+                                      storage=self.prebuilt.storage if self.prebuilt is not None else None)
+        except torch.OutOfMemoryError:  # (the cut then tells every rank: nobody mirrors, all of it streams)
+            self.timings["precopy"] = "off: the device has no memory for its copies"
+            group.destroy()
+            return
         self.rest = StreamingExecutor(self.plan, specs, self.proc, self.transfer, self.budget_bytes, self.device,
                                       pause=self._pause, select=chosen.left)
         self.rest.reserve()

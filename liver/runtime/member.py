@@ -283,17 +283,17 @@ class Member:
         if c is not None:
             c.prep.pace.boundary(step_s)  # its next slice
         wish = self.courier.wish() if e.world.rank == 0 else None
+        mirror = c.prep.mirror if c is not None and c.prep.ready else None
         try:
             cut = agree(e.world.all, wish, c.ready_generation() if c else 0, self.ckpt.busy(),
-                        c.built_generation() if c else 0)
+                        c.built_generation() if c else 0, mirror.num_slices if mirror else 0)
         finally:  # (a peer lost in the cut: the survivors heal from this step, logged like any other)
             if post is not None:
                 self.courier.post(post)
-        mirror = c.prep.mirror if c is not None and c.prep.ready else None
         me = Local(step=e.step, generation=e.world.generation, preparing=c.prep.generation if c else 0,
                    built=bool(c and c.prep.built), ready=bool(c and c.prep.ready),
                    defer_connect=bool(c and c.prep.defer_connect), checkpoint_due=self.ckpt.due(e),
-                   precopy_slices=mirror.num_slices if mirror else 0, precopied=mirror.started if mirror else 0)
+                   precopied=mirror.started if mirror else 0)
         act = decide(cut, me)
         if act.stop:
             return self._stop_for_restart()

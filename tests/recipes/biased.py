@@ -55,3 +55,5 @@ ADAGRAD = WithOptimizer("biased-adagrad", lambda ps, t: torch.optim.Adagrad(ps, 
 NADAM = WithOptimizer("biased-nadam", lambda ps, t: torch.optim.NAdam(ps, lr=t.lr, foreach=False))
 RMSPROP = WithOptimizer("biased-rmsprop", lambda ps, t: torch.optim.RMSprop(ps, lr=t.lr, momentum=0.5, centered=True))
 RECIPE = BiasedRecipe()
+FUSED_ADAMW = WithOptimizer("biased-fused-adamw", lambda ps, t: torch.optim.AdamW(ps, lr=t.lr, weight_decay=0.1,
+                                                                                  fused=True))
