@@ -166,11 +166,14 @@ class _Recorder:
         self.got = ({n: g.clone() for n, g in grads.items()}, update)
 
 
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(
+    not __import__("torch").cuda.is_available(), reason="needs a GPU"))])
 @pytest.mark.parametrize("name", ["SGD", "ADAGRAD", "NADAM", "FUSED_ADAMW"])
-def test_a_recipes_optimizer_replayed_on_cut_shards_gives_its_own_bits_or_is_refused_with_why(name):
+def test_a_recipes_optimizer_replayed_on_cut_shards_gives_its_own_bits_or_is_refused_with_why(name, device):
     """The engine's state after a step, against its state before the step cut in uneven pieces (each
     tensor in two rows' worth and the rest) and the step's update replayed on each piece: the same
-    bits, or ``replay`` refuses with the reason (torch's fused AdamW on a CPU rounds by position)."""
+    bits, or ``replay`` refuses with the reason (torch's fused AdamW on a CPU rounds by position; on
+    a GPU it does not: replayed there)."""
     import torch
 
     from liver.engine.interface import NotReplayable
@@ -181,17 +184,20 @@ def test_a_recipes_optimizer_replayed_on_cut_shards_gives_its_own_bits_or_is_ref
     adapter = load_adapter(f"{ROOT}/tests/recipes/biased.py:{name}")
     job = job_of(32, 4, 64, 64)
     store, _ = make_store()
-    world = World.build(store, 0, adapter.layout(job, ParallelConfig()), 0, "gloo", torch.device("cpu"))
+    dev = torch.device(device, 0) if device == "cuda" else torch.device("cpu")
+    if device == "cuda":
+        torch.cuda.set_device(dev)
+    world = World.build(store, 0, adapter.layout(job, ParallelConfig()), 0, "nccl" if device == "cuda" else "gloo", dev)
     world.activate()
     try:
-        engine = NativeEngine(adapter.recipe, job, world, torch.device("cpu"))
+        engine = NativeEngine(adapter.recipe, job, world, dev)
         engine.train_step()  # (the optimizer makes its state)
         try:
             replay = adapter.replay(job, engine)
         except NotReplayable as why:
-            assert name == "FUSED_ADAMW" and "fused=True" in str(why), why
+            assert name == "FUSED_ADAMW" and device == "cpu" and "fused=True" in str(why), why
             return
-        assert name != "FUSED_ADAMW"
+        assert name != "FUSED_ADAMW" or device == "cuda"
         before = {n: t.clone() for n, t in engine.state.items()}
         engine.mirror = rec = _Recorder()
         engine.train_step()
@@ -206,5 +212,43 @@ def test_a_recipes_optimizer_replayed_on_cut_shards_gives_its_own_bits_or_is_ref
                     for key in ("", *(f".{k}" for k in engine.kinds.keys)):
                         got, want = shards[n + key], engine.state[n + key]
                         assert torch.equal(got, want[part] if want.dim() else want), (name, n + key, cut)
+    finally:
+        world.destroy()
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(
+    not __import__("torch").cuda.is_available(), reason="needs a GPU"))])
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_the_reference_engines_update_replayed_on_cut_shards_gives_its_own_bits(device, dtype):
+    """The reference engine (fp32 master state, AdamW; compute in ``dtype``): its state after a step
+    against the state before it, cut in two uneven pieces, with the step's update replayed on each."""
+    import dataclasses
+
+    import torch
+
+    from liver.engine.reference.trainer import Engine
+    from liver.world.world import World, make_store
+
+    job = dataclasses.replace(JOB, compute_dtype=dtype)
+    dev = torch.device(device, 0) if device == "cuda" else torch.device("cpu")
+    store, _ = make_store()
+    world = World.build(store, 0, ADAPTER.layout(job, ParallelConfig()), 0, "nccl" if device == "cuda" else "gloo", dev)
+    world.activate()
+    try:
+        engine = Engine(job, world, dev)
+        for _ in range(2):
+            engine.train_step()
+        replay = ADAPTER.replay(job, engine)
+        before = {n: t.clone() for n, t in engine.state.items()}
+        engine.mirror = rec = _Recorder()
+        engine.train_step()
+        grads, update = rec.got
+        assert update.grad_scale <= 1.0 and update.step == 2
+        for cut in (3, 1):
+            for part in (slice(None, cut), slice(cut, None)):
+                shards = {n: t[part].clone() for n, t in before.items()}
+                replay(shards, {n: g[part] for n, g in grads.items()}, update)
+                for n, t in shards.items():
+                    assert torch.equal(t, engine.state[n][part]), (n, cut)
     finally:
         world.destroy()
