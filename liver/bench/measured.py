@@ -329,6 +329,8 @@ def _precopy(rows: list[dict[str, Any]]) -> list[str]:
             parts.append(f"{size} ({on['parameters'] / 1e6:.1f}M parameters): pause {off['downtime_median_s'] * 1e3:.0f} ms "
                          f"without, {on['downtime_median_s'] * 1e3:.0f} ms with (middle 90%: "
                          f"{on['downtime_interval_s'][0] * 1e3:.0f}-{on['downtime_interval_s'][1] * 1e3:.0f} ms), "
+                         f"the switch in it {off['switch_median_s'] * 1e3:.1f} ms without, "
+                         f"{on['switch_median_s'] * 1e3:.1f} ms with, "
                          f"{on['bytes_precopied'] / 2**20:.1f} MiB pre-copied, "
                          f"{on['bytes_streamed_at_switch'] / 2**20:.1f} MiB moved in the switch; mirroring "
                          f"{_pct(on['mirror_overhead'])} on {on['mirrored_steps_median']:g} step(s), "
