@@ -33,25 +33,28 @@ parallels = st.sampled_from([ParallelConfig(tp=t, pp=p, dp=d) for t in (1, 2) fo
 
 @settings(max_examples=150, deadline=None)
 @given(old=parallels, new=parallels, extra=st.integers(0, 3), cap=st.sampled_from([0, 1 << 14, 1 << 17]),
-       slice_bytes=st.sampled_from([1, 1 << 15, 1 << 30, None]))
-def test_mirrors_tile_the_moving_boxes_of_old_ranks_within_the_cap_and_slices(old, new, extra, cap, slice_bytes):
+       slice_bytes=st.sampled_from([1, 1 << 15, 1 << 30, None]), joiners=st.booleans())
+def test_mirrors_tile_the_moving_boxes_of_followers_within_the_cap_and_slices(old, new, extra, cap, slice_bytes,
+                                                                              joiners):
     lo, ln = ADAPTER.layout(JOB, old), ADAPTER.layout(JOB, new)
     old_procs = list(range(lo.size))
     new_procs = list(range(max(0, ln.size - extra))) + list(range(100, 100 + min(extra, ln.size)))
     new_procs = new_procs[:ln.size]
     plan = plan_transfer(lo, ln, SPECS, old_procs, new_procs)
-    pc = choose(plan, lambda n: True, cap, slice_bytes)
-    again = choose(plan, lambda n: True, cap, slice_bytes)
+    followers = sorted(set(old_procs) | set(new_procs)) if joiners else old_procs
+    pc = choose(plan, lambda n: True, cap, slice_bytes, to=followers if joiners else None)
+    again = choose(plan, lambda n: True, cap, slice_bytes, to=followers if joiners else None)
     assert pc == again  # every process works out the same
     tasks = [t for t in plan.tasks if t.kind != "keep"]
     selected = [t for t in tasks if pc.selects(t)]
-    # only boxes of old processes, whole (every task into a mirrored box is mirrored), never a keep
-    assert all(t.dst_proc in old_procs for t in selected)
+    # only boxes of processes that follow the steps, whole (every task into a mirrored box is
+    # mirrored), never a keep
+    assert all(t.dst_proc in followers for t in selected)
     keys = {(t.tensors, t.dst_proc) for t in selected}
     assert all(pc.selects(t) for t in tasks if (t.tensors, t.dst_proc) in keys)
     assert not any(pc.selects(t) for t in plan.tasks if t.kind == "keep")
     # every movable box of an old process is mirrored unless over the cap
-    movable = {(t.tensors, t.dst_proc) for t in tasks if t.dst_proc in old_procs}
+    movable = {(t.tensors, t.dst_proc) for t in tasks if t.dst_proc in followers}
     assert movable == keys | set(pc.capped) and not keys & set(pc.capped)
     if cap:
         assert all(b <= cap for b in pc.mirror_bytes.values())
@@ -97,10 +100,11 @@ def test_live_with_precopy_equals_restart_and_the_switch_moves_only_the_rest(tmp
         assert pc["mirrored_steps"] == pc["slices"] and pc["mirror_bytes"] <= 1 << 20, pc
     reshape, scale_in, scale_out = (e["precopy"] for e in live["events"])
     assert reshape["slices"] == 2
-    # between old ranks, the switch moves only what was over the memory cap; to cold joiners, theirs
-    for pc in (reshape, scale_in):
+    # the switch moves only what was over the memory cap
+    for pc in (reshape, scale_in, scale_out):
         assert pc["capped_shards"] > 0 and pc["bytes_streamed_at_switch"] > 0, pc
-    assert scale_out["bytes_streamed_at_switch"] > 0
+    # the cold joiners followed the old ranks' steps: their shards were mirrored too
+    assert reshape["followers"] == scale_in["followers"] == 0 and scale_out["followers"] == 2, scale_out
     total = live["steps"][-1]["step"]
     check_continuous(live, total)
     cuts = [e["last_old_step"] for e in live["events"]]
@@ -116,7 +120,7 @@ def test_live_with_precopy_equals_restart_and_the_switch_moves_only_the_rest(tmp
 
 NATIVE = [("reshape 1,1,2", "tp1pp1dp2"),                  # TP2 -> FSDP2: every moving shard mirrored
           ("scale-in 1 as 1,1,1", "tp1pp1dp1"),            # a notice: the survivor mirrors the leaver's half
-          ("scale-out 2 as 1,2,1", "tp1pp2dp1"),           # a cold joiner: nothing moves between old ranks
+          ("scale-out 2 as 1,2,1", "tp1pp2dp1"),           # a cold joiner follows the steps: its stage mirrored
           ("reshape 2,1,1", "tp2pp1dp1")]                  # two pipeline stages -> TP2, in place
 
 
@@ -134,13 +138,9 @@ def test_a_users_model_and_optimizer_mirrored_live_equal_restart(tmp_path: Path)
     assert [e["new"] for e in live["events"]] == [n for _, n in NATIVE], [e["status"] for e in live["events"]]
     for i, e in enumerate(live["events"]):
         assert e["digest_equal"] is True, e
-        if i == 2:  # the old process keeps its stage, the joiner receives the other: nothing to mirror
-            assert "precopy" not in e
-            assert {p["precopy"] for p in e["prepare_by_proc"].values()} == {"", "off: nothing moves between old ranks"}
-            continue
         pc = e["precopy"]
         assert pc["used"] and pc["bytes_precopied"] > 0 and pc["grad_bytes_per_step"] > 0, pc
-        assert pc["bytes_streamed_at_switch"] == 0, pc
+        assert pc["bytes_streamed_at_switch"] == 0 and pc["followers"] == (1 if i == 2 else 0), pc
     total = live["steps"][-1]["step"]
     check_continuous(live, total)
     cuts = [e["last_old_step"] for e in live["events"]]
@@ -193,7 +193,7 @@ def test_a_recipes_optimizer_replayed_on_cut_shards_gives_its_own_bits_or_is_ref
         engine = NativeEngine(adapter.recipe, job, world, dev)
         engine.train_step()  # (the optimizer makes its state)
         try:
-            replay = adapter.replay(job, engine)
+            replay = adapter.replay(job, dev, engine)
         except NotReplayable as why:
             assert name == "FUSED_ADAMW" and device == "cpu" and "fused=True" in str(why), why
             return
@@ -238,7 +238,7 @@ def test_the_reference_engines_update_replayed_on_cut_shards_gives_its_own_bits(
         engine = Engine(job, world, dev)
         for _ in range(2):
             engine.train_step()
-        replay = ADAPTER.replay(job, engine)
+        replay = ADAPTER.replay(job, dev, engine)
         before = {n: t.clone() for n, t in engine.state.items()}
         engine.mirror = rec = _Recorder()
         engine.train_step()

@@ -176,6 +176,7 @@ def precopy_metrics(mirrors: list[dict[str, Any]], reports) -> dict[str, Any]:
     steps (the busiest process's), and the memory of the mirrors (the largest)."""
     steps = max(m["mirrored_steps"] for m in mirrors)
     return {"used": all(m["used"] for m in mirrors), "slices": mirrors[0]["slices"],
+            "followers": sum(1 for m in mirrors if m.get("follower")),  # cold joiners that followed the steps
             "mirrored_steps": steps,
             "bytes_precopied": sum(m["bytes_precopied"] for m in mirrors),
             "bytes_streamed_at_switch": sum(r.transfer["bytes_sent"] + r.transfer["bytes_local"] for r in reports),

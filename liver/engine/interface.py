@@ -279,12 +279,13 @@ class EngineAdapter(ABC):
         engine's own step, once an iteration."""
         steps.run_all()
 
-    def replay(self, job: JobConfig, engine: TrainingEngine) -> Replay:
-        """Pre-copy (liver/runtime/mirror.py), asked on an old rank with its running ``engine``: the
-        engine's optimizer update as a ``Replay``, the same bits as the engine's own on any cut of
-        the state; the engine then calls its ``mirror``'s ``before_update`` and ``after_update``
-        around each update. ``NotReplayable`` with the reason where it cannot (here: the engine
-        does not say how), and its state streams at the switch."""
+    def replay(self, job: JobConfig, device: torch.device, engine: TrainingEngine | None = None) -> Replay:
+        """Pre-copy (liver/runtime/mirror.py), asked on every process of a handoff: on an old rank
+        with its running ``engine``, on a cold joiner with none. The engine's optimizer update as a
+        ``Replay`` on ``device``, the same bits as the engine's own on any cut of the state; the
+        engine then calls its ``mirror``'s ``before_update`` and ``after_update`` around each
+        update. ``NotReplayable`` with the reason where it cannot (here: the engine does not say
+        how), and its state streams at the switch."""
         raise NotReplayable(f"engine {self.name} does not replay its optimizer's update")
 
     def max_rank_bytes(self, job: JobConfig, layout: Layout) -> int:

@@ -9,6 +9,8 @@
 - ``progress``          the latest finished step (``messages.Progress``, rank 0 of the Active World)
 - ``ready/{g}/{proc}``  a process has built and connected its part of generation g (time)
 - ``error/{g}/{proc}``  a process could not prepare generation g (``messages.Failure``)
+- ``precopy/{g}/{proc}``  the slices of a process's pre-copy of generation g (0: none): every
+                        process of the handoff mirrors, or none (``runtime/mirror.py``)
 - ``decision/{g}``      whether pending generation g is switched to: "commit" (rank 0 of the Active
                         World, once every rank is ready) or "withdraw" (the controller); whichever is
                         written first holds (one compare-and-set), so both sides know, without

@@ -175,7 +175,7 @@ class Preparation:
             self.timings["prebuilt"] = self.prebuilt.path
             self.timings["prebuilt_bytes"] = self.prebuilt.storage_bytes
             self.timings.update(self.prebuilt.ahead)
-        if self.precopy is not None and self.old is not None and self.active is not None:
+        if self.precopy is not None and s.kind != "heal" and (self.active is not None or self.proc not in s.old_procs):
             self._make_mirror()  # (its shards in the new engine's storage where Prepare made it)
         # CPU time of this thread (Python holds the GIL for most of it: the training thread's cost)
         self.timings["build_cpu_s"] = time.thread_time() - c0
@@ -186,35 +186,44 @@ class Preparation:
             self.connect()
 
     def _make_mirror(self) -> None:
-        """On every old rank alike (each works out the same slices from the global plan): the
-        mirror, its group over the old processes, and the executor of what it leaves to the switch."""
+        """On every process of the handoff alike, old ranks and cold joiners (each works out the
+        same slices from the global plan): the mirror's group, the mirror, and the executor of what
+        it leaves to the switch; then the processes agree (``Mirror.agree``): where one has no
+        mirror (its engine cannot replay, its copies did not fit), nobody mirrors."""
         t0 = time.perf_counter()
-        try:
-            replay = self.adapter.replay(self.job, self.old)
-        except NotReplayable as why:
-            self.timings["precopy"] = f"off: {why}"
-            return
-        slice_bytes, cap_bytes = self.precopy
-        chosen = choose(self.plan, replay.replayable, cap_bytes, slice_bytes)
-        self.timings["precopy"] = "on" if chosen.slices else "off: nothing moves between old ranks"
-        if not chosen.slices:
-            return
         s = self.spec
+        members = sorted(set(s.old_procs) | set(s.procs))
         self._pause()
-        group = Group.create(self.store, f"liver/gen{s.generation}/precopy", sorted(set(s.old_procs)), self.proc,
+        group = Group.create(self.store, f"liver/gen{s.generation}/precopy", members, self.proc,
                              self.backend, self.device, self.timeout)
-        specs = self.adapter.state_specs(self.job)
+        mirror, why = None, ""
         try:
-            self.mirror = Mirror.make(chosen, self.plan, specs, self.proc, group, self.budget_bytes, self.device,
-                                      replay, pause=self._pause,
-                                      storage=self.prebuilt.storage if self.prebuilt is not None else None)
-        except torch.OutOfMemoryError:  # (the cut then tells every rank: nobody mirrors, all of it streams)
-            self.timings["precopy"] = "off: the device has no memory for its copies"
+            replay = self.adapter.replay(self.job, self.device, self.old)
+            slice_bytes, cap_bytes = self.precopy
+            chosen = choose(self.plan, replay.replayable, cap_bytes, slice_bytes, to=members)
+            if chosen.slices:
+                mirror = Mirror.make(chosen, self.plan, self.adapter.state_specs(self.job), self.proc, group,
+                                     self.budget_bytes, self.device, replay, pause=self._pause,
+                                     storage=self.prebuilt.storage if self.prebuilt is not None else None,
+                                     leader=members.index(s.old_procs[0]),
+                                     followers=tuple(members.index(p) for p in members if p not in s.old_procs))
+            else:
+                why = "off: nothing moves"
+        except NotReplayable as e:
+            why = f"off: {e}"
+        except torch.OutOfMemoryError:
+            why = "off: the device has no memory for its copies"
+        agreed = Mirror.agree(self.store, s.generation, members, self.proc, mirror.num_slices if mirror else 0,
+                              self.timeout)
+        if not agreed:
+            self.timings["precopy"] = why or "off: another process of the handoff cannot mirror (its record says why)"
             group.destroy()
             return
-        self.rest = StreamingExecutor(self.plan, specs, self.proc, self.transfer, self.budget_bytes, self.device,
-                                      pause=self._pause, select=chosen.left)
+        self.mirror = mirror
+        self.rest = StreamingExecutor(self.plan, self.adapter.state_specs(self.job), self.proc, self.transfer,
+                                      self.budget_bytes, self.device, pause=self._pause, select=mirror.precopy.left)
         self.rest.reserve()
+        self.timings["precopy"] = "on"
         self.timings["precopy_s"] = time.perf_counter() - t0
 
     @property

@@ -148,11 +148,14 @@ class Member:
         # a generation withdrawn under it (a controller cancelled it, or one resumed after its death)
         # ends it here by itself: stopped from outside inside a Gloo rendezvous, it would hold the
         # other members there until their group timeout
-        prep = self._preparation(spec, store=self.store, withdrawn=lambda: protocol.decided(self.store, g) == WITHDRAW)
+        withdrawn = lambda: protocol.decided(self.store, g) == WITHDRAW  # noqa: E731
+        prep = self._preparation(spec, store=self.store, withdrawn=withdrawn)
         prep.run()
         if prep.defer_connect and prep.built and not prep.ready and not prep.abandoned:
             prep.connect()  # NCCL: with the old ranks, when they reach their boundary
-        if prep.abandoned or not self._committed(g):
+        # with a pre-copy it follows the old ranks' steps until the switch (runtime/mirror.py)
+        followed = prep.mirror.follow(withdrawn) if prep.mirror is not None and prep.ready else True
+        if prep.abandoned or followed is None or not self._committed(g):
             print(f"[liver] proc {self.proc}: generation {g} was withdrawn before it began; this joiner ends", flush=True)
             return False
         if not prep.ready:
@@ -377,15 +380,18 @@ class Member:
             torch.cuda.reset_peak_memory_stats(self.device)
         rec["switch_start"] = time.time()
         into, self.into = self.into, None
-        # a whole mirror: the switch moves the rest; one cut short (a deadline): everything moves
-        mirror = prep.mirror if prep.mirror is not None and prep.mirror.complete else None
+        # a whole mirror: the switch moves the rest; one cut short (a deadline): everything moves (an
+        # old rank decides, as every old rank does, and old rank 0 tells the joiners that follow)
+        if prep.mirror is not None and old is not None:
+            prep.mirror.announce_switch(prep.mirror.complete)
+        mirror = prep.mirror if prep.mirror is not None and prep.mirror.used else None
         if old is not None and getattr(old, "mirror", None) is not None:
             old.mirror = None
         new, info = switch(adapter=self.adapter, job=self.job, old=old, new_world=prep.world,
                            executor=prep.rest if mirror else prep.executor, device=self.device, into=into,
                            prebuilt=prep.prebuilt, mirrored=mirror.storage if mirror else None)
         if prep.mirror is not None:
-            rec["precopy"] = {**prep.mirror.stats, "used": mirror is not None,
+            rec["precopy"] = {**prep.mirror.stats, "used": mirror is not None, "follower": old is None,
                               "slices_mirrored": prep.mirror.current}
             prep.mirror.drop()  # (its shards are the new engine's now; its group goes)
         del into

@@ -15,6 +15,13 @@ its step). From the boundary where every rank is ready, one slice of layers a bo
   (``EngineAdapter.replay``), so it holds the state as of this step, bit for bit where the update is
   shard-invariant (liver/engine/shard_invariance.py).
 
+A cold joiner follows the same steps without training (``follow``): old rank 0 tells it, on the
+mirror's group, when a slice is copied (``SLICE``), each step's update (``STEP``: its scalars, then
+the gradients come from their owners as to every mirror) and, at the switch, whether the mirrors
+are used (``SWITCH``). Every process of the handoff makes its mirror in Prepare and they agree on
+its slices over the group (``Mirror.agree``): where one cannot (its engine cannot replay, its
+copies do not fit), nobody mirrors.
+
 Once every slice is mirrored, the switch moves the rest and adopts the mirrors. A mirror dropped
 (the handoff abandoned, a deadline before it was complete) costs nothing more: the switch then
 streams everything.
@@ -22,6 +29,7 @@ streams everything.
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from typing import Any, Callable
@@ -36,9 +44,16 @@ from liver.transfer.precopy import Precopy
 from liver.world.group import Group
 
 
+SLICE, STEP, SWITCH = 1, 2, 3  # what old rank 0 tells a cold joiner that follows
+ASK_EVERY_S = 0.2  # a follower asks whether its generation was withdrawn (a store round trip) at most this often
+
+
 class Mirror:
     def __init__(self, precopy: Precopy, slices: list[StreamingExecutor], grads: list[StreamingExecutor],
-                 storage: dict[str, torch.Tensor], group: Group, replay: Replay) -> None:
+                 storage: dict[str, torch.Tensor], group: Group, replay: Replay, leader: int = 0,
+                 followers: tuple[int, ...] = ()) -> None:
+        """``leader``: the group rank of old rank 0's process; ``followers``: the group ranks of cold
+        joiners that follow the steps."""
         self.precopy = precopy
         self._slices, self._grads = slices, grads
         self.storage = storage  # this process's mirrored shards, by state name (new layout)
@@ -49,6 +64,8 @@ class Mirror:
         self.current = 0   # slices that hold the state as of the last step
         self._thread: threading.Thread | None = None
         self._error: BaseException | None = None
+        self.leader, self.followers = leader, followers
+        self.used: bool | None = None  # whether the switch takes the mirrors (decided at the switch)
         self.stats: dict[str, Any] = {**precopy.summary(), "bytes_precopied": 0, "copy_s": 0.0,
                                       "copy_wait_s": 0.0, "mirrored_steps": 0, "grad_bytes": 0,
                                       "replay_s": 0.0, "mirror_bytes": sum(t.numel() * t.element_size()
@@ -58,7 +75,8 @@ class Mirror:
     def make(cls, precopy: Precopy, plan: Plan, specs: list[TensorSpec], proc: int, group: Group,
              budget_bytes: int, device: torch.device, replay: Replay,
              pause: Callable[[], None] | None = None,
-             storage: dict[str, torch.Tensor] | None = None) -> "Mirror":
+             storage: dict[str, torch.Tensor] | None = None, leader: int = 0,
+             followers: tuple[int, ...] = ()) -> "Mirror":
         """``storage``: the new engine's, made in Prepare (``Prebuilt.storage``): a mirrored shard
         of its shape and dtype is kept there, so the switch adopts it as it is."""
         params = [s for s in specs if s.kind == "param"]
@@ -78,7 +96,78 @@ class Mirror:
                 own[n] = t
             else:  # written now, so that a host's pages are faulted in beside training, not in a slice's copy
                 own[n] = torch.zeros(shape, dtype=dtype, device=device)
-        return cls(precopy, slices, grads, own, group, replay)
+        return cls(precopy, slices, grads, own, group, replay, leader, followers)
+
+    @staticmethod
+    def agree(store, generation: int, members: list[int], proc: int, slices: int, timeout) -> int:
+        """Over the job's store (no collective on the new group beside training): the slices every
+        process's mirror has, or 0 where they differ (a process without one: nobody mirrors)."""
+        store.set(f"precopy/{generation}/{proc}", str(slices))
+        keys = [f"precopy/{generation}/{p}" for p in members]
+        store.wait(keys, timeout)
+        got = {int(store.get(k)) for k in keys}
+        return got.pop() if len(got) == 1 else 0
+
+    # ---- old rank 0 to the cold joiners that follow ------------------------------------------
+    def _announce(self, kind: int, payload: dict[str, Any] | None = None) -> None:
+        if self.group.rank != self.leader or not self.followers:
+            return
+        data = json.dumps(payload or {}, default=_plain).encode()
+        dev = self.group.device
+        head = torch.tensor([kind, len(data)], dtype=torch.int64, device=dev)
+        body = torch.frombuffer(bytearray(data), dtype=torch.uint8).to(dev)
+        for f in self.followers:
+            self.group.send(head, f)
+            self.group.send(body, f)
+
+    def announce_switch(self, complete: bool) -> None:
+        """At the switch, on every old rank alike: whether it takes the mirrors (all of them are
+        current); old rank 0 tells the followers."""
+        self.used = complete
+        self._announce(SWITCH, {"mirrored": complete})
+
+    def follow(self, withdrawn: Callable[[], bool]) -> bool | None:
+        """A cold joiner: copy each slice and replay each step's update as old rank 0 says, until
+        the switch (returns whether the mirrors are used) or until ``withdrawn()`` (None)."""
+        dev = self.group.device
+        while True:
+            head = torch.zeros(2, dtype=torch.int64, device=dev)
+            work = self.group.irecv(head, self.leader)
+            got, failed = threading.Event(), []  # (a gloo receive says it is complete only once waited for)
+
+            def wait(w=work, e=got, f=failed) -> None:
+                try:
+                    w.wait()
+                except BaseException as err:  # (old rank 0 is gone: the group's timeout, or its end)
+                    f.append(err)
+                e.set()
+
+            threading.Thread(target=wait, daemon=True).start()
+            while not got.wait(ASK_EVERY_S):
+                if withdrawn():
+                    return None
+            if failed:
+                raise RuntimeError(f"pre-copy: old rank 0 stopped talking: {failed[0]!r}") from failed[0]
+            kind, n = (int(x) for x in head.tolist())
+            body = torch.empty(n, dtype=torch.uint8, device=dev)
+            self.group.recv(body, self.leader)
+            payload = json.loads(bytes(body.cpu().numpy()).decode())
+            if kind == SLICE:
+                t0 = time.perf_counter()
+                _, st = self._slices[self.started].run(None, release=False, into=self.storage)
+                self.stats["bytes_precopied"] += st.bytes_received
+                self.stats["copy_s"] += time.perf_counter() - t0
+                self.started += 1
+                self.current = self.started
+            elif kind == STEP:
+                self._apply({}, Update(step=payload["step"], lr=payload["lr"], grad_scale=payload["grad_scale"],
+                                       groups=tuple(payload["groups"]),
+                                       counters=tuple(tuple(c) for c in payload["counters"])))
+            elif kind == SWITCH:
+                self.used = bool(payload["mirrored"]) and self.complete
+                return self.used
+            else:
+                raise RuntimeError(f"pre-copy: unknown message {kind} from old rank 0")
 
     @property
     def num_slices(self) -> int:
@@ -93,6 +182,7 @@ class Mirror:
         the next step's forward and backward."""
         i = self.started
         self.started += 1
+        self._announce(SLICE)
 
         def copy() -> None:
             try:
@@ -118,9 +208,14 @@ class Mirror:
             raise RuntimeError(f"pre-copy of slice {self.started - 1} failed: {self._error!r}") from self._error
         self.current = self.started  # it holds the state before this step's update
 
-    @torch.no_grad()
     def after_update(self, grads: dict[str, torch.Tensor], update: Update) -> None:
-        """The step's update, replayed on every slice mirrored so far."""
+        """The step's update, replayed on every slice mirrored so far (the followers' too)."""
+        self._announce(STEP, {"step": update.step, "lr": update.lr, "grad_scale": update.grad_scale,
+                              "groups": list(update.groups), "counters": [list(c) for c in update.counters]})
+        self._apply(grads, update)
+
+    @torch.no_grad()
+    def _apply(self, grads: dict[str, torch.Tensor], update: Update) -> None:
         t0 = time.perf_counter()
         for ex in self._grads[:self.current]:
             got, st = ex.run(grads, release=False, into=self._grad_buf)
@@ -145,3 +240,10 @@ class Mirror:
     def abort(self) -> None:
         """The Active World broke under it: a copy blocked on a lost peer ends."""
         self.group.abort()
+
+
+def _plain(v: Any) -> Any:
+    """A value of an optimizer's options in JSON: a 0-dim tensor (a learning rate as a tensor) as its number."""
+    if isinstance(v, torch.Tensor) and v.dim() == 0:
+        return v.item()
+    raise TypeError(f"pre-copy: an optimizer option {v!r} cannot be sent to a cold joiner")

@@ -5,8 +5,8 @@ global plan, without talking.
 
 A destination shard (one geometry group of tensors, a parameter with its moments, in one new
 rank's box) is mirrored when
-- its process holds an old rank: it trains in the Active World until the switch, so it takes every
-  step with the others (a cold joiner does not: its shards stream at the switch);
+- its process follows the steps: an old rank (it trains in the Active World until the switch), or
+  a cold joiner that receives each step's update from them (``to``: those processes);
 - it is not kept (the same box on the same process: nothing would move anyway);
 - the engine replays the update of its tensors (``replayable``), and
 - it fits in its process's memory cap for mirrors, taken in streaming order.
@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Iterable
 
 from liver.planner.plan import Plan, TransferTask
 
@@ -54,13 +54,15 @@ class Precopy:
                 "capped_shards": len(self.capped)}
 
 
-def choose(plan: Plan, replayable: Callable[[str], bool], cap_bytes: int = 0, slice_bytes: int | None = None) -> Precopy:
+def choose(plan: Plan, replayable: Callable[[str], bool], cap_bytes: int = 0, slice_bytes: int | None = None,
+           to: Iterable[int] | None = None) -> Precopy:
     """``replayable(name)``: the engine replays that tensor's update; ``cap_bytes``: the most memory
     a process may give its mirrors (0: no cap); ``slice_bytes``: the most one process sends or
-    receives in one slice (a larger layer is a slice alone; None: one slice)."""
+    receives in one slice (a larger layer is a slice alone; None: one slice); ``to``: the processes
+    whose boxes may be mirrored (default: the old ones)."""
     if slice_bytes is not None and slice_bytes < 1:
         raise ValueError(f"slice_bytes={slice_bytes}: must be positive, or None for one slice")
-    old = set(plan.old_procs)
+    old = set(plan.old_procs) if to is None else set(to)
     box_bytes: dict[Key, int] = defaultdict(int)
     order: list[Key] = []
     for t in plan.tasks:  # in streaming order (layer, then the plan's order)

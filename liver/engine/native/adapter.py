@@ -18,7 +18,7 @@ from typing import Callable, Mapping
 import torch
 
 from liver.engine.interface import EngineAdapter, NotReplayable, state_and_grad_bytes, Prebuilt, TrainingEngine
-from liver.engine.native.optim import OptimizerReplay, groups_of
+from liver.engine.native.optim import OptimizerReplay, groups_of, optimizer_over_stand_ins as _optimizer_over_stand_ins
 from liver.engine.shard_invariance import invariant
 from liver.engine.native.ahead import first_step_ahead, fsdp_initialised, fsdp_unsharded_made
 from liver.engine.native.engine import NativeEngine, build_model, fsdp, model_facts, optimizer_state, structure
@@ -220,31 +220,38 @@ class NativeAdapter(EngineAdapter):
                 t.zero_()  # (written now: a host's pages are faulted in here, not in the pause)
         return Prebuilt(storage, None, wanted, sharding=table, ahead=ahead, engine=engine, adopted=adopted)
 
-    def replay(self, job: JobConfig, engine: TrainingEngine) -> OptimizerReplay:
+    def replay(self, job: JobConfig, device: torch.device, engine: TrainingEngine | None = None) -> OptimizerReplay:
         """The recipe's optimizer, made again over the shards of the new layout (``OptimizerReplay``),
-        where its update gives the same bits on any cut of a tensor on this device and dtype
-        (measured here with each of its groups' options: ``shard_invariance.invariant``), and each
-        parameter is in the same group in a stage's optimizer as in the whole model's."""
-        opt = engine.optimizer
-        cls = type(opt)
+        where its update gives the same bits on any cut of a tensor on ``device`` in the
+        parameters' dtypes (measured here with each of its groups' options: ``shard_invariance.
+        invariant``; the groups of ``engine``'s optimizer, else of one over the whole model), and,
+        on a running ``engine``, each parameter is in the same group of its optimizer as of the
+        whole model's."""
         with torch.device("meta"):
             whole = self.recipe.model(job)
         group = groups_of(lambda m: self.recipe.optimizer(m, job), whole)
-        mine = {n: i for i, g in enumerate(opt.param_groups) for n, p in engine._named_params
-                if any(p is q for q in g["params"])}
-        moved = [n for n, i in mine.items() if group.get(n) != i]
-        if moved:
-            raise NotReplayable(f"optimizer {cls.__name__}: parameter {moved[0]!r} is in group {mine[moved[0]]} of "
-                                f"this rank's optimizer and in group {group.get(moved[0])} of the whole model's")
-        dtypes = {p.dtype for _, p in engine._named_params}
+        if engine is not None:
+            opt, dtypes = engine.optimizer, {p.dtype for _, p in engine._named_params}
+            mine = {n: i for i, g in enumerate(opt.param_groups) for n, p in engine._named_params
+                    if any(p is q for q in g["params"])}
+            moved = [n for n, i in mine.items() if group.get(n) != i]
+            if moved:
+                raise NotReplayable(f"optimizer {type(opt).__name__}: parameter {moved[0]!r} is in group "
+                                    f"{mine[moved[0]]} of this rank's optimizer and in group {group.get(moved[0])} "
+                                    f"of the whole model's")
+        else:  # (a cold joiner: the recipe's optimizer over the whole model, on stand-ins)
+            with torch.device("meta"):
+                stand = self.recipe.model(job)
+            dtypes = {p.dtype for p in stand.parameters()}
+            opt = _optimizer_over_stand_ins(lambda m: self.recipe.optimizer(m, job), stand)
+        cls = type(opt)
         for i, g in enumerate(opt.param_groups):
             options = {k: v for k, v in g.items() if k != "params"}
-            for dtype in dtypes:
-                if not invariant(lambda ps: cls([{**options, "params": ps}]), (67, 5), (1, 30, 31), engine.device,
-                                 dtype):
+            for dtype in sorted(dtypes, key=str):
+                if not invariant(lambda ps: cls([{**options, "params": ps}]), (67, 5), (1, 30, 31), device, dtype):
                     raise NotReplayable(f"optimizer {cls.__name__} (group {i}: foreach={options.get('foreach')}, "
                                         f"fused={options.get('fused')}) gives other bits on a cut of a {dtype} tensor "
-                                        f"on {engine.device.type}")
+                                        f"on {torch.device(device).type}")
         return OptimizerReplay(cls, group, optimizer_state(self.recipe, job), frozenset(group))
 
     def make_step(self, engine: TrainingEngine) -> NativeStep:

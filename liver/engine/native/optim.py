@@ -54,14 +54,7 @@ class OptimizerState:
 def describe(optimizer_of, model: nn.Module, recipe_name: str) -> OptimizerState:
     """``optimizer_of(model)``'s state per parameter, from one step over stand-ins of ``model``'s
     parameters (``model`` is changed: pass one built for this, on the meta device)."""
-    stand: dict[int, nn.Parameter] = {}
-    for mod in model.modules():
-        for name, p in list(mod._parameters.items()):
-            if p is not None:
-                if id(p) not in stand:
-                    stand[id(p)] = nn.Parameter(torch.zeros((2,) * p.dim(), dtype=p.dtype), p.requires_grad)
-                mod._parameters[name] = stand[id(p)]
-    opt = optimizer_of(model)
+    opt = optimizer_over_stand_ins(optimizer_of, model)
     what = f"the optimizer {type(opt).__name__} of the recipe {recipe_name!r}"
     params = [p for g in opt.param_groups for p in g["params"]]
     for p in params:
@@ -94,9 +87,9 @@ def describe(optimizer_of, model: nn.Module, recipe_name: str) -> OptimizerState
     return OptimizerState(type(opt).__name__, tuple(sorted(tensors.items())), tuple(sorted(scalars.items())))
 
 
-def groups_of(optimizer_of, model: nn.Module) -> dict[str, int]:
-    """Each parameter's group in ``optimizer_of(model)`` by qualified name (``model`` is changed:
-    pass one built for this, on the meta device; its parameters become CPU stand-ins)."""
+def _stand_ins(model: nn.Module) -> dict[int, str]:
+    """``model``'s parameters replaced by small CPU stand-ins of their rank and dtype; the stand-ins'
+    ids to their qualified names."""
     stand: dict[int, nn.Parameter] = {}
     names: dict[int, str] = {}
     for prefix, mod in model.named_modules():
@@ -107,6 +100,20 @@ def groups_of(optimizer_of, model: nn.Module) -> dict[str, int]:
                 stand[id(p)] = nn.Parameter(torch.zeros((2,) * p.dim(), dtype=p.dtype), p.requires_grad)
                 names[id(stand[id(p)])] = f"{prefix}.{name}" if prefix else name
             mod._parameters[name] = stand[id(p)]
+    return names
+
+
+def optimizer_over_stand_ins(optimizer_of, model: nn.Module) -> torch.optim.Optimizer:
+    """``optimizer_of(model)`` over CPU stand-ins of ``model``'s parameters (``model`` is changed:
+    pass one built for this, on the meta device): its class and its groups' options."""
+    _stand_ins(model)
+    return optimizer_of(model)
+
+
+def groups_of(optimizer_of, model: nn.Module) -> dict[str, int]:
+    """Each parameter's group in ``optimizer_of(model)`` by qualified name (``model`` is changed:
+    pass one built for this, on the meta device)."""
+    names = _stand_ins(model)
     opt = optimizer_of(model)
     return {names[id(p)]: i for i, g in enumerate(opt.param_groups) for p in g["params"] if id(p) in names}
 

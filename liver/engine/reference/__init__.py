@@ -43,7 +43,7 @@ class ReferenceAdapter(EngineAdapter):
         from liver.engine.reference.trainer import Engine
         return Engine(job, world, device, initialise=initialise, state=state)
 
-    def replay(self, job: JobConfig, engine: TrainingEngine):
+    def replay(self, job: JobConfig, device: torch.device, engine: TrainingEngine | None = None):
         """The engine's own AdamW (foreach, element-wise: the same bits on any cut of a tensor),
         on the shards given; every tensor of its state changes only through it."""
         from liver.engine.reference.optim import AdamWReplay
