@@ -252,3 +252,30 @@ def test_the_reference_engines_update_replayed_on_cut_shards_gives_its_own_bits(
                     assert torch.equal(t, engine.state[n][part]), (n, cut)
     finally:
         world.destroy()
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("fault", ["precopy:2:0",    # a cold joiner killed as it copies its first slice
+                                   "precopy:1:1"])   # an old rank killed right after its first mirrored update
+def test_a_process_lost_while_mirroring_leaves_the_job_training_and_nothing_lost(tmp_path, monkeypatch, fault):
+    """A pre-copy's peer lost: its group breaks under the others, who stall at the step they
+    completed; the controller heals or recovers as for any lost process, and the job trains on: every
+    step once, the state after it what it was."""
+    from liver.host import faults
+    monkeypatch.setenv(faults.ENV, fault)
+    events = tmp_path / "events.txt"
+    events.write_text("at step 6: scale-out 4 as 1,2,2\n")
+    rep = liver(tmp_path / "run", "--parallel", "1,1,2", "--slots", "4", "--events", str(events), "--steps", "100000",
+                "--end-after-events", "8", "--ckpt-every", "4", "--precopy")
+    assert rep["rc"] == 0, rep
+    # a joiner lost: the handoff is cancelled and re-planned on the slots left; an old rank lost: a
+    # fail-stop, healed or recovered; either way the job ends its steps, each once
+    first = rep["events"][0]
+    if fault.startswith("precopy:2"):
+        assert "died" in first["attempts"][0]["cancelled"] and first["status"] == "done", first
+    else:
+        assert any(e["event"]["kind"] == "fail-stop" for e in rep["events"]), [e["status"] for e in rep["events"]]
+    check_continuous(rep, rep["steps"][-1]["step"])
+    for e in rep["events"]:
+        if e.get("digest_equal") is not None:
+            assert e["digest_equal"] is True, e

@@ -221,7 +221,8 @@ def add_parsers(sub) -> None:
                                           "about 10x and 30x larger, on CPU (gloo)")
     bpc.add_argument("--json", action="store_true")
     bpc.add_argument("--sizes", default="tiny,x10,x30", help="model sizes, comma-separated: tiny, x10, x30")
-    bpc.add_argument("--changes", default="reshape,scale-in", help="changes, comma-separated: reshape, scale-in")
+    bpc.add_argument("--changes", default="reshape,scale-in,scale-out",
+                     help="changes, comma-separated: reshape, scale-in, scale-out")
     bpc.add_argument("--cycles", type=int, default=4, help="events of each change per run (each followed by the way back)")
     bpc.add_argument("--gap", type=int, default=20, help="steps between events")
     bpc.add_argument("--run-dir", default=None)

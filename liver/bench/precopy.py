@@ -24,9 +24,11 @@ from liver.topology.presets import preset
 
 # (name, hidden size, FFN size): the tiny model, then wider layers (4 layers, 4 heads each)
 SIZES = {"tiny": (64, 128), "x10": (208, 416), "x30": (352, 704)}
-# two processes: every shard of the state moves between them, and both train until the switch
+# two processes: half the state or more moves between them
 CHANGES = {"reshape": ("in-place reshape pp2->dp2", "1,2,1", "reshape 1,1,2", "reshape 1,2,1"),
-           "scale-in": ("scale-in 2->1 (a notice)", "1,2,1", "scale-in 1 as 1,1,1", "scale-out 2 as 1,2,1")}
+           "scale-in": ("scale-in 2->1 (a notice)", "1,2,1", "scale-in 1 as 1,1,1", "scale-out 2 as 1,2,1"),
+           # the joiner follows the old rank's steps: the stage it takes is mirrored to it
+           "scale-out": ("scale-out 1->2 (a cold joiner)", "1,1,1", "scale-out 2 as 1,2,1", "scale-in 1 as 1,1,1")}
 
 
 def model_of(size: str) -> dict[str, Any]:

@@ -14,6 +14,9 @@ that lasts long enough for an event to arrive during it, a disk that fills under
 - ``reduced:PROC[:STEP]``      the reference engine kills itself in step STEP once the data-parallel
   reduction of its gradients is done, before its tensor-parallel peers reduce the gradient norm:
   the other replicas complete the step, its own peers stop a step behind them;
+- ``precopy:PROC[:STEP]``     the process kills itself at the STEP-th step it mirrors (a pre-copy:
+  liver/runtime/mirror.py; default: at its first slice's copy): an old rank after its update, a cold
+  joiner that follows when it is told of the step;
 - ``disk-full:PROC[:STEP]``   every periodic checkpoint write of the steps from STEP on fails as a
   full disk fails (``OSError(ENOSPC)`` from the storage layer once this process's files are
   written, before DCP's metadata is): the disk stays full.
@@ -29,7 +32,7 @@ import signal
 import time
 
 ENV = "LIVER_FAULT"
-POINTS = ("transfer", "slow-transfer", "disk-full", "mid-step", "reduced")
+POINTS = ("transfer", "slow-transfer", "disk-full", "mid-step", "reduced", "precopy")
 _me: list[int] = [-1]  # this process's id, for points reached where it is not known (an engine's step)
 
 
@@ -78,7 +81,7 @@ def at(point: str, proc: int, index: int = 0) -> None:
     arg = _armed.get((point, proc))
     if arg is None or index < (float(arg or 0) if point != "slow-transfer" else 0):
         return
-    if point in ("transfer", "mid-step", "reduced"):
+    if point in ("transfer", "mid-step", "reduced", "precopy"):
         del _armed[(point, proc)]
         os.kill(os.getpid(), signal.SIGKILL)
     elif point == "slow-transfer":

@@ -220,6 +220,8 @@ class Preparation:
             group.destroy()
             return
         self.mirror = mirror
+        mirror.on_broken = lambda err: print(f"[liver] proc {self.proc}: generation {s.generation}'s pre-copy stopped "
+                                             f"({err}); its switch, if it comes, streams everything", flush=True)
         self.rest = StreamingExecutor(self.plan, self.adapter.state_specs(self.job), self.proc, self.transfer,
                                       self.budget_bytes, self.device, pause=self._pause, select=mirror.precopy.left)
         self.rest.reserve()

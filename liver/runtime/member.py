@@ -289,7 +289,8 @@ class Member:
         mirror = c.prep.mirror if c is not None and c.prep.ready else None
         try:
             cut = agree(e.world.all, wish, c.ready_generation() if c else 0, self.ckpt.busy(),
-                        c.built_generation() if c else 0, mirror.num_slices if mirror else 0)
+                        c.built_generation() if c else 0,
+                        mirror.num_slices if mirror is not None and mirror.broken is None else 0)
         finally:  # (a peer lost in the cut: the survivors heal from this step, logged like any other)
             if post is not None:
                 self.courier.post(post)
@@ -310,8 +311,9 @@ class Member:
             c.finish(self.config.prepare.group_timeout_s)  # deadline: the rest at full speed, waited for
             if c.prep.defer_connect and c.prep.built and not c.prep.ready:
                 c.prep.connect()
-            act = after_force(agree(e.world.all, None, c.ready_generation()), c.prep.generation,
-                              me.checkpoint_due, bool(cut.ckpt_busy))
+            busy = bool(cut.ckpt_busy)
+            cut = agree(e.world.all, None, c.ready_generation())  # (no pre-copy's slices: none are used)
+            act = after_force(cut, c.prep.generation, me.checkpoint_due, busy)
         elif act.connect:
             c.prep.connect()  # every member creates the communicators' connections now, together
         if act.checkpoint:
@@ -328,6 +330,8 @@ class Member:
                 self.companion = None
                 if self.ckpt.busy():  # (only a deadline's forced switch does not wait for the write)
                     self.ckpt.abandon()
+                if prep.mirror is not None:  # every old rank alike: all mirrored, none broken, at this cut
+                    prep.mirror.announce_switch(prep.mirror.complete and cut.precopy_slices > 0)
                 self._switch(prep, {})
             else:
                 self._abandon()
@@ -380,10 +384,8 @@ class Member:
             torch.cuda.reset_peak_memory_stats(self.device)
         rec["switch_start"] = time.time()
         into, self.into = self.into, None
-        # a whole mirror: the switch moves the rest; one cut short (a deadline): everything moves (an
-        # old rank decides, as every old rank does, and old rank 0 tells the joiners that follow)
-        if prep.mirror is not None and old is not None:
-            prep.mirror.announce_switch(prep.mirror.complete)
+        # a whole mirror: the switch moves the rest; one cut short (a deadline, a peer lost): everything
+        # moves (the old ranks decided at the boundary, old rank 0 told the joiners that follow)
         mirror = prep.mirror if prep.mirror is not None and prep.mirror.used else None
         if old is not None and getattr(old, "mirror", None) is not None:
             old.mirror = None

@@ -37,6 +37,7 @@ from typing import Any, Callable
 import torch
 
 from liver.engine.interface import Replay, Update
+from liver.host import faults
 from liver.planner.plan import Plan
 from liver.resource_view.spec import TensorSpec
 from liver.transfer.executor import StreamingExecutor
@@ -66,6 +67,8 @@ class Mirror:
         self._error: BaseException | None = None
         self.leader, self.followers = leader, followers
         self.used: bool | None = None  # whether the switch takes the mirrors (decided at the switch)
+        self.broken: BaseException | None = None  # a peer lost under it: it stops, training goes on
+        self.on_broken: Callable[[BaseException], None] | None = None
         self.stats: dict[str, Any] = {**precopy.summary(), "bytes_precopied": 0, "copy_s": 0.0,
                                       "copy_wait_s": 0.0, "mirrored_steps": 0, "grad_bytes": 0,
                                       "replay_s": 0.0, "mirror_bytes": sum(t.numel() * t.element_size()
@@ -120,11 +123,26 @@ class Mirror:
             self.group.send(head, f)
             self.group.send(body, f)
 
-    def announce_switch(self, complete: bool) -> None:
+    def _break(self, err: BaseException) -> None:
+        """A peer lost under it (a process died, its group aborted): the mirror stops here and is
+        never used; its group is aborted, so that every peer blocked on it fails at once and stops
+        too, and at the next boundary no old rank takes the mirrors. Training goes on: no error
+        reaches the engine; a process lost is the controller's to handle, as in any preparation."""
+        if self.broken is None:
+            self.broken = err
+            self.group.abort()
+            if self.on_broken is not None:
+                self.on_broken(f"{type(err).__name__}: {str(err).splitlines()[0][:200] if str(err) else ''}")
+
+    def announce_switch(self, use: bool) -> None:
         """At the switch, on every old rank alike: whether it takes the mirrors (all of them are
-        current); old rank 0 tells the followers."""
-        self.used = complete
-        self._announce(SWITCH, {"mirrored": complete})
+        current, and every rank said so at the boundary); old rank 0 tells the followers."""
+        self.used = use and self.broken is None
+        if self.broken is None:
+            try:
+                self._announce(SWITCH, {"mirrored": self.used})
+            except Exception as e:  # (a follower lost: its own death is the controller's to handle)
+                self._break(e)
 
     def follow(self, withdrawn: Callable[[], bool]) -> bool | None:
         """A cold joiner: copy each slice and replay each step's update as old rank 0 says, until
@@ -146,13 +164,16 @@ class Mirror:
             while not got.wait(ASK_EVERY_S):
                 if withdrawn():
                     return None
-            if failed:
-                raise RuntimeError(f"pre-copy: old rank 0 stopped talking: {failed[0]!r}") from failed[0]
+            if failed:  # its group broke under it: the switch, if any, streams everything
+                self._break(failed[0])
+                self.used = False
+                return False
             kind, n = (int(x) for x in head.tolist())
             body = torch.empty(n, dtype=torch.uint8, device=dev)
             self.group.recv(body, self.leader)
             payload = json.loads(bytes(body.cpu().numpy()).decode())
             if kind == SLICE:
+                faults.here("precopy", 0)
                 t0 = time.perf_counter()
                 _, st = self._slices[self.started].run(None, release=False, into=self.storage)
                 self.stats["bytes_precopied"] += st.bytes_received
@@ -182,7 +203,13 @@ class Mirror:
         the next step's forward and backward."""
         i = self.started
         self.started += 1
-        self._announce(SLICE)
+        if self.broken is not None:
+            return
+        try:
+            self._announce(SLICE)
+        except Exception as e:
+            self._break(e)
+            return
 
         def copy() -> None:
             try:
@@ -205,17 +232,24 @@ class Mirror:
         self.stats["copy_wait_s"] += time.perf_counter() - t0
         self._thread = None
         if self._error is not None:
-            raise RuntimeError(f"pre-copy of slice {self.started - 1} failed: {self._error!r}") from self._error
-        self.current = self.started  # it holds the state before this step's update
+            self._break(self._error)
+        elif self.broken is None:
+            self.current = self.started  # it holds the state before this step's update
 
     def after_update(self, grads: dict[str, torch.Tensor], update: Update) -> None:
         """The step's update, replayed on every slice mirrored so far (the followers' too)."""
-        self._announce(STEP, {"step": update.step, "lr": update.lr, "grad_scale": update.grad_scale,
-                              "groups": list(update.groups), "counters": [list(c) for c in update.counters]})
-        self._apply(grads, update)
+        if self.broken is not None:
+            return
+        try:
+            self._announce(STEP, {"step": update.step, "lr": update.lr, "grad_scale": update.grad_scale,
+                                  "groups": list(update.groups), "counters": [list(c) for c in update.counters]})
+            self._apply(grads, update)
+        except Exception as e:
+            self._break(e)
 
     @torch.no_grad()
     def _apply(self, grads: dict[str, torch.Tensor], update: Update) -> None:
+        faults.here("precopy", self.stats["mirrored_steps"] + 1)  # (the fault matrix's; unset: a no-op)
         t0 = time.perf_counter()
         for ex in self._grads[:self.current]:
             got, st = ex.run(grads, release=False, into=self._grad_buf)

@@ -177,9 +177,7 @@ class Engine:
                    [self.state[s.name + ".exp_avg"] for s in self.local_params],
                    [self.state[s.name + ".exp_avg_sq"] for s in self.local_params],
                    [len(s.shape) > 1 for s in self.local_params], tr, self.step, lr, clip)
-        if self.mirror is not None:
-            self.mirror.after_update({s.name: g for s, g in zip(self.local_params, grads)},
-                                     Update(step=self.step, lr=lr, grad_scale=clip))
+        update = Update(step=self.step, lr=lr, grad_scale=clip)
         for s in self.local_params:
             p[s.name].grad = None
         self.refresh()
@@ -188,6 +186,8 @@ class Engine:
             torch.cuda.synchronize(self.device)
         self.step += 1
         self.consumed_samples += tr.global_batch
+        if self.mirror is not None:  # (the step is done: a mirror that fails leaves it whole)
+            self.mirror.after_update({s.name: g for s, g in zip(self.local_params, grads)}, update)
         dt = time.perf_counter() - t0
         tokens = tr.global_batch * m.seq_len
         mfu = model_flops_utilisation(self._flops_per_token, tokens / dt, peak_flops(self.device, job.compute_dtype),
