@@ -131,7 +131,8 @@ def test_a_users_model_and_optimizer_mirrored_live_equal_restart(tmp_path: Path)
     from test_native import liver_native
     events = tmp_path / "events.txt"
     events.write_text("".join(f"at step {3 if i == 0 else '+4'}: {a}\n" for i, (a, _) in enumerate(NATIVE)))
-    common = ("--set", "prepare.precopy_slice_mib=1", "--set", "parallel=2,1,1", "--gpus", "2")
+    # --connect boundary (NCCL's default, here on gloo): each slice is copied at its boundary
+    common = ("--set", "prepare.precopy_slice_mib=1", "--set", "parallel=2,1,1", "--gpus", "2", "--connect", "boundary")
     live = liver_native(tmp_path / "live", "--events", str(events), "--digest", "--end-after-events", "3",
                         "--steps", "100000", "--precopy", *common)
     assert live["rc"] == 0

@@ -86,8 +86,9 @@ class Work:
 
 def work(plan, part: str = "all") -> Work:
     """``Work`` of a ``liver.planner.plan.Plan``: all of it, or a pre-copy's parts
-    (liver/transfer/precopy.py, without its memory cap): ``"mirrored"``, the tasks into old
-    processes' boxes that move, ``"rest"``, the others (what the switch still moves)."""
+    (liver/transfer/precopy.py, without its memory cap: every process of a handoff follows the
+    steps, cold joiners too): ``"mirrored"``, the tasks that move, ``"rest"``, the others (what the
+    switch still moves: nothing)."""
     if part not in ("all", "mirrored", "rest"):
         raise ValueError(f"part={part!r}: allowed 'all', 'mirrored', 'rest'")
     import numpy as np
@@ -108,7 +109,7 @@ def work(plan, part: str = "all") -> Work:
         nbytes, same = np.zeros(0), np.zeros(0, dtype=bool)
     local = src == dst
     if part != "all":
-        mirrored = np.isin(dst, np.asarray(plan.old_procs)) & ~(local & same)
+        mirrored = ~(local & same)
         keep = mirrored if part == "mirrored" else ~mirrored
         src, dst, nbytes, same, local = src[keep], dst[keep], nbytes[keep], same[keep], local[keep]
 
@@ -220,8 +221,8 @@ def live(job: Workload, old: ParallelConfig, new: ParallelConfig, prof: Profile,
     takes that work over ``share`` in wall time whatever the step time. ``kinds``: the collectives whose first use the first step pays (by default
     those ``first_uses`` finds; a run's history can say fewer: a communicator that ran a kind in
     an earlier generation). ``first_nccl``: the processes had never run an NCCL collective (a
-    job that ran on one GPU until now). ``precopy``: what moves into old processes' boxes is
-    copied after Ready, a slice of ``PrepareConfig().precopy_slice_mib`` a step beside training,
+    job that ran on one GPU until now). ``precopy``: what moves is copied after Ready (to cold
+    joiners too: they follow the steps), a slice of ``PrepareConfig().precopy_slice_mib`` a step beside training,
     and kept current by sending each step the gradients of those boxes (the parameters' share of
     the state) and replaying the update (a pass over the copies at the device's copy bandwidth,
     reading and writing each byte: twice); the switch moves the rest."""

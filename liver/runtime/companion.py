@@ -220,6 +220,7 @@ class Preparation:
             group.destroy()
             return
         self.mirror = mirror
+        mirror.overlap = not self.defer_connect  # (NCCL's default: each slice at its boundary)
         mirror.on_broken = lambda err: print(f"[liver] proc {self.proc}: generation {s.generation}'s pre-copy stopped "
                                              f"({err}); its switch, if it comes, streams everything", flush=True)
         self.rest = StreamingExecutor(self.plan, self.adapter.state_specs(self.job), self.proc, self.transfer,

@@ -68,6 +68,10 @@ class Mirror:
         self.leader, self.followers = leader, followers
         self.used: bool | None = None  # whether the switch takes the mirrors (decided at the switch)
         self.broken: BaseException | None = None  # a peer lost under it: it stops, training goes on
+        # a slice copied beside the next step's forward and backward, in a thread; else at the
+        # boundary itself (NCCL: operations on two communicators at once may deadlock, as for
+        # ``PrepareConfig.connect``)
+        self.overlap = True
         self.on_broken: Callable[[BaseException], None] | None = None
         self.stats: dict[str, Any] = {**precopy.summary(), "bytes_precopied": 0, "copy_s": 0.0,
                                       "copy_wait_s": 0.0, "mirrored_steps": 0, "grad_bytes": 0,
@@ -222,6 +226,8 @@ class Mirror:
 
         self._thread = threading.Thread(target=copy, name=f"precopy-slice{i}", daemon=True)
         self._thread.start()
+        if not self.overlap:
+            self.before_update()
 
     def before_update(self) -> None:
         """The engine is about to change its state: the slice being copied must be done."""

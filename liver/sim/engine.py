@@ -306,9 +306,8 @@ class Live(Policy):
 
 
 class LivePrecopy(Live):
-    """LiveR with pre-copy (``--precopy``): after Ready, what moves into the old processes' boxes is
-    copied beside training and kept current by replaying each step's update, so the pause moves
-    only the rest; where a notice's window cannot hold the preparation and the copy, the handoff
+    """LiveR with pre-copy (``--precopy``): after Ready, what moves is copied beside training (to cold
+    joiners too) and kept current by replaying each step's update, so the pause moves none of it; where a notice's window cannot hold the preparation and the copy, the handoff
     does without it (the controller's deadline does not wait for the slices)."""
 
     name = "live-precopy"
