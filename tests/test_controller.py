@@ -207,7 +207,7 @@ def journaled(ctl, run_dir):
     """What ``liver controller --resume`` reads: ``ctl``'s journal as its loop writes it (the
     state snapshot under its locks, the bytes written after), read back from ``run_dir``."""
     from liver.controller import journal
-    identity = {"cfg": ctl.cfg, "mode": ctl.mode.name, "token": "t", "url": "http://x:1", "store_pid": None,
+    identity = {"cfg": ctl.cfg, "mode": ctl.mode.name, "token": ctl.token, "url": "http://x:1", "store_pid": None,
                 "store_addr": "in-process"}
     j = journal.Journal(run_dir, ctl.master)
     with ctl.lock, ctl.nodes.lock:

@@ -19,9 +19,12 @@ def server():
     yield s
 
 
+SECRET = bytes(range(32))
+
+
 def _connect(server):
     port = server.port
-    return lambda: dist.TCPStore("127.0.0.1", port, 1, False, timeout=timedelta(seconds=10))
+    return lambda: protocol.run_store(dist.TCPStore("127.0.0.1", port, 1, False, timeout=timedelta(seconds=10)), SECRET)
 
 
 def _record(step: int) -> Progress:
@@ -29,7 +32,7 @@ def _record(step: int) -> Progress:
 
 
 def test_a_wish_published_before_or_after_the_courier_starts_reaches_the_training_thread(server, tmp_path):
-    ctl = protocol.run_store(server)
+    ctl = protocol.run_store(server, SECRET)
     Wish(wanted=2).publish(ctl)
     c = Courier(_connect(server), 0, tmp_path / "steps.jsonl")
     assert c.wish() == Wish(wanted=2)  # the one before it started
@@ -43,7 +46,7 @@ def test_a_wish_published_before_or_after_the_courier_starts_reaches_the_trainin
 
 
 def test_records_go_out_in_order_and_drain_waits_for_them(server, tmp_path):
-    ctl = protocol.run_store(server)
+    ctl = protocol.run_store(server, SECRET)
     c = Courier(_connect(server), 7, tmp_path / "steps.jsonl")
     ends = []
     for k in range(1, 51):

@@ -9,11 +9,13 @@ import torch.distributed as dist
 
 from liver.protocol.store import COMMIT, WITHDRAW, decide, decided, run_store
 
+SECRET = bytes(range(32))
+
 
 @pytest.fixture
 def store():
     master = dist.TCPStore("127.0.0.1", 0, 1, True, timeout=timedelta(seconds=10))
-    yield run_store(master)
+    yield run_store(master, SECRET)
 
 
 def test_first_decision_holds(store):
@@ -31,7 +33,7 @@ def test_racing_commit_and_withdraw_agree_every_time(store):
     """Rank 0 and the controller race on 300 generations, each over its own connection: both
     read the same answer, one of the two proposals."""
     port = store.underlying_store.port
-    clients = {who: run_store(dist.TCPStore("127.0.0.1", port, 1, False, timeout=timedelta(seconds=10)))
+    clients = {who: run_store(dist.TCPStore("127.0.0.1", port, 1, False, timeout=timedelta(seconds=10)), SECRET)
                for who in ("rank0", "controller")}
     proposal = {"rank0": COMMIT, "controller": WITHDRAW}
     won = set()

@@ -136,11 +136,12 @@ def test_above_the_engines_no_code_reads_a_model_configurations_fields(package):
 
 def test_the_agent_knows_nothing_of_training():
     """It speaks the agent protocol (``liver.protocol.agent``, checked by ``liver.config.fields``)
-    and nothing else of the job: how to make processes comes to it as import strings."""
+    and holds the job's secret (``liver.protocol.secret``, for the workers it starts), and nothing
+    else of the job: how to make processes comes to it as import strings."""
     training = ("torch", "liver.runtime", "liver.engine", "liver.controller", "liver.world", "liver.checkpoint",
                 "liver.transfer", "liver.planner", "liver.protocol", "liver.config")
     assert offenders("agent", lambda n: n.startswith(training) and n not in
-                     ("liver.protocol.agent", "liver.config.fields", "liver.agent.config")) == []
+                     ("liver.protocol.agent", "liver.protocol.secret", "liver.config.fields", "liver.agent.config")) == []
 
 
 def test_the_lower_half_stands_alone_without_torch():

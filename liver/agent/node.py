@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
+import liver.protocol.secret as job_secret
 
 KILL_WAIT_S = 10.0  # how long a kill waits for the starter's word of the exit
 
@@ -49,10 +50,12 @@ class NodeAgent:
     notice = None
     def __init__(self, run_dir: Path, slots: int, base_spec: dict[str, Any], starter: Starter,
                  quiet: bool = False, cores: dict[int, list[int]] | None = None, name: str = "local",
-                 slot_base: int = 0, procs_file: str = "procs.json") -> None:
+                 slot_base: int = 0, procs_file: str = "procs.json", secret: bytes | None = None) -> None:
         """``base_spec``: what every worker's spec holds; ``starter``: how it makes processes;
         ``cores``: node-local slot -> the cores its worker is bound to (``liver.host.cores``), or
-        None; ``name``: the node's; ``slot_base``: the job's slot id of its slot 0."""
+        None; ``name``: the node's; ``slot_base``: the job's slot id of its slot 0; ``secret``: the
+        job's (``liver.protocol.secret``), handed to each worker in its environment."""
+        self.secret = secret
         self.cores = cores
         self.name, self.slot_base, self.procs_file = name, slot_base, procs_file
         self.run_dir = run_dir
@@ -82,7 +85,7 @@ class NodeAgent:
                     generation=generation, cores=self.cores[local] if self.cores else None)
         path = self.run_dir / "specs" / f"proc{proc}.json"
         path.write_text(json.dumps(spec))
-        env = dict(os.environ, LOCAL_RANK=str(local))
+        env = dict(os.environ, LOCAL_RANK=str(local), **(job_secret.env(self.secret) if self.secret else {}))
         env.setdefault("OMP_NUM_THREADS", "1")  # (as torchrun: the user's count where set)
         # a cold joiner boots at background priority: it must not slow the training it joins
         # (it restores its priority, where allowed, once it holds a rank)

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any, Callable
 from urllib.parse import urlsplit
 
+import liver.protocol.secret as job_secret
 from liver import logs
 from liver.agent import starters
 from liver.agent.node import NodeAgent, Worker
@@ -201,7 +202,8 @@ class AgentService:
             self.starter = starters.make(reply.starter)
         run_dir = Path(self.run_dir or reply.base_spec["run_dir"])
         self.agent = NodeAgent(run_dir, self.slots, reply.base_spec, self.starter, quiet=self.quiet, name=self.node,
-                               slot_base=reply.slot_base, procs_file=f"procs-{self.node}.json")
+                               slot_base=reply.slot_base, procs_file=f"procs-{self.node}.json",
+                               secret=job_secret.of_token(self.link.token))
         self._publish_running()
 
     def _watch(self) -> None:

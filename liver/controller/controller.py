@@ -38,7 +38,7 @@ from liver.config.fields import to_dict
 from liver.controller import journal, storehost
 from liver.policy import target
 from liver.controller.admission import admit, hardware_of
-from liver.controller.endpoint import ControlEndpoint
+from liver.controller.endpoint import ControlEndpoint, new_token
 from liver.controller.watch import ProgressWatch
 from liver.controller.leaving import choose_leaving
 from liver.policy.events import Event, EventKind
@@ -46,7 +46,7 @@ from liver.policy.outcome import Outcome
 from liver.controller.phases import Phase, Trigger, advance
 from liver.controller.records import EventRecord, Handling, first, least, new_record
 from liver.controller.state import ControllerState
-from liver.protocol import store as protocol
+from liver.protocol import secret, store as protocol
 from liver.protocol.messages import (M, GenerationSpec, Progress, StartReport, Wish, read,
                                     read_if)
 from liver.protocol.worker import WorkerConfig
@@ -74,7 +74,10 @@ class Controller:
         ``store``, ``node``: the job's store and its one node, given (an in-process test's: a
         ``HashStore`` and a node whose processes it plays) instead of a TCP store this process
         serves and an agent of worker processes on this machine."""
-        self.cfg, self.run_dir, self.token = cfg, run_dir, token
+        self.cfg, self.run_dir = cfg, run_dir
+        # the job's token (the endpoint's; a resumed controller's, its journal's) and the secret made from it
+        self.token = resume["token"] if resume is not None else (token or new_token())
+        self.secret = secret.of_token(self.token)
         self.mode: Mode = MODES[cfg.controller.mode](self)  # how events are carried out
         self.job = cfg.job
         self.adapter = cfg.adapter
@@ -98,7 +101,7 @@ class Controller:
         else:
             self.master, self.store_addr = make_store(host=c.host, port=c.port + 1 if c.port else 0,
                                                       advertise=c.advertise)
-        self.store = protocol.run_store(self.master)
+        self.store = protocol.run_store(self.master, self.secret)
         worker = WorkerConfig(job=cfg.job, engine=cfg.engine, backend=cfg.backend, steps=cfg.steps, digest=cfg.digest, log_rank=cfg.log_rank, connect=cfg.connect,
                               transfer=cfg.transfer, prepare=cfg.prepare, checkpoint=cfg.checkpoint)
         self.base_spec = {"store_addr": self.store_addr, "run_dir": str(run_dir), "config": to_dict(worker)}
@@ -110,7 +113,7 @@ class Controller:
         elif local_node:
             bind = cfg.agent.bind_cores and cfg.backend == "gloo"
             self.nodes.add(lambda base: NodeAgent(run_dir, cfg.slots, self.base_spec,
-                                                  starters.make(self.starter_spec()),
+                                                  starters.make(self.starter_spec()), secret=self.secret,
                                                   quiet=cfg.agent.quiet,
                                                   cores=cores.per_slot(cfg.slots, cores.available()) if bind else None))
         self.lock = threading.Lock()  # (the state, between the loop and the endpoint's threads)
@@ -130,7 +133,7 @@ class Controller:
         self.journal = journal.Journal(run_dir, self.store) if self.store_pid is not None else None
         if resume is not None:
             self.state = journal.restore(resume, self.nodes)
-            self.token, self._url = resume["token"], resume["url"]
+            self._url = resume["url"]
 
     @property
     def hardware(self) -> target.Hardware:

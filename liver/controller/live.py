@@ -238,7 +238,7 @@ class LiveMode(Mode):
                               nodes=self.ctl.node_names(plan.placement),
                               old_generation=old.generation, old_parallel=old.parallel, old_procs=tuple(givers),
                               old_ranks=view.ranks)
-        publish_plan(self.store, self.state.gen, plan)
+        publish_plan(self.store, self.state.gen, plan, self.ctl.secret)
         spec.publish(self.store)
         self.store.set(Stalled.heal_key(old.generation), str(self.state.gen))
         self.ctl.phase_log("heal", generation=self.state.gen, new=parallel.short(), procs=list(plan.placement), from_step=step,
@@ -377,7 +377,7 @@ class LiveMode(Mode):
                               nodes=self.ctl.node_names(plan.placement),
                               old_generation=old.generation, old_parallel=old.parallel,
                               old_procs=old.procs, kind=h.event.kind.value)
-        publish_plan(self.store, self.state.gen, plan)  # before the spec: a worker that sees one finds both
+        publish_plan(self.store, self.state.gen, plan, self.ctl.secret)  # before the spec: a worker that sees one finds both
         spec.publish(self.store)
         rec.update(generation=self.state.gen, plan_s=time.perf_counter() - t0, bytes_moved=plan.bytes_moved,
                    bytes_moved_identity_placement=plan.bytes_moved_identity,

@@ -1,8 +1,10 @@
-"""The keys the controller and the workers share, in the job's TCPStore, under ``run/``.
+"""The keys the controller and the workers share, in the job's TCPStore, under ``run/`` and a
+prefix made from the job's secret (``protocol/secret.py``): only the job's own processes name them.
 
 - ``gen/{g}``           the generation spec (``messages.GenerationSpec``)
-- ``plan/{g}``          the transfer plan into generation g (a pickled ``Plan``), made once by the
-                        controller: every process reads it instead of working it out again beside training
+- ``plan/{g}``          the transfer plan into generation g (a pickled ``Plan``, sealed with the job's
+                        secret: unpickled only once authenticated), made once by the controller: every
+                        process reads it instead of working it out again beside training
 - ``ctl``               the controller's current wish (``messages.Wish``)
 - ``ctl/version``, ``ctl/{n}``  how many wishes were published, and each one (``Wish.publish``): a
                         worker's courier waits for the next one's key
@@ -28,13 +30,16 @@ from typing import Any
 
 import torch.distributed as dist
 
+from liver.protocol.secret import seal, tag, unseal
+
 PREFIX = "run/"
 COMMIT = "commit"
 WITHDRAW = "withdraw"
 
 
-def run_store(store: dist.Store) -> dist.Store:
-    return dist.PrefixStore(PREFIX, store)
+def run_store(store: dist.Store, secret: bytes) -> dist.Store:
+    """The job's keys in ``store``: under a prefix only the holders of the job's ``secret`` know."""
+    return dist.PrefixStore(f"{PREFIX}{tag(secret, 'store')}/", store)
 
 
 def put(store: dist.Store, key: str, value: Any) -> None:
@@ -62,11 +67,13 @@ def decided(store: dist.Store, generation: int) -> str | None:
     return store.get(key).decode() if store.check([key]) else None
 
 
-def publish_plan(store: dist.Store, g: int, plan: Any) -> None:
-    """The job's own store is written only by its controller and workers (the control endpoint
-    never writes it), so what is unpickled here comes from the controller."""
-    store.set(f"plan/{g}", pickle.dumps(plan, protocol=pickle.HIGHEST_PROTOCOL))
+def publish_plan(store: dist.Store, g: int, plan: Any, secret: bytes) -> None:
+    """The plan, pickled and sealed with the job's ``secret``."""
+    key = f"plan/{g}"
+    store.set(key, seal(secret, key, pickle.dumps(plan, protocol=pickle.HIGHEST_PROTOCOL)))
 
 
-def fetch_plan(store: dist.Store, g: int) -> Any:
-    return pickle.loads(store.get(f"plan/{g}"))
+def fetch_plan(store: dist.Store, g: int, secret: bytes) -> Any:
+    """The controller's plan; ``Forged`` (nothing unpickled) for bytes it did not seal there."""
+    key = f"plan/{g}"
+    return pickle.loads(unseal(secret, key, store.get(key)))

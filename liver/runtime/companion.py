@@ -64,7 +64,7 @@ class Preparation:
                  backend: str, device: torch.device, timeout_s: float, budget_bytes: int,
                  connect: str = "background", active: World | None = None, pace: Pace | None = None,
                  old: TrainingEngine | None = None, withdrawn: Callable[[], bool] | None = None,
-                 precopy: tuple[int, int] | None = None) -> None:
+                 precopy: tuple[int, int] | None = None, secret: bytes = b"") -> None:
         """``withdrawn``: asked at pauses (at most every ``WITHDRAWN_EVERY_S``) by a process that has
         no iteration boundary to learn of it (a cold joiner): True stops the preparation as abandoned.
         ``precopy``: (slice bytes, memory cap bytes) where the state that moves between old ranks is
@@ -83,7 +83,8 @@ class Preparation:
         self.executor: StreamingExecutor | None = None
         self.prebuilt: Prebuilt | None = None  # what of the new engine is made before the switch
         self.precopy = precopy
-        self.mirror: Mirror | None = None  # the pre-copy's, on an old rank whose engine replays its update
+        self.secret = secret  # the job's: its plan is unpickled only once authenticated
+        self.mirror: Mirror | None = None  # the pre-copy's, on every process of the handoff
         self.rest: StreamingExecutor | None = None  # with a mirror: what the switch still moves
         self._sharing: Sharing | None = None
         self.built = False
@@ -132,7 +133,7 @@ class Preparation:
         t0, c0 = time.perf_counter(), time.thread_time()
         s = self.spec
         old, new = layouts(self.adapter, self.job, s)
-        self.plan = fetch_plan(self.store, s.generation)  # the controller's (protocol/store.py)
+        self.plan = fetch_plan(self.store, s.generation, self.secret)  # the controller's, sealed (protocol/store.py)
         old_ok = self.plan.old.size == len(s.old_ranks) if s.old_ranks is not None else _describes(self.plan.old, old)
         if not (old_ok and _describes(self.plan.new, new)
                 and (self.plan.placement, self.plan.old_procs) == (list(s.procs), list(s.old_procs))):

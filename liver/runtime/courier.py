@@ -57,7 +57,7 @@ class Post:
 
 class Courier:
     def __init__(self, connect, proc: int, steps_path: Path) -> None:
-        """``connect()``: a new connection to the job's store (one per thread)."""
+        """``connect()``: a new connection to the job's keys in its store (``protocol.store.run_store``; one per thread)."""
         self._connect, self._proc, self._steps_path = connect, proc, steps_path
         self._out: queue.SimpleQueue[Post | threading.Event] = queue.SimpleQueue()
         self._wish = Wish()
@@ -66,9 +66,9 @@ class Courier:
         self._steps = None
         self._posting_gone = False  # its store went away (the job is ending): nothing more goes out
         self._peak, self._peak_at = 0.0, 0.0
-        threading.Thread(target=self._posting, args=(protocol.run_store(connect()),), name="liver-post",
+        threading.Thread(target=self._posting, args=(connect(),), name="liver-post",
                          daemon=True).start()
-        threading.Thread(target=self._watching, args=(protocol.run_store(connect()),), name="liver-wish",
+        threading.Thread(target=self._watching, args=(connect(),), name="liver-wish",
                          daemon=True).start()
 
     # ---- the training thread's side ----------------------------------------------------------

@@ -35,7 +35,7 @@ from liver.host import cores, faults, priority, threads as host_threads  # noqa:
 from liver.checkpoint.periodic import PeriodicCheckpointer  # noqa: E402
 from liver.engine.digest import local_hashes, state_digest  # noqa: E402
 from liver.engine.interface import EngineAdapter, StepStats, TrainingEngine  # noqa: E402
-from liver.protocol import store as protocol  # noqa: E402
+from liver.protocol import secret as job_secret, store as protocol  # noqa: E402
 from liver.protocol.cut import agree, confirm  # noqa: E402
 from liver.protocol.messages import (GenerationSpec, Progress, Saved, Stalled, StartReport,  # noqa: E402
                                     StopReport, SwitchReport, write)
@@ -80,9 +80,11 @@ class Member:
             self.device = torch.device("cuda", spec.slot)
         else:
             self.device = torch.device("cpu")
-        self.store = protocol.run_store(connect_store(spec.store_addr))
+        self.secret = job_secret.from_env()  # (its agent's: the job's store keys and its plans' seals)
+        self.store = protocol.run_store(connect_store(spec.store_addr), self.secret)
         # its step records, heartbeat and the controller's wish, each on a thread and connection of its own
-        self.courier = Courier(lambda: connect_store(spec.store_addr), spec.proc, self.run_dir / "steps.jsonl")
+        self.courier = Courier(lambda: protocol.run_store(connect_store(spec.store_addr), self.secret), spec.proc,
+                               self.run_dir / "steps.jsonl")
         self.ckpt = PeriodicCheckpointer(self.run_dir / "ckpt", cfg.checkpoint.every, proc=self.proc,
                                          keep=cfg.checkpoint.keep)
         self.adapter = cfg.adapter
@@ -91,7 +93,7 @@ class Member:
         self.into: dict[str, torch.Tensor] | None = None  # a joiner's storage for the new state
         self.preparing_since: float | None = None
         # the companions' store connection (made now, not beside the first preparation's steps)
-        self._side = protocol.run_store(connect_store(spec.store_addr))
+        self._side = protocol.run_store(connect_store(spec.store_addr), self.secret)
         self._side_user: Companion | None = None  # the last companion that used it
         self._switching = False
         self._half_streamed = False  # a switch failed under it: its old state is no longer whole
@@ -103,7 +105,7 @@ class Member:
         precopy = ((p.precopy_slice_mib << 20) or None, p.precopy_memory_mib << 20) if p.precopy else None
         return Preparation(adapter=self.adapter, job=self.job, spec=spec, proc=self.proc, backend=self.backend, device=self.device,
                            timeout_s=p.group_timeout_s, budget_bytes=c.transfer.budget_bytes,
-                           connect=c.connect, precopy=precopy, **kw)
+                           connect=c.connect, precopy=precopy, secret=self.secret, **kw)
 
     # ---- entering a generation -----------------------------------------------------------
     def start(self) -> None:
@@ -274,7 +276,7 @@ class Member:
         the training thread's store reads behind it on one socket. Made once, and again only while
         an abandoned companion may still be blocked on the last one."""
         if self._side_user is not None and self._side_user.is_alive():
-            self._side = protocol.run_store(connect_store(self.spec.store_addr))
+            self._side = protocol.run_store(connect_store(self.spec.store_addr), self.secret)
         return self._side
 
     def boundary(self, step_s: float, post: Post | None = None) -> None:

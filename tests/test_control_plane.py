@@ -1,0 +1,95 @@
+"""The job's control plane against a stranger who reaches its store (issue 33, item 4): the job's
+keys live under a prefix made from its secret, and the one value it unpickles (the transfer plan)
+is sealed with it (liver/protocol/secret.py). A forged plan is refused before anything is
+unpickled; the job trains on."""
+
+from __future__ import annotations
+
+import pathlib
+import pickle
+import threading
+import time
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+import torch.distributed as dist
+
+from liver.protocol import secret as job_secret
+from liver.protocol.secret import Forged
+from liver.protocol.store import fetch_plan, publish_plan, run_store
+
+from test_run import check_continuous, liver
+
+
+class _Payload:
+    """What a stranger would have a worker unpickle: a file made on the worker's machine."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def __reduce__(self):
+        return pathlib.Path.touch, (pathlib.Path(self.path),)
+
+
+def test_a_plan_is_unpickled_only_when_sealed_with_the_jobs_secret_and_for_its_own_key(tmp_path):
+    master = dist.TCPStore("127.0.0.1", 0, 1, True, timeout=timedelta(seconds=10))
+    secret, other = bytes(range(32)), bytes(range(1, 33))
+    store = run_store(master, secret)
+    publish_plan(store, 3, {"plan": 3}, secret)
+    assert fetch_plan(store, 3, secret) == {"plan": 3}
+    marker = tmp_path / "ran"
+    for forged in (pickle.dumps(_Payload(marker)),                                    # unsealed
+                   job_secret.seal(other, "plan/4", pickle.dumps(_Payload(marker))),  # another job's secret
+                   store.get("plan/3")):                                              # a real plan, moved
+        store.set("plan/4", forged)
+        with pytest.raises(Forged, match="plan/4"):
+            fetch_plan(store, 4, secret)
+    assert not marker.exists()
+    # another secret names other keys: a job's keys are out of reach of whoever lacks its secret
+    assert run_store(master, other).check(["plan/3"]) is False
+    assert not dist.PrefixStore("run/", master).check(["plan/3"])
+
+
+@pytest.mark.timeout(600)
+def test_a_forged_plan_in_the_jobs_store_is_refused_logged_and_the_job_trains_on(tmp_path):
+    """Someone who reaches the store and knows where the job's keys are (not its secret) writes a
+    plan of their own over the controller's, again and again, from before the event: every worker
+    that reads it refuses it unread, the handoff is cancelled with the reason, and the job trains
+    on; nothing of theirs ran."""
+    import json
+
+    events = tmp_path / "events.txt"
+    events.write_text("at step 6: reshape 1,1,2\n")
+    run_dir = tmp_path / "run"
+    marker = tmp_path / "ran"
+    forged = pickle.dumps(_Payload(marker))
+    done = threading.Event()
+
+    def stranger() -> None:
+        while not (run_dir / "control.json").exists() or not list((run_dir / "specs").glob("proc*.json")):
+            if done.wait(0.01):
+                return
+        token = json.loads((run_dir / "control.json").read_text())["token"]
+        addr = json.loads(next((run_dir / "specs").glob("proc*.json")).read_text())["store_addr"]
+        host, port = addr.rsplit(":", 1)
+        keys = run_store(dist.TCPStore(host, int(port), 1, False, timeout=timedelta(seconds=30)),
+                         job_secret.of_token(token))  # (where the keys are: the test's knowledge, not the secret's)
+        while not done.is_set():
+            keys.set("plan/1", forged)
+            time.sleep(0.0005)
+
+    t = threading.Thread(target=stranger, daemon=True)
+    t.start()
+    try:
+        rep = liver(run_dir, "--events", str(events), "--parallel", "2,1,1", "--steps", "100000",
+                    "--end-after-events", "6", "--ckpt-every", "0")
+    finally:
+        done.set()
+        t.join(timeout=10)
+    assert rep["rc"] == 0
+    (ev,) = rep["events"]
+    assert ev["status"].startswith("cancelled") and "not sealed with the job's secret" in ev["status"], ev["status"]
+    assert not marker.exists()
+    check_continuous(rep, rep["steps"][-1]["step"])
+    assert {s["parallel"] for s in rep["steps"]} == {"tp2pp1dp1"}  # it trained on, as it was
