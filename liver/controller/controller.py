@@ -96,7 +96,8 @@ class Controller:
             self.store_pid, self.store_addr = resume["store_pid"], resume["store_addr"]
             self.master = connect_store(self.store_addr)
         elif not local_node:
-            self.store_pid, self.store_addr = storehost.start(run_dir, c.host, c.port + 1 if c.port else 0, c.advertise)
+            self.store_pid, self.store_addr = storehost.start(run_dir, c.host, c.port + 1 if c.port else 0, self.secret,
+                                                              c.advertise)
             self.master = connect_store(self.store_addr)
         else:
             self.master, self.store_addr = make_store(host=c.host, port=c.port + 1 if c.port else 0,

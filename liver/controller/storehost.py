@@ -16,21 +16,26 @@ import sys
 import time
 from pathlib import Path
 
+import liver.protocol.secret as job_secret
+
 STOP_KEY = "storehost/stop"
 ALIVE_KEY = "storehost/alive"   # the controller's time, every second
 
 
-def start(run_dir: Path, host: str, port: int, advertise: str | None = None,
+def start(run_dir: Path, host: str, port: int, secret: bytes, advertise: str | None = None,
           timeout_s: float = 60.0) -> tuple[int, str]:
     """A store host for the job, in a session of its own (a controller killed with its process
-    group leaves it be); returns its pid and the address its clients use."""
+    group leaves it be), told the job's ``secret`` (its keys, the controller's among them, are
+    under the job's prefix: ``protocol.store.run_store``); returns its pid and the address its
+    clients use."""
     ready = run_dir / "store.json"
     ready.unlink(missing_ok=True)
     log = open(run_dir / "store.log", "ab")
     try:
         p = subprocess.Popen([sys.executable, "-m", "liver.controller.storehost", "--host", host, "--port", str(port),
                               "--ready", str(ready), *(["--advertise", advertise] if advertise else [])],
-                             stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+                             stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                             env=dict(os.environ, **job_secret.env(secret)))
     finally:
         log.close()
     end = time.time() + timeout_s
@@ -44,12 +49,11 @@ def start(run_dir: Path, host: str, port: int, advertise: str | None = None,
 
 
 def serve(host: str, port: int, ready: Path, orphan_timeout_s: float, advertise: str | None = None) -> None:
-    import torch.distributed as dist
-
+    from liver.protocol.store import run_store
     from liver.world.world import make_store
 
     store, addr = make_store(timeout_s=600.0, host=host, port=port, advertise=advertise)
-    run = dist.PrefixStore("run/", store)
+    run = run_store(store, job_secret.from_env())
     tmp = ready.with_suffix(".tmp")
     tmp.write_text(json.dumps({"pid": os.getpid(), "addr": addr}))
     os.replace(tmp, ready)

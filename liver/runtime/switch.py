@@ -32,8 +32,8 @@ def switch(*, adapter: EngineAdapter, job: JobConfig, old: TrainingEngine | None
     (liver/runtime/mirror.py): ``executor`` then moves only the rest."""
     t0 = time.perf_counter()
     plan, transfer, proc = executor.plan, executor.group, executor.proc
-    scalars = transfer.broadcast_object(old.scalars() if old is not None and proc == plan.old_procs[0] else None,
-                                        src=transfer.members.index(plan.old_procs[0]))
+    scalars = transfer.broadcast_json(old.scalars() if old is not None and proc == plan.old_procs[0] else None,
+                                      src=transfer.members.index(plan.old_procs[0]))
     if old is not None:  # the old engine ends here: its compute copies go first, its shards
         old.release_compute()  # layer by layer as they are sent (bounded extra memory, invariant I2)
     ran: list = []

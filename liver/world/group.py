@@ -7,6 +7,7 @@ here are group-local. ``LocalGroup`` is the one-member case: every collective is
 
 from __future__ import annotations
 
+import json
 import pickle
 import threading
 import time
@@ -231,17 +232,24 @@ class Group:
     def barrier(self) -> None:
         self.allreduce(torch.zeros(1, device=self.device))
 
-    def all_gather_object(self, obj: Any) -> list[Any]:
-        """Pickled objects from every member, in group-rank order."""
-        data = torch.frombuffer(bytearray(pickle.dumps(obj)), dtype=torch.uint8)
+    def _all_gather_bytes(self, blob: bytes) -> list[bytes]:
+        data = torch.frombuffer(bytearray(blob), dtype=torch.uint8)
         n = torch.tensor([data.numel()], dtype=torch.int64, device=self.device)
         sizes = [int(x.item()) for x in self.allgather(n)]
         buf = torch.zeros(max(sizes), dtype=torch.uint8, device=self.device)
         buf[: data.numel()] = data.to(self.device)
-        return [pickle.loads(bytes(b[:s].cpu().numpy())) for b, s in zip(self.allgather(buf), sizes)]
+        return [bytes(b[:s].cpu().numpy()) for b, s in zip(self.allgather(buf), sizes)]
+
+    def all_gather_object(self, obj: Any) -> list[Any]:
+        """Pickled objects from every member, in group-rank order (the job's own checks)."""
+        return [pickle.loads(b) for b in self._all_gather_bytes(pickle.dumps(obj))]
 
     def broadcast_object(self, obj: Any, src: int = 0) -> Any:
         return self.all_gather_object(obj if self.rank == src else None)[src]
+
+    def broadcast_json(self, obj: Any, src: int = 0) -> Any:
+        """Member ``src``'s plain data (JSON: nothing read runs code), to every member."""
+        return json.loads(self._all_gather_bytes(json.dumps(obj if self.rank == src else None).encode())[src])
 
     def connect(self) -> None:
         """First collective: connection set-up happens here, not at the first training step."""
