@@ -177,3 +177,64 @@ def test_bad_node_flags_are_refused_naming_the_flag(args, words, capsys, monkeyp
     assert main(args) == 2
     err = capsys.readouterr().err
     assert words in err and "Traceback" not in err
+
+
+def test_an_agent_with_no_controller_waits_saying_so_then_ends_with_one_line(capsys, monkeypatch):
+    monkeypatch.delenv("LIVER_TOKEN", raising=False)
+    import socket
+    with socket.socket() as s:  # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    assert main(["agent", "--controller", f"127.0.0.1:{port}", "--token", "t", "--node", "early",
+                 "--connect-timeout", "1.5"]) == 1
+    out, err = capsys.readouterr()
+    assert f"node early: no controller at 127.0.0.1:{port} yet; waiting for it" in out
+    assert err.strip().splitlines() == [f"liver: agent: node early: no controller at 127.0.0.1:{port} within 1.5 s "
+                                        "(--connect-timeout)"]
+
+
+@pytest.mark.timeout(300)
+def test_an_agent_started_before_its_controller_joins_when_it_appears(tmp_path):
+    """As a scheduler starts them, in any order: the agent waits, saying so; the controller comes up
+    on the port it was told; the agent joins, the job runs on its slot and the agent ends with it."""
+    import socket
+    import subprocess
+    import sys
+    import time
+
+    from liver.agent.local import stop_agent
+    for _ in range(20):  # two free ports side by side: the endpoint's and the store's
+        with socket.socket() as a, socket.socket() as b:
+            a.bind(("127.0.0.1", 0))
+            port = a.getsockname()[1]
+            try:
+                b.bind(("127.0.0.1", port + 1))
+                break
+            except OSError:
+                continue
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    log = run_dir / "agent-early.log"
+    with open(log, "wb") as f:
+        agent = subprocess.Popen([sys.executable, "-m", "liver.cli", "agent", "--controller", f"127.0.0.1:{port}",
+                                  "--token", "tok", "--slots", "1", "--node", "early"],
+                                 stdout=f, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        end = time.time() + 60
+        while "waiting for it" not in log.read_text():
+            assert time.time() < end and agent.poll() is None, log.read_text()
+            time.sleep(0.1)
+        empty = tmp_path / "none.txt"
+        empty.write_text("# no events\n")
+        rc = main(["controller", "--run-dir", str(run_dir), "--port", str(port), "--token", "tok", "--gpus", "1",
+                   "--steps", "4", "--events", str(empty), "--end-after-events", "-1", "--ckpt-every", "0",
+                   "--digest", "switch"])
+        assert rc == 0
+        assert stop_agent(agent) == 0
+    finally:
+        if agent.poll() is None:
+            stop_agent(agent, 1)
+    text = log.read_text()
+    assert f"node early: joined the controller at 127.0.0.1:{port}" in text and "Traceback" not in text
+    rep = json.loads((run_dir / "report.json").read_text())
+    assert rep["steps"][-1]["step"] == 4

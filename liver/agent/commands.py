@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 
 from liver.host import gpus
@@ -15,7 +16,7 @@ def _agent(args: argparse.Namespace) -> int:
 
     from liver import logs
     from liver.agent.notices import watchers
-    from liver.agent.service import AgentService
+    from liver.agent.service import AgentService, ControllerGone
     from liver.host.threads import check_threads
 
     check_threads()  # (its workers' thread count: refused before any of them starts)
@@ -32,7 +33,11 @@ def _agent(args: argparse.Namespace) -> int:
     logs.setup()
     svc = AgentService(url, token, slots, node=node, connect_timeout_s=args.connect_timeout, quiet=not args.verbose)
     svc.notices = watchers(args)  # (started once every flag was checked)
-    return svc.run()
+    try:
+        return svc.run()
+    except ControllerGone as e:  # (no traceback: the operator's to act on)
+        print(f"liver: agent: {e}", file=sys.stderr)
+        return 1
 
 
 def _await_control(run_dir: Path, timeout_s: float, token: str | None) -> tuple[str, str]:

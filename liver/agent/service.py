@@ -30,6 +30,8 @@ from liver.config.fields import from_dict, to_dict
 from liver.protocol.agent import SYNC_S, Command, Exited, Notice, Register, Registered, Running, Sync, SyncReply
 
 
+WAIT_SAY_S = 30.0  # how often an agent waiting for its controller says so
+
 class ControllerGone(ConnectionError):
     pass
 
@@ -180,15 +182,29 @@ class AgentService:
             self.link.close()
 
     def _connect(self, timeout_s: float) -> Registered:
-        end = time.time() + timeout_s
+        """Registered with the controller, which may not be up yet (an agent started before it, as a
+        scheduler starts them): it waits up to ``timeout_s``, saying so at once and every
+        ``WAIT_SAY_S``, and says when it joined."""
+        start = time.time()
+        said = 0.0
+        where = f"{self.link.host}:{self.link.port}"
         while True:
             try:
-                return self.register()
+                reply = self.register()
             except ControllerGone:
-                if time.time() > end:
-                    raise ControllerGone(f"node {self.node}: no controller at {self.link.host}:{self.link.port} "
-                                         f"within {timeout_s:g} s") from None
+                now = time.time()
+                if now - start > timeout_s:
+                    raise ControllerGone(f"node {self.node}: no controller at {where} within {timeout_s:g} s "
+                                         f"(--connect-timeout)") from None
+                if not said or now - said >= WAIT_SAY_S:
+                    print(f"[liver] node {self.node}: no controller at {where} yet; waiting for it "
+                          f"({timeout_s - (now - start):.0f} s left)", flush=True)
+                    said = now
                 time.sleep(0.5)
+                continue
+            if said:
+                print(f"[liver] node {self.node}: joined the controller at {where}", flush=True)
+            return reply
 
     def _rebase(self, reply: Registered) -> None:
         """The node's agent for the slots the controller gave: kept where they are the same (the
