@@ -144,6 +144,18 @@ def steps_done(run_dir: Path) -> int:
 
 
 @pytest.mark.timeout(300)
+def test_a_job_on_several_local_nodes_counts_every_nodes_slots(tmp_path):
+    """`--slots` is each node's: `--nodes 2 --slots 2 --gpus 4` starts on both nodes' slots."""
+    empty = tmp_path / "none.txt"
+    empty.write_text("# no events\n")
+    run_dir = tmp_path / "run"
+    assert main(["run", "--run-dir", str(run_dir), "--nodes", "2", "--slots", "2", "--gpus", "4", "--steps", "2",
+                 "--events", str(empty), "--end-after-events", "-1", "--ckpt-every", "0", "--digest", "switch",
+                 "--set", "timeline=false"]) == 0
+    rows = [p for n in ("node0", "node1") for p in json.loads((run_dir / f"procs-{n}.json").read_text())]
+    assert sorted(p["node"] for p in rows) == ["node0", "node0", "node1", "node1"]
+
+
 def test_liver_run_with_several_nodes_on_this_machine(tmp_path):
     """`liver run --nodes 2`: two agents on loopback, each a process tree of its own; the job scales
     out from node0's slot onto node1's, and every agent ends with the job."""
@@ -169,6 +181,7 @@ def test_liver_run_with_several_nodes_on_this_machine(tmp_path):
     (["agent", "--controller", "127.0.0.1:9", "--token", "t", "--slots", "-2"], "slots=-2: allowed 1 to 4096"),
     (["agent", "--controller", "127.0.0.1:9", "--token", "t", "--notice-sigterm", "0"], "--notice-sigterm=0"),
     (["run", "--nodes", "0"], "--nodes=0: allowed 1 to 64"),
+    (["run", "--nodes", "2", "--slots", "2", "--gpus", "5"], "gpus=5: allowed 1 to agent.slots=4"),  # (both nodes')
     (["controller", "--port", "70000"], "controller.port=70000"),
     (["controller", "--on-join", "often"], "controller.on_join='often'"),
 ])

@@ -94,15 +94,16 @@ def run_command(args: argparse.Namespace) -> int:
     nodes = args.nodes
     if args.cmd == "run" and not 1 <= nodes <= 64:
         raise ValueError(f"--nodes={nodes!r}: allowed 1 to 64 (agents on this machine)")
+    per_node = getattr(args, "slots", None)
+    if nodes > 1 and per_node:  # --slots is each node's: the job's are every node's together
+        args = argparse.Namespace(**{**vars(args), "slots": per_node * nodes})
     cfg = run_config(args)
     if nodes == 0 and cfg.agent.slots is None:  # `liver controller`: the slots are the agents' to offer
         from liver.agent.config import MAX_SLOTS
         cfg = replace(cfg, agent=replace(cfg.agent, slots=MAX_SLOTS))
-    cfg = cfg.with_slots(host_gpus.slots(cfg.backend))
-    if nodes > 1 and cfg.gpus > cfg.slots * nodes:
-        raise ValueError(f"gpus={cfg.gpus}: allowed 1 to {cfg.slots * nodes} ({nodes} nodes of {cfg.slots} slots)")
-    if nodes > 1:  # the schedule is checked against every node's slots
-        cfg = replace(cfg, agent=replace(cfg.agent, slots=cfg.slots * nodes))
+    cfg = cfg.with_slots(host_gpus.slots(cfg.backend) * max(1, nodes))  # (every node's, on --nodes K)
+    if nodes > 1 and cfg.gpus > cfg.slots:
+        raise ValueError(f"gpus={cfg.gpus}: allowed 1 to {cfg.slots} ({nodes} nodes of {cfg.slots // nodes} slots)")
     src = cfg.events
     if src.trace:
         events = parse_trace(src.trace, slots=cfg.slots, compress=src.compress, notice_s=src.notice_s)
