@@ -327,12 +327,14 @@ def test_every_mode_the_configuration_allows_is_a_strategy_the_controller_runs(t
         assert type(ctl.mode) is MODES[name] and ctl.status()["mode"] == name
 
 
-def test_a_lost_node_that_registers_again_during_its_own_fail_stop_is_a_new_node_and_the_job_goes_on(tmp_path):
+def test_a_lost_node_that_registers_again_during_its_own_fail_stop_is_a_new_node_and_the_job_goes_on(tmp_path, caplog):
     """A node's agent goes silent: its ranks' fail-stop begins, and while it is handled the node
     registers again under its name (its agent restarted: another pid). The newcomer is a new node
     with slots of its own, offered to the job; the fail-stop finds, names and stops the old node's
     processes and heals the survivors; the controller and the job go on (before, the old node left
     the job's table mid fail-stop and the controller died on a KeyError)."""
+    import logging
+    caplog.set_level(logging.INFO, logger="liver.controller")  # (the phase lines: the node that joined)
     import time as clock
 
     from liver.controller.nodes import RemoteNode
@@ -374,6 +376,9 @@ def test_a_lost_node_that_registers_again_during_its_own_fail_stop_is_a_new_node
     assert ctl.state.active.generation == g + 1 and ctl.state.active.procs == tuple(survivors)
     (again,) = ctl.state.queue  # the newcomer's slots, offered to the job (on_join "now")
     assert again.kind is EventKind.SCALE_OUT and again.gpus == 4 and again.source == "node n1 joined"
+    # the terminal says why a scale-out nobody scheduled comes: the node, the join policy
+    joined = [r.fields for r in caplog.records if r.getMessage() == "node-joined"]
+    assert joined and joined[0]["node"] == "n1" and joined[0]["policy"] == "now" and joined[0]["scale_out_to"] == 4, joined
     run_until(ctl, lambda: ctl.state.phase is Phase.PREPARE, ranks, step=7)  # the loop goes on, onto them
     assert {ctl.state.slot_of[p] for p in ctl.state.pending.procs if p not in survivors} == \
         set(range(new.slot_base, new.slot_base + 2))
