@@ -267,12 +267,17 @@ def test_the_share_of_the_peak_grows_with_the_width_of_the_matrix_multiplies():
     assert per_gpu == sorted(per_gpu)
 
 
-def test_the_projections_traces_default_to_the_repositorys_copy(tmp_path):
+def test_the_projections_traces_default_to_the_repositorys_copy(tmp_path, capsys):
     from liver.cli import main
     from liver.sim.commands import DEFAULT_TRACES
 
     assert (DEFAULT_TRACES / "p3-trace.csv").is_file() and (DEFAULT_TRACES / "g4dn-trace.csv").is_file()
     assert main(["sim", "project", "goodput", "--traces", str(tmp_path), "--out", str(tmp_path / "out")]) == 2
+    # a folder with one of the two: refused too, naming the one missing (a regime is never dropped silently)
+    (tmp_path / "p3-trace.csv").write_text((DEFAULT_TRACES / "p3-trace.csv").read_text())
+    capsys.readouterr()
+    assert main(["sim", "project", "goodput", "--traces", str(tmp_path), "--out", str(tmp_path / "out")]) == 2
+    assert "no g4dn-trace.csv there" in capsys.readouterr().err
 
 
 def test_preset_names_are_distinct_across_liver_run_and_the_simulator():

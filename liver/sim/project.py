@@ -96,10 +96,12 @@ def goodput(out: Path, traces: Path, model: str = "14b-cluster", gpus: int = 32,
         regimes: list[tuple[str, list[tuple[int, list[sources.Change]]]]] = [
             (f"every {m} min", [(gpus, sources.synthetic(gpus, prof.node_size, m * 60, 120, hours, seed=s))
                                 for s in range(seeds)]) for m in (60, 30, 10)]
-        for name in ("p3", "g4dn"):
+        for name in ("p3", "g4dn"):  # (a regime asked for is never dropped: a missing trace is refused)
             path = traces / f"{name}-trace.csv"
-            if path.exists():
-                regimes.append((f"bamboo {name}", [sources.from_trace(path, 1, notice_s=120, hours=hours)]))
+            if not path.is_file():
+                raise ValueError(f"--traces={traces}: no {path.name} there; allowed: a folder with p3-trace.csv and "
+                                 f"g4dn-trace.csv (the repository's traces/bamboo)")
+            regimes.append((f"bamboo {name}", [sources.from_trace(path, 1, notice_s=120, hours=hours)]))
         for regime, runs in regimes:
             for pol in engine.POLICIES:
                 outs = [engine.simulate(job, prof, pol, start, ch, hours) for start, ch in runs]
