@@ -286,3 +286,13 @@ def test_preset_names_are_distinct_across_liver_run_and_the_simulator():
     from liver.topology.presets import PRESETS
     assert not set(PRESETS) & set(SIM_MODELS)
     assert all(SIM_MODELS[n].model.seq_len == 4096 for n in SIM_MODELS)
+
+
+def test_a_trace_whose_first_node_comes_later_starts_idle_and_the_time_is_charged(tmp_path):
+    from liver.sim import sources
+    trace = tmp_path / "late.csv"
+    trace.write_text("600000,add,node1\n600000,add,node2\n3600000,remove,node1\n")
+    start, changes = sources.from_trace(trace, 4)
+    assert start == 0 and [(c.t, c.gpus) for c in changes] == [(600.0, 8), (3600.0, 4)]
+    out = engine.simulate(sim_model("7b-cluster"), load("h200"), "live", start, changes, 2.0)
+    assert out.idle_s >= 600.0 - 1e-6  # the first ten minutes without a GPU: idle, not training

@@ -22,10 +22,13 @@ class Change:
 
 def from_trace(path: str | Path, gpus_per_node: int, notice_s: float = 120.0,
                hours: float | None = None) -> tuple[int, list[Change]]:
-    """(GPUs at the start, the changes) of a spot trace, cut at ``hours`` if given."""
+    """(GPUs at the start, the changes) of a spot trace, cut at ``hours`` if given. The trace's
+    time 0 is the job's: a trace whose first node comes later starts with no GPU (idle until then)."""
     if gpus_per_node < 1:
         raise EventError(f"gpus_per_node={gpus_per_node}: allowed 1 or more")
     counts = trace_counts(path)
+    if counts[0][0] > 0:
+        counts = [(0, 0), *counts]
     start = counts[0][1] * gpus_per_node
     out, current = [], start
     for t_ms, c in counts[1:]:
