@@ -42,7 +42,12 @@ def entry() -> None:
     """The ``liver`` command: ``main``, then the process ends at once. An interpreter that imported
     torch spends over a second tearing its modules down after the last line (timed here: 1.25 s);
     whatever a command leaves to finish (its children, its store) it ends itself before it returns,
-    so only the output is flushed."""
+    so only the output is flushed. ``kill -USR1 PID``: every thread's stack to stderr (a job that
+    seems stuck, as its workers do)."""
+    import faulthandler
+    import signal
+
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
     code = main()
     logging.shutdown()
     sys.stdout.flush()
