@@ -93,3 +93,30 @@ def test_a_forged_plan_in_the_jobs_store_is_refused_logged_and_the_job_trains_on
     assert not marker.exists()
     check_continuous(rep, rep["steps"][-1]["step"])
     assert {s["parallel"] for s in rep["steps"]} == {"tp2pp1dp1"}  # it trained on, as it was
+
+
+def _listening(port: int) -> set[str]:
+    """The local addresses something listens on at ``port`` (hex, as /proc/net/tcp and tcp6 say)."""
+    out = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            lines = Path(table).read_text().splitlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            local, state = line.split()[1], line.split()[3]
+            addr, hexport = local.rsplit(":", 1)
+            if state == "0A" and int(hexport, 16) == port:  # (0A: LISTEN)
+                out.add(addr)
+    return out
+
+
+def test_the_jobs_store_listens_on_the_interface_it_is_given_only():
+    from liver.world.world import connect_store, make_store
+    if not Path("/proc/net/tcp").exists():
+        pytest.skip("no /proc/net/tcp on this machine to see what listens")
+    store, addr = make_store(host="127.0.0.1")
+    assert _listening(store.port) == {"0100007F"}  # 127.0.0.1, not every interface (torch's own server would)
+    client = connect_store(addr)
+    client.set("k", "v")
+    assert store.get("k") == b"v"

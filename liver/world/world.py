@@ -24,12 +24,31 @@ from liver.world.group import Group, connect_once
 from liver.world.sharing import Sharing
 
 
+_LISTENING: dict[int, socket.socket] = {}  # the stores' own listening sockets, by port (kept open with them)
+
+
 def make_store(timeout_s: float = 600.0, host: str = "127.0.0.1", port: int = 0,
                advertise: str | None = None) -> tuple[dist.TCPStore, str]:
     """A job's TCPStore, served by this process (on a free port where ``port`` is 0); returns it
     and the address its clients use (``advertise``, else ``host``; this machine's name where
-    ``host`` is 0.0.0.0)."""
-    store = dist.TCPStore(host, port, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=timeout_s))
+    ``host`` is 0.0.0.0). It listens on ``host``'s interface only (torch's own server listens on
+    every interface: it is handed a socket bound here), on every one for 0.0.0.0 or ::."""
+    timeout = timedelta(seconds=timeout_s)
+    store = None
+    if host not in ("0.0.0.0", "::", ""):
+        family, kind, proto, _, where = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+        sock = socket.socket(family, kind, proto)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(where)
+        sock.listen(1024)
+        try:
+            store = dist.TCPStore(host, sock.getsockname()[1], is_master=True, wait_for_workers=False, timeout=timeout,
+                                  master_listen_fd=sock.fileno())
+            _LISTENING[store.port] = sock
+        except (TypeError, RuntimeError, ValueError):  # (a torch without it: every interface, as before)
+            sock.close()
+    if store is None:
+        store = dist.TCPStore(host, port, is_master=True, wait_for_workers=False, timeout=timeout)
     reach = advertise or (socket.gethostname() if host in ("0.0.0.0", "::") else host)
     return store, f"{reach}:{store.port}"
 
