@@ -8,7 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import example, given, settings, strategies as st
 
 from liver.engine.interface import load_adapter
 from liver.engine.reference import ADAPTER
@@ -31,7 +31,8 @@ parallels = st.sampled_from([ParallelConfig(tp=t, pp=p, dp=d) for t in (1, 2) fo
                              if t * p * d <= 8])
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=300, deadline=None)
+@example(old=ParallelConfig(pp=4), new=ParallelConfig(tp=2), extra=2, cap=1 << 17, slice_bytes=1 << 15, joiners=True)
 @given(old=parallels, new=parallels, extra=st.integers(0, 3), cap=st.sampled_from([0, 1 << 14, 1 << 17]),
        slice_bytes=st.sampled_from([1, 1 << 15, 1 << 30, None]), joiners=st.booleans())
 def test_mirrors_tile_the_moving_boxes_of_followers_within_the_cap_and_slices(old, new, extra, cap, slice_bytes,

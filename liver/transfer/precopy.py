@@ -100,8 +100,11 @@ def choose(plan: Plan, replayable: Callable[[str], bool], cap_bytes: int = 0, sl
     cur_load: dict[int, int] = defaultdict(int)
     for layer in per_layer:  # in streaming order
         load = per_layer[layer]
-        if cur and slice_bytes is not None and any(cur_load[p] + b > slice_bytes for p, b in load.items()):
-            slices.append(tuple(cur))
+        over = slice_bytes is not None and (any(b > slice_bytes for b in load.values())
+                                            or any(v > slice_bytes for v in cur_load.values()))
+        if cur and (over or (slice_bytes is not None and any(cur_load[p] + b > slice_bytes
+                                                             for p, b in load.items()))):
+            slices.append(tuple(cur))  # (a layer larger than a slice is a slice alone)
             cur, cur_load = [], defaultdict(int)
         cur.append(layer)
         for p, b in load.items():
