@@ -24,9 +24,6 @@ from liver.world.group import Group, connect_once
 from liver.world.sharing import Sharing
 
 
-_LISTENING: dict[int, socket.socket] = {}  # the stores' own listening sockets, by port (kept open with them)
-
-
 def make_store(timeout_s: float = 600.0, host: str = "127.0.0.1", port: int = 0,
                advertise: str | None = None) -> tuple[dist.TCPStore, str]:
     """A job's TCPStore, served by this process (on a free port where ``port`` is 0); returns it
@@ -44,7 +41,7 @@ def make_store(timeout_s: float = 600.0, host: str = "127.0.0.1", port: int = 0,
         try:
             store = dist.TCPStore(host, sock.getsockname()[1], is_master=True, wait_for_workers=False, timeout=timeout,
                                   master_listen_fd=sock.fileno())
-            _LISTENING[store.port] = sock
+            sock.detach()  # (the store owns the descriptor now and closes it: never twice, a reused number)
         except (TypeError, RuntimeError, ValueError):  # (a torch without it: every interface, as before)
             sock.close()
     if store is None:
