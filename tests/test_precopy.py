@@ -77,8 +77,19 @@ def test_mirrors_tile_the_moving_boxes_of_followers_within_the_cap_and_slices(ol
                 assert load <= slice_bytes
 
 
-def _bytes_moved_at_switch(report: dict) -> list[int]:
-    return [e["bytes_moved"] for e in report["events"]]
+def equals_restart(tmp_path: Path, live: dict, actions: list[str], run, *args: str) -> None:
+    """The live run's events again by stop-and-restart (``run``, forked), each cut at the step the live
+    run switched: every step's loss and state digest the same, bit for bit."""
+    total = live["steps"][-1]["step"]
+    check_continuous(live, total)
+    cuts = [e["last_old_step"] for e in live["events"]]
+    events = tmp_path / "restart-events.txt"
+    events.write_text("".join(f"at step {c}: {a}\n" for c, a in zip(cuts, actions)))
+    restart = run(tmp_path / "restart", "--events", str(events), "--steps", str(total), "--mode", "restart-forked",
+                  *args)
+    assert restart["rc"] == 0
+    assert [(s["step"], s["parallel"], s["loss"], s["digest"]) for s in live["steps"]] == \
+        [(s["step"], s["parallel"], s["loss"], s["digest"]) for s in restart["steps"]]
 
 
 @pytest.mark.timeout(600)
@@ -106,17 +117,7 @@ def test_live_with_precopy_equals_restart_and_the_switch_moves_only_the_rest(tmp
         assert pc["capped_shards"] > 0 and pc["bytes_streamed_at_switch"] > 0, pc
     # the cold joiners followed the old ranks' steps: their shards were mirrored too
     assert reshape["followers"] == scale_in["followers"] == 0 and scale_out["followers"] == 2, scale_out
-    total = live["steps"][-1]["step"]
-    check_continuous(live, total)
-    cuts = [e["last_old_step"] for e in live["events"]]
-    actions = ["reshape 1,2,2:3/1", "scale-in 2 as 2,1,1", "scale-out 4 as 1,2,2"]
-    events2 = tmp_path / "events2.txt"
-    events2.write_text("".join(f"at step {c}: {a}\n" for c, a in zip(cuts, actions)))
-    restart = liver(tmp_path / "restart", "--events", str(events2), "--steps", str(total), "--mode", "restart-forked",
-                    *common)
-    assert restart["rc"] == 0
-    assert [(s["step"], s["parallel"], s["loss"], s["digest"]) for s in live["steps"]] == \
-        [(s["step"], s["parallel"], s["loss"], s["digest"]) for s in restart["steps"]]
+    equals_restart(tmp_path, live, ["reshape 1,2,2:3/1", "scale-in 2 as 2,1,1", "scale-out 4 as 1,2,2"], liver, *common)
 
 
 NATIVE = [("reshape 1,1,2", "tp1pp1dp2"),                  # TP2 -> FSDP2: every moving shard mirrored
@@ -143,16 +144,7 @@ def test_a_users_model_and_optimizer_mirrored_live_equal_restart(tmp_path: Path)
         pc = e["precopy"]
         assert pc["used"] and pc["bytes_precopied"] > 0 and pc["grad_bytes_per_step"] > 0, pc
         assert pc["bytes_streamed_at_switch"] == 0 and pc["followers"] == (1 if i == 2 else 0), pc
-    total = live["steps"][-1]["step"]
-    check_continuous(live, total)
-    cuts = [e["last_old_step"] for e in live["events"]]
-    events2 = tmp_path / "events2.txt"
-    events2.write_text("".join(f"at step {c}: {a}\n" for c, (a, _) in zip(cuts, NATIVE)))
-    restart = liver_native(tmp_path / "restart", "--events", str(events2), "--digest", "--steps", str(total),
-                           "--mode", "restart-forked", *common)
-    assert restart["rc"] == 0
-    assert [(s["step"], s["parallel"], s["loss"], s["digest"]) for s in live["steps"]] == \
-        [(s["step"], s["parallel"], s["loss"], s["digest"]) for s in restart["steps"]]
+    equals_restart(tmp_path, live, [a for a, _ in NATIVE], liver_native, "--digest", *common)
 
 
 class _Recorder:
