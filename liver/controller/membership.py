@@ -176,9 +176,10 @@ class Membership:
             self.host.phase_log("node-idle", node=name, policy=self.host.cfg.controller.on_join, gpus=n_now)
             return
         ev = Event(kind=EventKind.SCALE_OUT, gpus=total, source=f"node {name} joined", arrived=time.time())
-        # (the terminal says why a scale-out nobody scheduled comes: the node and the join policy)
-        self.host.phase_log("node-joined", node=name, policy=self.host.cfg.controller.on_join, gpus=n_now,
-                            scale_out_to=total)
         with self.host.lock:
             self.host.state.queue.append(ev)
+        # (the terminal says why a scale-out nobody scheduled comes: the node and the join policy; after
+        # the event is queued, so that nothing stands between the node's arrival and its event)
+        self.host.phase_log("node-joined", node=name, policy=self.host.cfg.controller.on_join, gpus=n_now,
+                            scale_out_to=total)
 
