@@ -19,12 +19,17 @@ from liver.sim import commands as sim_commands
 FAMILIES = (job_commands, agent_commands, client, data_commands, sim_commands, bench_commands)
 
 
-def main(argv: list[str] | None = None) -> int:
+def parser() -> argparse.ArgumentParser:
+    """Every command's flags, each family's registered by the family."""
     p = argparse.ArgumentParser(prog="liver", description=__doc__)
     sub = p.add_subparsers(dest="cmd", required=True)
     for family in FAMILIES:
         family.add_parsers(sub)
-    args = p.parse_args(argv)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
     try:
         return args.fn(args)
     except ValueError as e:

@@ -189,6 +189,40 @@ def test_a_rank_lost_without_replicas_recovers_from_the_checkpoint_on_fresh_proc
     assert node.workers[0].returncode is not None  # every process of the broken generation stopped
 
 
+def test_a_recovery_keeps_the_slots_of_processes_that_ended_because_a_peer_vanished(tmp_path):
+    """One process killed (its slot goes); its peers exit with an error of a broken collective
+    (their slots are healthy): the recovery uses every healthy slot, not only the processes
+    still alive when it looked."""
+    ctl, node, ranks = controller(tmp_path, parallel=ParallelConfig(tp=2, dp=2), heal_timeout_s=0)
+    ranks.step(7)
+    ctl.once()
+    node.exit(1, -9)
+    node.exit(0, 1)
+    node.exit(3, 1)
+    ctl.once()
+    (rec,) = ctl.state.records
+    assert rec.outcome is Outcome.RECOVERED and rec["lost_slots"] == [1]
+    assert ctl.state.active.parallel.world_size == 3
+    assert sorted(ctl.state.slot_of[p] for p in ctl.state.active.procs) == [0, 2, 3]
+
+
+@pytest.mark.parametrize("codes, lost", [
+    ((-9, 1, 1), {0}),              # a kill and its victims: only the killed slot
+    ((-1000, 1), {0}),              # a node lost (NODE_LOST) and a victim
+    ((1, 1), {0, 1}),               # errors of their own, no outside cause: all (a bug's)
+    ((1,), {0}),
+])
+def test_which_slots_a_fail_stop_takes_out_of_use(codes, lost):
+    from liver.agent.node import Worker
+    from liver.controller.failures import lost_slots
+
+    dead = [Worker(p, p, "start", 0, 0, 0.0) for p in range(len(codes))]
+    for w, c in zip(dead, codes):
+        w.returncode = c
+    assert lost_slots(dead) == lost
+    assert lost_slots(dead[1:], silent={0}) == {0}  # (a silent node's slots are the cause)
+
+
 def test_a_member_lost_during_the_switch_is_one_fail_stop_from_the_checkpoint(tmp_path):
     ctl, node, ranks = pending_scale_out(tmp_path)
     ranks.ready()

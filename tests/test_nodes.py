@@ -63,9 +63,7 @@ def test_nodes_join_get_a_notice_and_vanish_and_the_job_moves_across_them(tmp_pa
         before = steps_done(job.run_dir)
         time.sleep(2.0)
         assert steps_done(job.run_dir) > before  # training goes on without a controller
-        job.proc = subprocess.Popen([sys.executable, "-m", "liver.cli", "controller", "--resume", str(job.run_dir)],
-                                    env=dict(os.environ, OMP_NUM_THREADS="1"), stdout=job.log,
-                                    stderr=subprocess.STDOUT, start_new_session=True)
+        job.resume()
         s = job.wait(lambda s: s["phase"] == "stable" and ranks(s) == 3, "the scale-out onto node2 after the restart")
         assert holders(s) == {"node0", "node1", "node2"}
         job.agent("node3")

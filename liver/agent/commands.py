@@ -11,6 +11,7 @@ from pathlib import Path
 
 from liver.host import gpus
 
+
 def _agent(args: argparse.Namespace) -> int:
     import os
 
@@ -20,24 +21,45 @@ def _agent(args: argparse.Namespace) -> int:
     from liver.host.threads import check_threads
 
     check_threads()  # (its workers' thread count: refused before any of them starts)
-    url, token = args.controller, args.token or os.environ.get("LIVER_TOKEN")
+    use_interface(args.iface)
+    url, token = args.controller or os.environ.get("LIVER_CONTROLLER"), args.token or os.environ.get("LIVER_TOKEN")
+    resolve = None
     if args.run_dir and not url:
         url, token = _await_control(Path(args.run_dir), args.connect_timeout, token)
+        resolve = lambda: _control(Path(args.run_dir))[0]  # noqa: E731  (a controller that moved)
     if not url:
-        raise ValueError("--controller HOST:PORT (or --run-dir of the controller's run): the controller to join")
+        raise ValueError("--controller HOST:PORT (or LIVER_CONTROLLER, or --run-dir of the controller's run): "
+                         "the controller to join")
     if not token:
         raise ValueError("--token (or LIVER_TOKEN): the job's token, from the controller's control.json")
     slots = args.slots or int(os.environ.get("LIVER_SLOTS", 0)) or gpus.slots(args.backend)
     node = args.node or os.environ.get("LIVER_NODE") or os.environ.get("SLURMD_NODENAME") \
         or os.environ.get("HOSTNAME") or None
     logs.setup()
-    svc = AgentService(url, token, slots, node=node, connect_timeout_s=args.connect_timeout, quiet=not args.verbose)
+    svc = AgentService(url, token, slots, node=node, connect_timeout_s=args.connect_timeout, quiet=not args.verbose,
+                       resolve=resolve)
     svc.notices = watchers(args)  # (started once every flag was checked)
     try:
         return svc.run()
     except ControllerGone as e:  # (no traceback: the operator's to act on)
         print(f"liver: agent: {e}", file=sys.stderr)
         return 1
+
+
+def use_interface(iface: str | None) -> None:
+    """``--iface``: the network interface its workers' gloo and NCCL connections use (for the
+    workers: GLOO_SOCKET_IFNAME, NCCL_SOCKET_IFNAME, where not set already). Refused, naming the
+    flag, where this machine has no such interface."""
+    import os
+    import socket
+
+    if iface is None:
+        return
+    names = sorted(n for _, n in socket.if_nameindex())
+    if iface not in names:
+        raise ValueError(f"--iface {iface!r}: no such network interface here; allowed: {', '.join(names)}")
+    for var in ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME"):
+        os.environ.setdefault(var, iface)
 
 
 def _await_control(run_dir: Path, timeout_s: float, token: str | None) -> tuple[str, str]:
@@ -47,8 +69,8 @@ def _await_control(run_dir: Path, timeout_s: float, token: str | None) -> tuple[
     end = time.time() + timeout_s
     while True:
         try:
-            info = json.loads((run_dir / "control.json").read_text())
-            return info["url"], token or info["token"]
+            url, mine = _control(run_dir)
+            return url, token or mine
         except (OSError, ValueError, KeyError, TypeError):
             if time.time() > end:
                 raise ValueError(f"--run-dir {run_dir}: no controller's control.json there within {timeout_s:g} s") \
@@ -56,12 +78,19 @@ def _await_control(run_dir: Path, timeout_s: float, token: str | None) -> tuple[
             time.sleep(0.2)
 
 
+def _control(run_dir: Path) -> tuple[str, str]:
+    """The controller's URL and token as its control.json says now (OSError, ValueError, KeyError)."""
+    info = json.loads((run_dir / "control.json").read_text())
+    return info["url"], info["token"]
+
 
 def add_parsers(sub) -> None:
     """``liver agent``."""
     a = sub.add_parser("agent", help="a node agent: offers this node's slots to a job's controller")
-    a.add_argument("--controller", default=None, metavar="HOST:PORT", help="the controller's endpoint")
-    a.add_argument("--run-dir", default=None, help="instead: the controller's run directory (its control.json)")
+    a.add_argument("--controller", default=None, metavar="HOST:PORT",
+                   help="the controller's endpoint (default: LIVER_CONTROLLER)")
+    a.add_argument("--run-dir", default=None, help="instead: the controller's run directory (its control.json, read "
+                                                  "again whenever the controller is lost: one that moved is found)")
     a.add_argument("--token", default=None, help="the job's token (default: LIVER_TOKEN, or control.json)")
     a.add_argument("--slots", type=int, default=None,
                    help="worker slots (default: LIVER_SLOTS, or the GPU count on NCCL, 4 on CPU)")
@@ -70,6 +99,9 @@ def add_parsers(sub) -> None:
                                                 "SLURMD_NODENAME, HOSTNAME, or host-pid)")
     a.add_argument("--connect-timeout", type=float, default=300.0, help="seconds to wait for the controller")
     a.add_argument("--verbose", action="store_true", help="worker output to the terminal too")
+    a.add_argument("--iface", default=None, help="the network interface its workers' gloo and NCCL connections "
+                                                 "use (default: GLOO_SOCKET_IFNAME / NCCL_SOCKET_IFNAME, else "
+                                                 "the interface of this host's name)")
     from liver.agent.notices import add_flags
     add_flags(a)
     a.set_defaults(fn=_agent)

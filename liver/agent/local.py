@@ -9,7 +9,7 @@ import signal
 import subprocess
 import sys
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator
 
 
 def node_devices(index: int, slots: int, visible: str | None = None) -> str:
@@ -28,15 +28,18 @@ def node_devices(index: int, slots: int, visible: str | None = None) -> str:
 
 
 def start_agent(run_dir: Path, node: str, slots: int, token: str | None = None,
-                extra: tuple[str, ...] = (), devices: str | None = None) -> subprocess.Popen:
+                extra: tuple[str, ...] = (), devices: str | None = None,
+                wrap: Callable[[list[str]], list[str]] | None = None) -> subprocess.Popen:
     """One ``liver agent`` in a session of its own (so its whole tree can be signalled at once),
-    logging to ``agent-NODE.log`` in the run directory. ``devices``: its GPUs (CUDA_VISIBLE_DEVICES)."""
+    logging to ``agent-NODE.log`` in the run directory. ``devices``: its GPUs (CUDA_VISIBLE_DEVICES);
+    ``wrap``: its command line as run elsewhere (a network namespace: ``liver.host.netns``)."""
     env = dict(os.environ, **({"LIVER_TOKEN": token} if token else {}),
                **({"CUDA_VISIBLE_DEVICES": devices} if devices is not None else {}))
     log = open(run_dir / f"agent-{node}.log", "ab")
     try:
-        return subprocess.Popen([sys.executable, "-m", "liver.cli", "agent", "--run-dir", str(run_dir),
-                                 "--slots", str(slots), "--node", node, *extra],
+        argv = [sys.executable, "-m", "liver.cli", "agent", "--run-dir", str(run_dir), "--slots", str(slots),
+                "--node", node, *extra]
+        return subprocess.Popen(wrap(argv) if wrap else argv,
                                 env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     finally:
         log.close()

@@ -27,10 +27,16 @@ from liver import logs
 from liver.agent import starters
 from liver.agent.node import NodeAgent, Worker
 from liver.config.fields import from_dict, to_dict
-from liver.protocol.agent import SYNC_S, Command, Exited, Notice, Register, Registered, Running, Sync, SyncReply
+from liver.protocol.agent import (SYNC_S, Command, Exited, Notice, Register, Registered, Running, Sync, SyncReply,
+                                  node_name)
 
 
 WAIT_SAY_S = 30.0  # how often an agent waiting for its controller says so
+# a request unanswered this long is sent again on a new connection: after a link that was down
+# comes back, a fresh connection goes out at once, where the kept one would wait for TCP's
+# retransmission backoff (seconds), and the node would be declared lost for a short cut
+LINK_TIMEOUT_S = 2.0
+RETRY_S = 0.25  # between attempts while the controller does not answer
 
 class ControllerGone(ConnectionError):
     pass
@@ -39,7 +45,7 @@ class ControllerGone(ConnectionError):
 class Link:
     """One kept-open HTTP connection to the controller's endpoint; JSON in and out."""
 
-    def __init__(self, url: str, token: str, timeout_s: float = 5.0) -> None:
+    def __init__(self, url: str, token: str, timeout_s: float = LINK_TIMEOUT_S) -> None:
         u = urlsplit(url if "://" in url else f"http://{url}")
         if u.scheme != "http" or not u.hostname or not u.port:
             raise ValueError(f"controller={url!r}: allowed HOST:PORT or http://HOST:PORT")
@@ -81,22 +87,30 @@ class AgentService:
 
     def __init__(self, controller: str, token: str, slots: int, node: str | None = None,
                  run_dir: str | None = None, connect_timeout_s: float = 300.0, quiet: bool = True,
-                 notices: list[Callable[[], Notice | None]] | None = None) -> None:
+                 notices: list[Callable[[], Notice | None]] | None = None,
+                 resolve: Callable[[], str] | None = None) -> None:
         """``node``: its name in the job (default: the host name and this process's id);
         ``run_dir``: where its workers' specs and logs go (default: the controller's run directory,
         which a job on several machines has on a shared file system); ``notices``: watchers, each
-        a call that returns a ``Notice`` once the node has one."""
+        a call that returns a ``Notice`` once the node has one; ``resolve``: where the controller
+        is now (its run directory's control.json), asked while it is lost: one that moved (resumed
+        on another node) is found there."""
         if isinstance(slots, bool) or not isinstance(slots, int) or not 1 <= slots <= 4096:
             raise ValueError(f"slots={slots!r}: allowed 1 to 4096 worker slots")
         self.link = Link(controller, token)
+        if node:
+            node_name(node, "--node")  # (refused here, before it registers)
         self.slots, self.node = slots, node or f"{socket.gethostname()}-{os.getpid()}"
         self.run_dir, self.connect_timeout_s, self.quiet = run_dir, connect_timeout_s, quiet
         self.notices = notices or []
+        self.resolve = resolve
         self.agent: NodeAgent | None = None
         self.starter = None
         self.done = 0          # the last command carried out (main thread)
         self._queued = 0       # the last command handed to the main thread (link thread)
         self._delivered = 0    # the last ``done`` the controller received
+        self._base: int | None = None  # the first of its slots in the job (a new one: a new node)
+        self._epoch = 0        # registrations as a new node (commands are numbered anew from each)
         self._inbox: queue.Queue = queue.Queue()
         self._lock = threading.Lock()
         self._started: list[Running] = []
@@ -113,6 +127,12 @@ class AgentService:
         msg = Register(node=self.node, slots=self.slots, host=socket.gethostname(), pid=os.getpid(), workers=workers,
                        done=done)
         reply = from_dict(Registered, self.link.post("/agent/register", to_dict(msg)), "registered")
+        with self._lock:
+            if self._base is not None and reply.slot_base != self._base:
+                # taken for a new node (the old one was declared lost): its commands count from 1
+                self.done, self._queued, self._delivered = 0, 0, 0
+                self._epoch += 1
+            self._base = reply.slot_base
         logs.PHASES.info(f"node {self.node}: registered, slots {reply.slot_base} to "
                          f"{reply.slot_base + self.slots - 1} of the job")
         return reply
@@ -129,8 +149,9 @@ class AgentService:
                 if lost_at is None:
                     lost_at = time.time()
                     logs.PHASES.warning(f"node {self.node}: lost the controller ({e}); the workers train on, "
-                                        "trying again every second")
-                self._stop.wait(1.0)
+                                        f"trying again every {RETRY_S:g} s")
+                self._follow()
+                self._stop.wait(RETRY_S)
                 continue
             except ValueError as e:  # the controller refused what it was sent
                 logs.PHASES.warning(f"node {self.node}: {e}")
@@ -141,9 +162,23 @@ class AgentService:
                 lost_at = None
             for c in reply.commands:
                 if c.id > self._queued:
-                    self._inbox.put(c)
+                    self._inbox.put((self._epoch, c))
                     self._queued = c.id
             self._stop.wait(SYNC_S)
+
+    def _follow(self) -> None:
+        """A controller that moved: the address ``resolve`` gives now, where it is another one."""
+        if self.resolve is None:
+            return
+        try:
+            url = self.resolve()
+            moved = Link(url, self.link.token)
+        except (OSError, ValueError, KeyError, TypeError):  # (being rewritten, or gone with the run)
+            return
+        if (moved.host, moved.port) != (self.link.host, self.link.port):
+            logs.PHASES.warning(f"node {self.node}: the controller moved to {moved.host}:{moved.port}")
+            self.link.close()
+            self.link = moved
 
     def _sync(self) -> SyncReply:
         with self._lock:
@@ -173,7 +208,7 @@ class AgentService:
                     continue
                 if isinstance(item, Registered):
                     self._rebase(item)
-                elif self._carry_out(item):
+                elif self._carry_out(*item):
                     return 0
         finally:
             self._stop.set()
@@ -245,10 +280,12 @@ class AgentService:
         with self._lock:
             self._running = running
 
-    def _carry_out(self, c: Command) -> bool:
-        """One command; True at ``shutdown``."""
-        if c.id <= self.done:
-            return False
+    def _carry_out(self, epoch: int, c: Command) -> bool:
+        """One command, sent to the node it was registered as at ``epoch`` (one sent to the node
+        it was before being taken for a new one is dropped: that node is gone); True at ``shutdown``."""
+        with self._lock:
+            if c.id <= self.done or epoch != self._epoch:
+                return False
         if c.op == "start":
             w: Worker = self.agent.start(c.proc, c.slot, c.role, c.generation)
             with self._lock:
@@ -259,7 +296,8 @@ class AgentService:
         elif c.op == "shutdown":
             self.agent.shutdown()
         with self._lock:
-            self.done = c.id
+            if epoch == self._epoch:  # (not when it was registered anew meanwhile: numbered anew)
+                self.done = c.id
         self._publish_running()
         if c.op == "shutdown":
             end = time.time() + 3.0  # its acknowledgement, where the controller still listens

@@ -25,6 +25,7 @@ from liver.bench.handoffs import job_layers
 from liver.config.jobfile import build
 from liver.controller.endpoint import request
 from liver.engine.interface import absolute_engine_path
+from liver.host import netns
 from liver.topology.presets import PRESETS
 
 KEYS = ("old", "new", "outcome", "status", "downtime_s", "switch_s", "transfer_s", "prepare_s", "digest_equal",
@@ -33,19 +34,28 @@ KEYS = ("old", "new", "outcome", "status", "downtime_s", "switch_s", "transfer_s
 
 class LocalJob:
     """A ``liver controller`` and its node agents on this machine, each a process tree of its own,
-    in one run directory (this bench, and the tests of several nodes)."""
+    in one run directory (this bench, and the tests of several nodes). Where this machine can
+    make network namespaces (``liver.host.netns``), the controller and each agent run in one of
+    their own, each with its own address on a bridge: nothing crosses nodes over loopback, and
+    the workers' gloo and NCCL connections use the node's interface (``--iface``). Elsewhere (or
+    ``network=False``) all run on loopback, and ``loopback_why`` says why."""
 
-    def __init__(self, run_dir: Path, controller_args: list[str], backend: str = "gloo") -> None:
+    def __init__(self, run_dir: Path, controller_args: list[str], backend: str = "gloo",
+                 network: bool = True) -> None:
         self.run_dir, self.backend = run_dir, backend
+        self.net: netns.Network | None = None
+        self.loopback_why = "asked for" if not network else netns.unavailable()
+        if self.loopback_why is None:
+            self.net = netns.Network()
+        else:
+            print(f"[liver] nodes on loopback, no network namespaces: {self.loopback_why}", flush=True)
         run_dir.mkdir(parents=True, exist_ok=True)
         with contextlib.suppress(FileNotFoundError):
             (run_dir / "control.json").unlink()  # (a run before's would mislead the agents)
         self.log = open(run_dir / "controller.log", "ab")
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "liver.cli", "controller", "--run-dir", str(run_dir), *controller_args],
-            env=dict(os.environ, OMP_NUM_THREADS="1"), stdout=self.log, stderr=subprocess.STDOUT,
-            start_new_session=True)
         self.agents: dict[str, subprocess.Popen] = {}
+        self._controller(["--run-dir", str(run_dir),
+                          *(["--host", self.net.node("controller").addr] if self.net else []), *controller_args])
         end = time.time() + 120
         while not (run_dir / "control.json").exists():
             if self.proc.poll() is not None or time.time() > end:
@@ -54,11 +64,27 @@ class LocalJob:
         info = json.loads((run_dir / "control.json").read_text())
         self.url, self.token = info["url"], info["token"]
 
+    def _controller(self, args: list[str]) -> None:
+        argv = [sys.executable, "-m", "liver.cli", "controller", *args]
+        self.proc = subprocess.Popen(self.net.node("controller").command(argv) if self.net else argv,
+                                     env=dict(os.environ, OMP_NUM_THREADS="1"), stdout=self.log,
+                                     stderr=subprocess.STDOUT, start_new_session=True)
+
+    def resume(self) -> None:
+        """``liver controller --resume`` on the run, where the controller ran (its address kept)."""
+        self._controller(["--resume", str(self.run_dir)])
+
+    def node(self, name: str) -> netns.Node | None:
+        """Node ``name``'s network namespace (None on loopback)."""
+        return self.net.node(name) if self.net else None
+
     def agent(self, name: str, *extra: str, index: int | None = None) -> None:
         """Agent ``name`` of one slot; ``index``: on NCCL, its GPU is this machine's ``index``-th."""
         devices = node_devices(index, 1, os.environ.get("CUDA_VISIBLE_DEVICES")) \
             if index is not None and self.backend == "nccl" else None
-        self.agents[name] = start_agent(self.run_dir, name, 1, extra=extra, devices=devices)
+        where = self.node(name)
+        self.agents[name] = start_agent(self.run_dir, name, 1, extra=(*extra, *(("--iface", netns.IFACE) if where else ())),
+                                        devices=devices, wrap=where.command if where else None)
 
     def status(self) -> dict:
         try:
@@ -87,6 +113,12 @@ class LocalJob:
                 os.killpg(p.pid, signal.SIGKILL)
                 p.wait()
         self.log.close()
+        # the job's store runs in a process of its own, made to outlive its controller (for a
+        # resume): here the job is over
+        with contextlib.suppress(OSError, ValueError, KeyError):
+            os.kill(json.loads((self.run_dir / "store.json").read_text())["pid"], signal.SIGKILL)
+        if self.net is not None:
+            self.net.close()
 
 
 def _ranks(s: dict) -> int:

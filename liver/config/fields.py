@@ -73,9 +73,15 @@ def from_dict(cls: type[T], data: Mapping[str, Any], where: str) -> T:
     """``cls(**data)`` with every field's type checked and nested tables converted; ``where`` is the
     section's name in messages (``"transfer"``)."""
     hints, names = _fields(cls)
+    if not isinstance(data, Mapping):
+        raise ValueError(f"{where or cls.__name__}={data!r:.80}: expected a table of {', '.join(names)}")
     unknown = [k for k in data if k not in names]
     if unknown:
         raise ValueError(f"{_join(where, unknown[0])}: no such field; allowed: {', '.join(names)}")
+    missing = [f.name for f in dataclasses.fields(cls) if f.init and f.name not in data
+               and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING]
+    if missing:
+        raise ValueError(f"{_join(where, missing[0])}: missing; required: {', '.join(missing)}")
     return cls(**{k: _convert(hints[k], v, _join(where, k)) for k, v in data.items()})
 
 

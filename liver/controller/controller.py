@@ -104,7 +104,9 @@ class Controller:
                                                       advertise=c.advertise)
         self.store = protocol.run_store(self.master, self.secret)
         worker = WorkerConfig(job=cfg.job, engine=cfg.engine, backend=cfg.backend, steps=cfg.steps, digest=cfg.digest, log_rank=cfg.log_rank, connect=cfg.connect,
-                              transfer=cfg.transfer, prepare=cfg.prepare, checkpoint=cfg.checkpoint)
+                              transfer=cfg.transfer, prepare=cfg.prepare, checkpoint=cfg.checkpoint,
+                              # (a worker cut off from the store as long as a lost node's agent stops)
+                              orphan_after_s=cfg.controller.agent_timeout_s)
         self.base_spec = {"store_addr": self.store_addr, "run_dir": str(run_dir), "config": to_dict(worker)}
         self.nodes = Nodes()
         self.remote = not local_node
@@ -220,8 +222,9 @@ class Controller:
         """One pass of the loop: what the ranks and the nodes reported, then the mode's handling
         of the phase it is in, then the journal."""
         # one round trip a pass once the key exists (it is never deleted)
-        self.state.progress = read(self.store, Progress.KEY, Progress) if self.state.progress \
-            else read_if(self.store, Progress.KEY, Progress)
+        p = read(self.store, Progress.KEY, Progress) if self.state.progress else read_if(self.store, Progress.KEY, Progress)
+        if not self._fenced(p):
+            self.state.progress = p
         if self.state.progress and self.state.t_start is None:
             self.state.t_start = self.state.progress.time
         self.events.stamp_triggers()
@@ -239,6 +242,14 @@ class Controller:
             if self.state.phase is Phase.STABLE:
                 self._maybe_end()
         self._journal()
+
+    def _fenced(self, p: Progress | None) -> bool:
+        """A step record its rank 0 wrote after that process was fenced: not the job's step."""
+        a = self.state.active
+        if p is None or a is None or p.generation != a.generation:
+            return False
+        at = self.state.fenced.get(a.procs[0])
+        return at is not None and p.time > at
 
     def _journal(self, force: bool = False) -> None:
         if self.journal is None:

@@ -15,7 +15,7 @@ import torch.distributed as dist
 from liver import logs
 from liver.agent.node import Worker
 from liver.config import RunConfig
-from liver.controller.nodes import Nodes
+from liver.controller.nodes import Nodes, RemoteNode
 from liver.controller.phases import Phase, Trigger
 from liver.controller.records import EventRecord
 from liver.controller.state import ControllerState
@@ -33,6 +33,16 @@ FAILURE_GRACE_S = 0.2  # before a recovery from the checkpoint, the processes th
 
 class ControllerError(RuntimeError):
     pass
+
+
+def lost_slots(dead: list[Worker], silent: set[int] = frozenset()) -> set[int]:
+    """The slots a fail-stop takes out of use: those whose process was killed (a signal, a hang,
+    its node lost) and ``silent`` (slots of nodes that gave no sign of life since). A process that
+    exited with an error because a peer vanished (its collective broke) leaves a healthy slot,
+    which the recovery uses again; where nothing came from outside (no kill, no silent node),
+    every dead process's slot goes, as a bug's would."""
+    causes = {w.slot for w in dead if w.returncode is not None and w.returncode < 0} | set(silent)
+    return causes or {w.slot for w in dead}
 
 
 def last_line(text: str) -> str:
@@ -196,12 +206,17 @@ class Failures:
         dead = self._lost_with(dead)  # (the checkpoint's path: a moment more costs nothing here)
         old_generation = s.active.generation
         failed_step = self.failed_step()
-        dead_slots = {w.slot for w in dead}
-        s.lost_slots |= dead_slots
-        survivors = [s.slot_of[p] for p in s.active.procs if s.slot_of[p] not in dead_slots]
         h.nodes.stop_all()
-        if not survivors and all(w.returncode is not None and w.returncode < 0 or w.returncode == NODE_LOST
-                                 for w in dead):
+        # a node whose processes vanished with no word from it (its agent killed with them) shows
+        # it is alive before the recovery places anything there; its ranks are lost with it
+        silent = self._silent_nodes([s.slot_of[p] for p in s.active.procs], t0)
+        dead_slots = lost_slots(dead, {s.slot_of[p] for p in s.active.procs
+                                       if h.nodes.node_of(s.slot_of[p]).name in silent})
+        s.lost_slots |= dead_slots
+        # every other slot of the Active World: its own processes, and those that exited because
+        # a peer vanished (their slots are healthy)
+        survivors = [s.slot_of[p] for p in s.active.procs if s.slot_of[p] not in dead_slots]
+        if not survivors and (silent or all(w.returncode is not None and w.returncode < 0 for w in dead)):
             return h.suspension.every_gpu_lost(dead, failed_step, t0)
         if not survivors:  # every process ended on an error of its own: a bug to show, not GPUs lost
             tails = "\n".join(f"--- process {w.proc} (slot {w.slot}), exit {w.returncode}:\n"
@@ -236,6 +251,20 @@ class Failures:
         h.phase_log("fail-stop", **{k: rec[k] for k in ("failed_at_step", "restored_step", "lost_steps", "new",
                                                        "last_words")})
 
+    def _silent_nodes(self, slots: list[int], t0: float) -> set[str]:
+        """The nodes of ``slots`` whose agent has not synced since ``t0``, waited for up to the
+        agent timeout (an agent syncs every 0.1 s: a live one answers at once)."""
+        h = self.host
+        remote = [n for n in {h.nodes.node_of(sl) for sl in slots} if isinstance(n, RemoteNode)]
+        end = time.time() + h.cfg.controller.agent_timeout_s
+        while time.time() < end and any(not n.lost and n.last_seen < t0 for n in remote):
+            time.sleep(0.02)
+        silent = {n.name for n in remote if n.lost or n.last_seen < t0}
+        if silent:
+            h.phase_log("silent-nodes", nodes=sorted(silent), why="no agent sync since the failure: their ranks "
+                                                                  "are lost, no process of the recovery goes there")
+        return silent
+
     def _interrupt(self, survivors: int, preempted: bool) -> None:
         """The event in flight at a fail-stop: queued again first where it still applies to the
         ``survivors``; else its record says how it ended."""
@@ -257,4 +286,4 @@ class Failures:
         s.current = None
 
 
-__all__ = ["ControllerError", "FAILURE_GRACE_S", "Failures", "last_line"]
+__all__ = ["ControllerError", "FAILURE_GRACE_S", "Failures", "last_line", "lost_slots"]

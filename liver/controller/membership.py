@@ -23,6 +23,7 @@ from liver.policy.decisions import join_total
 from liver.policy.events import Event, EventKind
 from liver.policy.outcome import Outcome
 from liver.protocol.agent import Register, Registered, Sync, SyncReply
+from liver.protocol.messages import Fence
 
 
 # A withdrawn generation's joiner sees the withdrawal at its next pause and ends (runtime/member.py),
@@ -40,6 +41,7 @@ class Host(Protocol):
     cfg: RunConfig
     state: ControllerState
     nodes: Nodes
+    store: Any
     lock: threading.Lock
     base_spec: dict[str, Any]
     interrupted: bool
@@ -138,6 +140,7 @@ class Membership:
             n.reap(now)
             if now - n.last_seen > limit:
                 gone = n.mark_lost()
+                self.fence(n, gone, now)
                 self.host.phase_log("node-lost", node=n.name, silent_s=round(now - n.last_seen, 1),
                                procs=[w.proc for w in gone])
                 self.host.failures.exits(gone)
@@ -146,6 +149,17 @@ class Membership:
                 self.node_notice(n)
         while self.host.state.joined and self.host.state.phase in (Phase.STABLE, Phase.SUSPENDED) and self.host.state.active is not None:
             self.node_joined(self.host.state.joined.pop(0))
+
+    def fence(self, n: RemoteNode, gone: list[Worker], now: float) -> None:
+        """The processes of a node declared lost never train again (``runtime.fence``): each that
+        still runs ends at once when it reads this; its peers cut their connections to it and
+        stall to be healed; its rank 0's step records from now on are not the job's."""
+        procs = tuple(sorted(w.proc for w in gone))
+        if not procs:
+            return
+        Fence(procs=procs, node=n.name, time=now).publish(self.host.store)
+        for p in procs:
+            self.host.state.fenced[p] = now
 
     def node_notice(self, n: RemoteNode) -> None:
         held = [p for p in self.host.state.active.procs if self.host.nodes.node_of(self.host.state.slot_of[p]) is n] \

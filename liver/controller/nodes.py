@@ -28,11 +28,6 @@ class Node(Protocol):
     notice: Any     # a preemption notice it received (its slots are going), or None
 
     def free_slots(self) -> list[int]: ...
-    def skip_proc(self, proc: int) -> None:
-        """A process id in use (an agent reported it): new ones come after it."""
-        with self.lock:
-            self._next_proc = max(self._next_proc, proc + 1)
-
     def start(self, proc: int, slot: int, role: str, generation: int) -> Worker: ...
     def poll(self) -> list[Worker]: ...
     def kill(self, proc: int) -> None: ...
@@ -74,11 +69,6 @@ class RemoteNode:
         with self.cond:
             busy = {w.slot for w in self.workers.values() if w.returncode is None}
         return [s for s in range(self.slot_base, self.slot_base + self.slots) if s not in busy]
-
-    def skip_proc(self, proc: int) -> None:
-        """A process id in use (an agent reported it): new ones come after it."""
-        with self.lock:
-            self._next_proc = max(self._next_proc, proc + 1)
 
     def start(self, proc: int, slot: int, role: str, generation: int) -> Worker:
         with self.cond:

@@ -27,6 +27,7 @@ class ControllerState:
     members: list[int] = field(default_factory=list)  # live mode: every process of the old and the pending one
     slot_of: dict[int, int] = field(default_factory=dict)  # process -> the job's slot it runs on
     lost_slots: set[int] = field(default_factory=set)      # slots whose processes died (until a scale-out)
+    fenced: dict[int, float] = field(default_factory=dict)  # process -> when it was fenced (its node declared lost)
     phase: Phase = Phase.STABLE
     progress: Progress | None = None          # the Active World's latest step, as its rank 0 reported it
     t_start: float | None = None              # when the first step ended (``at Ts`` triggers count from it)

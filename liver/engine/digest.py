@@ -18,6 +18,7 @@ shards.
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import json
 from typing import Any
@@ -114,7 +115,7 @@ def state_digest(engine: Engine) -> str:
     if held:
         raise RuntimeError(f"digest: {len(held)} parameter(s) hold a gradient at an iteration boundary "
                            f"({', '.join(held[:4])}); the next step would add to it")
-    return combine(engine.specs, engine.world.all.all_gather_object(_local(engine)), engine.scalars())
+    return combine(engine.specs, engine.world.all.all_gather_json(_local(engine)), engine.scalars())
 
 
 def local_hashes(engine: Engine) -> list[list]:
@@ -145,11 +146,26 @@ def combine(specs, parts: list[list], scalars: dict[str, Any]) -> str:
     return h.hexdigest()
 
 
+def _tensor_json(t: torch.Tensor) -> list:
+    """A tensor as plain data, bit for bit: its dtype, shape and bytes (base64)."""
+    t = t.detach().cpu().contiguous()
+    return [str(t.dtype).removeprefix("torch."), list(t.shape),
+            base64.b64encode(t.reshape(-1).view(torch.uint8).numpy().tobytes()).decode()]
+
+
+def _json_tensor(dtype: str, shape: list[int], data: str) -> torch.Tensor:
+    raw = bytearray(base64.b64decode(data))
+    flat = torch.frombuffer(raw, dtype=torch.uint8) if raw else torch.empty(0, dtype=torch.uint8)
+    return flat.view(getattr(torch, dtype)).reshape(shape)
+
+
 def gather_full_state(engine: Engine) -> dict[str, Any] | None:
     """Every logical tensor, whole, on rank 0 (None elsewhere); plus the scalars. Small models only."""
-    mine = [(i, engine.boxes[s.name], engine.state[s.name].detach().cpu())
+    mine = [[i, engine.boxes[s.name], *_tensor_json(engine.state[s.name])]
             for i, s in enumerate(engine.specs) if s.name in engine.boxes]
-    by_tensor = _distinct(engine.world.all.all_gather_object(mine), same=torch.equal)
+    parts = [[(i, tuple(map(tuple, box)), _json_tensor(*t)) for i, box, *t in part]
+             for part in engine.world.all.all_gather_json(mine)]
+    by_tensor = _distinct(parts, same=torch.equal)
     if engine.world.rank != 0:
         return None
     full: dict[str, Any] = {}

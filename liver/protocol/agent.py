@@ -20,6 +20,18 @@ KILLED = -9
 IGNORE_SIGTERM = "LIVER_WORKER_IGNORE_SIGTERM"  # "1": set by an agent that takes SIGTERM as a notice
 
 
+MAX_SLOTS = 4096  # an agent's worker slots
+MAX_TAIL = 4000   # the characters of a dead process's log an agent sends
+
+
+def node_name(name: str, where: str) -> str:
+    """A node's name as the job knows it: 1 to 200 printable characters, no slash (it names files)."""
+    if not 1 <= len(name) <= 200 or not name.isprintable() or "/" in name or name.strip() != name:
+        raise ValueError(f"{where}={name[:60]!r}: allowed 1 to 200 printable characters, no slash, no "
+                         f"leading or trailing space")
+    return name
+
+
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Register:
     """An agent offers its node: ``node`` its name (unique in the job), ``slots`` its worker slots;
@@ -32,6 +44,13 @@ class Register:
     pid: int = 0
     workers: tuple["Running", ...] = ()
     done: int = 0      # the last command it carried out
+
+    def __post_init__(self) -> None:
+        node_name(self.node, "register.node")
+        if not 1 <= self.slots <= MAX_SLOTS:
+            raise ValueError(f"register.slots={self.slots!r}: allowed 1 to {MAX_SLOTS}")
+        if not 0 <= self.done < 2**53:
+            raise ValueError(f"register.done={self.done!r}: allowed 0 to 2**53 - 1")
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -54,12 +73,22 @@ class Running:
     generation: int
     pid: int
 
+    def __post_init__(self) -> None:
+        for name in ("proc", "slot", "generation", "pid"):
+            v = getattr(self, name)
+            if not 0 <= v < 2**31:
+                raise ValueError(f"running.{name}={v!r}: allowed 0 to 2**31 - 1")
+
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Exited:
     proc: int
     returncode: int
     tail: str = ""         # the last of its log (the controller's node may not see the file)
+
+    def __post_init__(self) -> None:
+        if len(self.tail) > MAX_TAIL:
+            object.__setattr__(self, "tail", self.tail[-MAX_TAIL:])
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -69,6 +98,10 @@ class Notice:
     source: str
     deadline_s: float
 
+    def __post_init__(self) -> None:
+        if not 0 <= self.deadline_s <= 86400:  # (NaN fails too)
+            raise ValueError(f"notice.deadline_s={self.deadline_s!r}: allowed 0 to 86400 s")
+
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Sync:
@@ -77,6 +110,11 @@ class Sync:
     started: tuple[Running, ...] = ()
     exited: tuple[Exited, ...] = ()
     notice: Notice | None = None
+
+    def __post_init__(self) -> None:
+        node_name(self.node, "sync.node")
+        if not 0 <= self.done < 2**53:
+            raise ValueError(f"sync.done={self.done!r}: allowed 0 to 2**53 - 1")
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

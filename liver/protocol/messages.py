@@ -136,6 +136,31 @@ def beat_key(proc: int) -> str:
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
+class Fence:
+    """Processes the controller declared lost with their node (its agent stopped syncing for
+    ``controller.agent_timeout_s``): none of them trains again in any generation. Each worker
+    watches for fences (``runtime.fence``): a fenced one stops at once, without another step
+    record; its peers cut their connections to the generation, so their collectives fail now
+    and they stall to be healed instead of waiting on it for the group's timeout."""
+
+    procs: tuple[int, ...]
+    node: str
+    time: float
+
+    VERSION = "fence/version"  # how many fences were published (store.add's counter)
+
+    @staticmethod
+    def version_key(n: int) -> str:
+        return f"fence/{n}"
+
+    def publish(self, store: dist.Store) -> int:
+        """The controller's one writer: the next version, whose key wakes every watcher."""
+        n = store.add(self.VERSION, 1)
+        write(store, self.version_key(n), self)
+        return n
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
 class Stalled:
     """A rank whose generation broke under it (a peer vanished mid-collective): it stopped at the
     last step it completed, holds its shards, and waits to be healed into ``heal/{generation}``

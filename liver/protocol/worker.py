@@ -33,6 +33,7 @@ class WorkerConfig:
     transfer: TransferConfig = field(default_factory=TransferConfig)
     prepare: PrepareConfig = field(default_factory=PrepareConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    orphan_after_s: float = 0.0  # no answer from the job's store this long: it stops itself (0: never)
 
     @property
     def adapter(self) -> EngineAdapter:

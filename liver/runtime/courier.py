@@ -65,6 +65,8 @@ class Courier:
         self._wish_known = threading.Event()
         self._steps = None
         self._posting_gone = False  # its store went away (the job is ending): nothing more goes out
+        self._silenced = False      # fenced (``runtime.fence``): nothing more goes out
+        self.contact = time.time()  # when the store last answered (its heartbeat's round trip)
         self._peak, self._peak_at = 0.0, 0.0
         threading.Thread(target=self._posting, args=(connect(),), name="liver-post",
                          daemon=True).start()
@@ -83,6 +85,10 @@ class Courier:
             raise self._wish_error
         return self._wish
 
+    def silence(self) -> None:
+        """No record goes out from now on (the process was fenced: its steps are not the job's)."""
+        self._silenced = True
+
     def drain(self, timeout_s: float = 10.0) -> None:
         """Returns once every record posted so far is out (or after ``timeout_s``, or at once when
         the posting thread has ended: nothing would take them)."""
@@ -100,11 +106,12 @@ class Courier:
             except queue.Empty:
                 item = None
             try:
-                if isinstance(item, Post):
+                if isinstance(item, Post) and not self._silenced:
                     self._send(store, item)
                 if time.time() >= beat + BEAT_S:
                     store.set(key, repr(time.time()))
-                    beat = time.time()
+                    store.check([key])  # (a round trip: a set is never answered, so it proves no contact)
+                    beat = self.contact = time.time()
             except RuntimeError:  # the controller is gone: the job is ending
                 self._posting_gone = True
                 if isinstance(item, threading.Event):

@@ -37,12 +37,13 @@ from liver.engine.digest import local_hashes, state_digest  # noqa: E402
 from liver.engine.interface import EngineAdapter, StepStats, TrainingEngine  # noqa: E402
 from liver.protocol import secret as job_secret, store as protocol  # noqa: E402
 from liver.protocol.cut import agree, confirm  # noqa: E402
-from liver.protocol.messages import (GenerationSpec, Progress, Saved, Stalled, StartReport,  # noqa: E402
+from liver.protocol.messages import (Fence, GenerationSpec, Progress, Saved, Stalled, StartReport,  # noqa: E402
                                     StopReport, SwitchReport, write)
 from liver.protocol.store import COMMIT, WITHDRAW, decide as decide_key  # noqa: E402
 from liver.runtime.boundary import Local, after_force, decide  # noqa: E402
 from liver.runtime.companion import Companion, Preparation  # noqa: E402
 from liver.runtime.courier import Courier, Post  # noqa: E402
+from liver.runtime.fence import FENCED, Guard  # noqa: E402
 from liver.transfer.rehearsal import rehearse  # noqa: E402
 from liver.runtime.mock import rehearse_step, warm_up  # noqa: E402
 from liver.runtime.pace import Pace  # noqa: E402
@@ -98,6 +99,11 @@ class Member:
         self._switching = False
         self._half_streamed = False  # a switch failed under it: its old state is no longer whole
         self._ends: collections.deque[tuple[int, float]] = collections.deque(maxlen=ENDS_KEPT)  # rank 0's (step, end)
+        # fenced (its node declared lost), a fenced peer, or cut off from the store: its own thread
+        self._guard_store = protocol.run_store(connect_store(spec.store_addr), self.secret)
+        self._store_port = int(spec.store_addr.rsplit(":", 1)[1])
+        self.guard = Guard(self._guard_store, self.proc, self._peer_fenced, cfg.orphan_after_s,
+                           lambda: self.courier.contact, self.courier.silence)
 
     def _preparation(self, spec: GenerationSpec, **kw: Any) -> Preparation:
         c = self.config
@@ -225,6 +231,22 @@ class Member:
         self.boundary(st.step_s, post)
 
     # ---- a generation broken under it --------------------------------------------------------
+    def _peer_fenced(self, fence: Fence) -> None:
+        """(The guard's thread.) A process of the generation it trains in was fenced: its
+        collectives blocked on that peer fail now (``World.interrupt``), and it stalls to be
+        healed (``stall``) instead of waiting the group's timeout on a node that is gone."""
+        e = self.engine
+        if e is None:
+            return
+        try:
+            procs = GenerationSpec.fetch(self._guard_store, e.world.generation).procs
+        except (RuntimeError, ValueError):
+            return
+        if set(fence.procs) & set(procs) and e is self.engine:
+            cut = e.world.interrupt({self._store_port})
+            print(f"[liver] proc {self.proc}: process {sorted(set(fence.procs) & set(procs))} of generation "
+                  f"{e.world.generation} was fenced (node {fence.node} lost); {cut} connections cut", flush=True)
+
     def stall(self, err: BaseException) -> None:
         """Stop where the last step completed (an engine changes its state only after the step's
         last collective), tell the controller, and wait to be healed: a new generation built from
@@ -257,6 +279,12 @@ class Member:
                 raise err
             time.sleep(0.01)
         spec = GenerationSpec.fetch(self.store, int(self.store.get(key)))
+        if self.proc not in spec.procs:  # left out of the heal: its node was declared lost (fenced)
+            self.courier.silence()
+            print(f"[liver] proc {self.proc}: not in the heal generation {spec.generation} (its node was declared "
+                  f"lost); it stops without another step", flush=True)
+            sys.stdout.flush()
+            os._exit(FENCED)
         if self.proc not in spec.old_procs:  # it stopped a step behind the heal's: it receives, as a joiner
             stale, self.engine = e, None
             stale.release_compute()

@@ -8,7 +8,6 @@ here are group-local. ``LocalGroup`` is the one-member case: every collective is
 from __future__ import annotations
 
 import json
-import pickle
 import threading
 import time
 from datetime import timedelta
@@ -240,16 +239,14 @@ class Group:
         buf[: data.numel()] = data.to(self.device)
         return [bytes(b[:s].cpu().numpy()) for b, s in zip(self.allgather(buf), sizes)]
 
-    def all_gather_object(self, obj: Any) -> list[Any]:
-        """Pickled objects from every member, in group-rank order (the job's own checks)."""
-        return [pickle.loads(b) for b in self._all_gather_bytes(pickle.dumps(obj))]
-
-    def broadcast_object(self, obj: Any, src: int = 0) -> Any:
-        return self.all_gather_object(obj if self.rank == src else None)[src]
+    def all_gather_json(self, obj: Any) -> list[Any]:
+        """Every member's plain data, in group-rank order (JSON: nothing read from a peer runs code;
+        tuples come back as lists)."""
+        return [json.loads(b) for b in self._all_gather_bytes(json.dumps(obj).encode())]
 
     def broadcast_json(self, obj: Any, src: int = 0) -> Any:
         """Member ``src``'s plain data (JSON: nothing read runs code), to every member."""
-        return json.loads(self._all_gather_bytes(json.dumps(obj if self.rank == src else None).encode())[src])
+        return self.all_gather_json(obj if self.rank == src else None)[src]
 
     def connect(self) -> None:
         """First collective: connection set-up happens here, not at the first training step."""
@@ -353,8 +350,8 @@ class LocalGroup(Group):
     def connect_p2p(self, send_to: list[int], recv_from: list[int]) -> None:
         return None
 
-    def all_gather_object(self, obj: Any) -> list[Any]:
-        return [obj for _ in range(self.size)]
+    def all_gather_json(self, obj: Any) -> list[Any]:
+        return [json.loads(json.dumps(obj)) for _ in range(self.size)]
 
     def destroy(self) -> None:
         return None

@@ -21,6 +21,7 @@ from torch.distributed.device_mesh import DeviceMesh
 from liver.topology.layout import Layout
 from liver.world import overlay, sharding
 from liver.world.group import Group, connect_once
+from liver.world.sever import sever
 from liver.world.sharing import Sharing
 
 
@@ -371,6 +372,21 @@ class World:
                 registry.clear()
         self._meshes.clear()
         gc.collect()
+
+    def interrupt(self, keep_ports: set[int]) -> int:
+        """From a thread other than the training one: its collectives blocked on a peer that
+        will never answer fail now. NCCL's abort wakes them; gloo's does not, so the process's
+        connections are cut (``sever``), all but those to ``keep_ports`` (the job's store). The
+        training thread then stalls on the error and ``abort`` follows there. Returns how many
+        connections were cut."""
+        for g in self.every_group():
+            pg = g.pg
+            if pg is not None and g.device.type == "cuda":
+                try:
+                    pg._get_backend(g.device).abort()
+                except (RuntimeError, AttributeError):  # already broken, or no abort in this build
+                    pass
+        return sever(keep_ports)
 
     def destroy(self) -> None:
         self.deactivate()

@@ -1,0 +1,213 @@
+"""Fencing: a node declared lost never trains again. Its processes stop when they read the fence;
+their peers cut their connections to them and heal at once, instead of waiting on them for the
+group's timeout; a worker cut off from the job's store stops itself; nothing a fenced rank 0
+writes after the fence counts as the job's. The pieces with real processes over gloo and a real
+store, then a whole job whose node's agent is frozen past its timeout (``tests/test_nodes.py``'s
+harness)."""
+
+from __future__ import annotations
+
+import json
+import multiprocessing as mp
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from liver.protocol.messages import Fence
+from liver.runtime.fence import FENCED, ORPHANED
+from liver.world.broken import broken_group
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _blocked_rank(rank: int, port: int, q) -> None:
+    from liver.world.sever import sever
+
+    store = dist.TCPStore("127.0.0.1", port, 2, rank == 0, timeout=timedelta(seconds=60))
+    pg = dist.ProcessGroupGloo(store, rank, 2, timedelta(seconds=120))
+    t = torch.ones(4)
+    pg.allreduce([t]).wait()
+    q.put(("ready", rank, os.getpid()))
+    if rank == 1:
+        time.sleep(600)  # (stopped by the test: a peer that never answers again)
+        return
+    import threading
+
+    threading.Timer(1.0, lambda: q.put(("cut", sever({port})))).start()
+    t0 = time.time()
+    try:
+        pg.allreduce([t]).wait()
+        q.put(("done", None, time.time() - t0))
+    except RuntimeError as e:
+        q.put(("raised", broken_group(e), time.time() - t0))
+
+
+def test_cutting_connections_wakes_a_collective_blocked_on_a_frozen_peer():
+    """Gloo's abort does not wake a blocked all-reduce (see ``world/sever.py``); shutting the
+    connections down does, at once, with an error the loop takes for a broken group; the
+    store's connection is kept."""
+    port = _free_port()
+    ctx = mp.get_context("spawn")
+    q = ctx.Queue()
+    ps = [ctx.Process(target=_blocked_rank, args=(r, port, q), daemon=True) for r in (0, 1)]
+    for p in ps:
+        p.start()
+    try:
+        ready = {}
+        for _ in range(2):
+            what, rank, pid = q.get(timeout=60)
+            assert what == "ready"
+            ready[rank] = pid
+        os.kill(ready[1], signal.SIGSTOP)  # frozen: no FIN, no RST, ever
+        got = {m[0]: m[1:] for m in (q.get(timeout=30), q.get(timeout=30))}
+        assert got["cut"][0] >= 1
+        broken, took = got["raised"]
+        assert broken and took < 10.0  # (the group's timeout is 120 s)
+    finally:
+        for p in ps:
+            if p.pid:
+                try:
+                    os.kill(p.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+
+
+GUARD = textwrap.dedent("""
+    import sys, tempfile, time
+    from pathlib import Path
+    from liver.runtime.courier import Courier
+    from liver.runtime.fence import Guard
+    from liver.world.world import connect_store
+    connect = lambda: connect_store(sys.argv[1], timeout_s=5)
+    courier = Courier(connect, int(sys.argv[2]), Path(tempfile.mkdtemp()) / "steps.jsonl")
+    Guard(connect(), int(sys.argv[2]), lambda f: print("peer", list(f.procs), flush=True), float(sys.argv[3]),
+          lambda: courier.contact, lambda: print("silenced", flush=True))
+    print("watching", flush=True)
+    time.sleep(60)
+""")
+
+
+def _guard(addr: str, proc: int, orphan_s: float, node=None) -> subprocess.Popen:
+    """A worker's guard and courier (its heartbeat) in a process of their own (``node``: in that
+    node's network namespace)."""
+    argv = [sys.executable, "-c", GUARD, addr, str(proc), str(orphan_s)]
+    p = subprocess.Popen(node.command(argv) if node else argv, stdout=subprocess.PIPE, text=True,
+                         env=dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1])))
+    assert p.stdout.readline().strip() == "watching"
+    return p
+
+
+def test_a_fenced_worker_stops_at_once_and_its_peers_hear_of_it():
+    port = _free_port()
+    server = dist.TCPStore("127.0.0.1", port, 1, True, timeout=timedelta(seconds=30), wait_for_workers=False)
+    me, peer = _guard(f"127.0.0.1:{port}", 7, 0), _guard(f"127.0.0.1:{port}", 8, 0)
+    try:
+        Fence(procs=(7,), node="node1", time=time.time()).publish(server)
+        assert me.wait(10) == FENCED
+        out = me.stdout.read()
+        assert out.splitlines()[0] == "silenced"  # (nothing posted after it: then it says why and ends)
+        assert "its node node1 was declared lost by the controller" in out
+        assert peer.stdout.readline().strip() == "peer [7]" and peer.poll() is None
+    finally:
+        for p in (me, peer):
+            p.kill()
+            p.wait()
+
+
+@pytest.mark.parametrize("how", ["store gone", "link cut"])
+def test_a_worker_that_loses_the_store_longer_than_its_timeout_stops_itself(how):
+    """Its heartbeat unanswered for longer than its timeout (2 s here): the store's process gone,
+    or its node's link cut (no FIN, no RST: every store call blocks), it ends by itself."""
+    from liver.host import netns
+
+    net = None
+    if how == "link cut":
+        why = netns.unavailable()
+        if why is not None:
+            pytest.skip(f"no network namespaces here: {why}")
+        net = netns.Network()
+    try:
+        host = net.addr if net else "127.0.0.1"
+        port = _free_port()
+        server = dist.TCPStore(host, port, 1, True, timeout=timedelta(seconds=30), wait_for_workers=False)
+        node = net.node("node1") if net else None
+        p = _guard(f"{host}:{port}", 3, 2.0, node)
+        try:
+            time.sleep(1.5)
+            assert p.poll() is None  # (its heartbeat answered: it trains on)
+            t0 = time.time()
+            if net:
+                node.cut()
+            else:
+                del server
+            assert p.wait(20) == ORPHANED
+            assert 1.5 <= time.time() - t0 < 6.0
+            assert "no answer from the job's store" in p.stdout.read()
+        finally:
+            p.kill()
+            p.wait()
+    finally:
+        if net:
+            net.close()
+
+
+@pytest.mark.timeout(300)
+def test_a_frozen_agents_node_is_fenced_its_peers_heal_and_it_comes_back_as_a_new_node(tmp_path):
+    """The agent of the node holding rank 0 is stopped (SIGSTOP) past its timeout; its worker runs
+    on. Declared lost, the node is fenced: its worker ends at once (before this, it trained on
+    with the survivors for as long as the heal waited), the survivor heals from its replica,
+    and no step record of the fenced rank 0 after the fence is the job's. The agent, continued,
+    registers as a new node (nothing crashes) and the job scales out onto it again, its digest
+    kept."""
+    from liver.agent.local import stop_agent
+    from liver.controller.endpoint import request
+    from test_nodes import Job, holders, ranks
+
+    job = Job(tmp_path / "run")
+    try:
+        for name in ("node0", "node1"):
+            job.agent(name)
+        s = job.wait(lambda s: s["step"] >= 3 and ranks(s) == 2, "the first generation")
+        rank0 = next(n["node"] for n in s["nodes"] if any(r == 0 for r, _ in n["ranks"]))
+        other = ({"node0", "node1"} - {rank0}).pop()
+        os.kill(job.agents[rank0].pid, signal.SIGSTOP)  # the agent only: its worker trains on
+        s = job.wait(lambda s: s["phase"] == "stable" and holders(s) == {other} and s["step"] > 0, "the heal", 120)
+        os.kill(job.agents[rank0].pid, signal.SIGCONT)
+        s = job.wait(lambda s: s["phase"] == "stable" and ranks(s) == 2, "the scale-out onto the node back", 150)
+        step = s["step"]
+        job.wait(lambda s: s["step"] >= step + 2, "training after it")
+        assert request(job.url, job.token, "POST", "/end", {"after": 1})[0] == 202
+        assert job.proc.wait(120) == 0, job.tail()
+        for a in job.agents.values():
+            assert stop_agent(a, 30) == 0
+    finally:
+        job.close()
+    rep = json.loads((job.run_dir / "report.json").read_text())
+    kinds = [(e["event"]["kind"], e["outcome"]) for e in rep["events"]]
+    assert kinds == [("fail-stop", "healed"), ("scale-out", "done")], kinds
+    heal, back = rep["events"]
+    assert f"node {rank0} lost" in heal["event"]["source"]
+    assert heal["digest_before"] == heal["digest_after"] is not None or heal["digest_before"] is None
+    assert back["digest_before"] == back["digest_after"] is not None
+    fenced_at = heal["t_event"]
+    late = [s for s in rep["steps"] if s["generation"] == heal["old_generation"] and s["time"] > fenced_at]
+    assert not late, late  # (its rank 0 was fenced: nothing it wrote after counts)
+    logs = "".join(p.read_text() for p in (job.run_dir / "logs").glob("proc*.log"))
+    assert "was declared lost by the controller; it stops without another step" in logs
+    steps = [s["step"] for s in rep["steps"]]
+    assert steps == sorted(steps) and steps[-1] >= heal["restored_step"] + 2
