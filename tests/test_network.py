@@ -121,3 +121,55 @@ def test_a_handoff_over_a_slow_link_keeps_the_digest_and_a_cut_mid_transfer_is_s
         if e["outcome"] == "done":
             assert e["digest_before"] == e["digest_after"]
     _steps_in_order(rep)
+
+
+@pytest.mark.timeout(300)
+def test_a_controller_whose_node_is_lost_is_resumed_on_another_and_the_agents_find_it(tmp_path):
+    """The controller's node goes (its link cut, its processes with it: the controller and the
+    job's store). `liver controller --resume RUN_DIR --host ADDR` on another node finds the store
+    gone: every worker lost it too and stopped itself, so the job is suspended with its newest
+    checkpoint. The agents, which read the run directory's control.json again while their
+    controller is lost, find the new one, register as new nodes, and the job resumes from the
+    checkpoint on them: only the steps since that checkpoint are lost."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    job = Job(tmp_path / "run")
+    try:
+        for name in ("node0", "node1"):
+            job.agent(name)
+        s = job.wait(lambda s: s["step"] >= 12 and ranks(s) == 2 and s["checkpoint"]["step"], "a checkpoint")
+        old = job.node("controller")
+        old.cut()  # the controller's node goes: its processes with it
+        store_pid = json.loads((job.run_dir / "store.json").read_text())["pid"]
+        os.killpg(job.proc.pid, signal.SIGKILL)
+        os.kill(store_pid, signal.SIGKILL)
+        job.proc.wait()
+        new = job.node("controller2")
+        job.proc = subprocess.Popen(new.command([sys.executable, "-m", "liver.cli", "controller", "--resume",
+                                                 str(job.run_dir), "--host", new.addr]),
+                                    env=dict(os.environ, OMP_NUM_THREADS="1"), stdout=job.log,
+                                    stderr=subprocess.STDOUT, start_new_session=True)
+        end = time.time() + 60
+        while new.addr not in (job.run_dir / "control.json").read_text():
+            assert time.time() < end and job.proc.poll() is None, job.tail()
+            time.sleep(0.2)
+        job.url = json.loads((job.run_dir / "control.json").read_text())["url"]
+        s = job.wait(lambda s: s["phase"] == "stable" and ranks(s) == 2 and holders(s) == {"node0", "node1"},
+                     "the job resumed on both nodes", 150)
+        step = s["step"]
+        job.wait(lambda s: s["step"] >= step + 3, "training under the new controller")
+        rep = _end(job)
+    finally:
+        job.close()
+    events = [e for e in rep["events"] if e["outcome"] != "requeued"]
+    lost = events[0]
+    assert (lost["event"]["kind"], lost["outcome"]) == ("fail-stop", "suspended"), events
+    assert "store" in lost["event"]["source"] and lost["restored_step"] % 5 == 0 and lost["restored_step"] >= 5
+    assert any(e["outcome"] in ("resumed", "done") and e["event"]["kind"] == "scale-out" for e in events[1:]), events
+    logs = "".join(p.read_text() for p in (job.run_dir / "logs").glob("proc*.log"))
+    assert "no answer from the job's store" in logs
+    for name in ("node0", "node1"):
+        assert "the controller moved to" in (job.run_dir / f"agent-{name}.log").read_text()

@@ -70,6 +70,15 @@ def _resume(args: argparse.Namespace) -> int:
     if s.phase is Phase.ENDED:
         raise ValueError(f"--resume {run_dir}: that job ended")
     cfg = state["cfg"]
+    # on another node (the controller's was lost): where it listens now; the agents find it through
+    # the run directory (control.json), which it writes anew
+    where = {k: v for k, v in (("host", args.host), ("port", args.port)) if v is not None}
+    if where:
+        ctl = replace(cfg.controller, **where)
+        if args.host is not None and cfg.controller.advertise:
+            ctl = replace(ctl, advertise=None)  # (the old node's name: --set it anew if needed)
+        cfg = replace(cfg, controller=ctl)
+        state["url"] = None  # (not where the old one listened)
     logs.setup()
     print(f"liver controller --resume: generation {s.gen}, phase {s.phase.value}, {len(s.queue)} queued, nodes {', '.join(n['name'] for n in state['nodes'])}; run dir {run_dir}",
           flush=True)
@@ -233,7 +242,8 @@ def add_parsers(sub) -> None:
     c.add_argument("--on-join", help="a node that registers mid-run: now (default), better, never")
     c.add_argument("--resume", default=None, metavar="RUN_DIR",
                    help="instead: go on with the job of RUN_DIR whose controller died (its journal.pkl); "
-                        "the endpoint listens where it did, the agents find it again")
+                        "the endpoint listens where it did (or at --host/--port: on another node), the agents "
+                        "find it again")
     c.set_defaults(fn=run_command, nodes=0)
 
 

@@ -30,12 +30,13 @@ from liver.controller.failures import ControllerError, Failures
 from liver.controller.queue import EventQueue
 from liver.controller.mode import Mode
 from liver.controller.modes import MODES
-from liver.controller.nodes import Node, Nodes
+from liver.controller.nodes import Node, Nodes, RemoteNode
 from liver.agent import starters
 from liver.checkpoint.periodic import saved_step
 from liver.config import RunConfig
-from liver.config.fields import to_dict
+from liver.config.fields import from_dict, to_dict
 from liver.controller import journal, storehost
+from liver.controller.report import read_steps
 from liver.policy import target
 from liver.controller.admission import admit, hardware_of
 from liver.controller.endpoint import ControlEndpoint, new_token
@@ -48,7 +49,7 @@ from liver.controller.records import EventRecord, Handling, first, least, new_re
 from liver.controller.state import ControllerState
 from liver.protocol import secret, store as protocol
 from liver.protocol.messages import (M, GenerationSpec, Progress, StartReport, Wish, read,
-                                    read_if)
+                                    read_if, write)
 from liver.protocol.worker import WorkerConfig
 from liver.planner.nodes import tp_within_nodes
 from liver.planner.plan import Plan, plan_transfer
@@ -56,6 +57,9 @@ from liver.topology import ParallelConfig
 from liver.transfer.rehearsal import rehearse
 from liver.world.world import connect_store, make_store
 
+
+
+STORE_PROBE_S = 5.0  # a resumed controller's look for the job's store where it was
 
 
 class Controller:
@@ -90,11 +94,18 @@ class Controller:
         pickle.dumps(rehearse(self.adapter))
         c = cfg.controller
         self.store_pid: int | None = None  # the store's own process (``liver controller``), or this one
+        self.store_lost: str | None = None  # a resumed controller's: the store it found gone (its address)
         if store is not None:
             self.master, self.store_addr = store, "in-process"
         elif resume is not None:
             self.store_pid, self.store_addr = resume["store_pid"], resume["store_addr"]
-            self.master = connect_store(self.store_addr)
+            try:
+                self.master = connect_store(self.store_addr, timeout_s=STORE_PROBE_S)
+            except RuntimeError:  # (DistNetworkError) gone with the controller's node: a new one here
+                self.store_lost = self.store_addr
+                self.store_pid, self.store_addr = storehost.start(run_dir, c.host, c.port + 1 if c.port else 0,
+                                                                  self.secret, c.advertise)
+                self.master = connect_store(self.store_addr)
         elif not local_node:
             self.store_pid, self.store_addr = storehost.start(run_dir, c.host, c.port + 1 if c.port else 0, self.secret,
                                                               c.advertise)
@@ -136,7 +147,7 @@ class Controller:
         self.journal = journal.Journal(run_dir, self.store) if self.store_pid is not None else None
         if resume is not None:
             self.state = journal.restore(resume, self.nodes)
-            self._url = resume["url"]
+            self._url = resume["url"]  # (None: it listens elsewhere now, ``--host``/``--port``)
 
     @property
     def hardware(self) -> target.Hardware:
@@ -167,7 +178,7 @@ class Controller:
     def _run(self) -> dict[str, Any]:
         c = self.cfg.controller
         if c.endpoint or self.remote:
-            port = int(self._url.rsplit(":", 1)[1]) if self.resumed else c.port  # (where the agents look)
+            port = int(self._url.rsplit(":", 1)[1]) if self._url else c.port  # (where the agents look)
             self.endpoint = ControlEndpoint(self.events.submit, self.status, self.run_dir, host=c.host, port=port,
                                             token=self.token, queue=self.events.queued, withdraw=self.events.withdraw,
                                             agents=self.membership.agent_request, metrics=self.metrics.exposition,
@@ -206,6 +217,8 @@ class Controller:
         if self.resumed:
             self.phase_log("resumed", phase=self.state.phase.value, queued=len(self.state.queue),
                            nodes=list(self.nodes.nodes))
+            if self.store_lost is not None:
+                return self._store_lost()
             self.mode.resume()
             return
         self.membership.await_nodes()
@@ -250,6 +263,32 @@ class Controller:
             return False
         at = self.state.fenced.get(a.procs[0])
         return at is not None and p.time > at
+
+    def _store_lost(self) -> None:
+        """Resumed on another node after the controller's own was lost, the job's store with it:
+        every process of the job lost it too (each stops itself, ``runtime.fence``), so nothing it
+        ran is the job's any more. The nodes are taken for lost (their agents, back, register as
+        new nodes and are offered as any node that joins), and the job waits, suspended, with its
+        newest checkpoint until they give it GPUs again."""
+        t0, s = time.time(), self.state
+        if s.suspended is not None:
+            return self.phase_log("store-lost", was=self.store_lost, now=self.store_addr, how="already suspended")
+        gone = [w for n in list(self.nodes.nodes.values()) if isinstance(n, RemoteNode) for w in n.mark_lost()]
+        s.pending, s.members = None, []  # (a handoff in flight: superseded, its record says so)
+        # the step it had reached: its rank 0's log of steps (the run directory's; the store that
+        # held its progress is gone)
+        logged = [r for r in read_steps(self.run_dir) if r.get("generation") == s.active.generation]
+        if logged:  # (and the new store holds it: the loop reads it there)
+            s.progress = from_dict(Progress, max(logged, key=lambda r: r["step"]), "steps.jsonl")
+            write(self.store, Progress.KEY, s.progress)
+        # (cut off, the workers trained on unobserved until their timeout: a checkpoint they wrote
+        # then may stand beyond the last step logged)
+        ck = self.suspension.newest_checkpoint()
+        failed = max(self.failures.failed_step(), ck["step"] if ck else 0)
+        self.phase_log("store-lost", was=self.store_lost, now=self.store_addr, procs=[w.proc for w in gone],
+                       failed_at_step=failed)
+        self.suspension.every_gpu_lost(gone, failed, t0,
+                                       source=f"the job's store at {self.store_lost} was lost with the controller's node")
 
     def _journal(self, force: bool = False) -> None:
         if self.journal is None:

@@ -102,12 +102,12 @@ class Suspension:
                           "the deadline came before the save: the periodic checkpoint stands" if ck else
                           "the deadline came before the save and no checkpoint stands: from step 0")
 
-    def _suspend(self, path: str | None, step: int, how: str) -> None:
+    def _suspend(self, path: str | None, step: int, how: str, at_step: int | None = None) -> None:
         """No GPU from here: the job waits with the state of step ``step`` at ``path`` (None: from
         step 0), the event in flight closed with it."""
         c, st = self.host, self.host.state
         now = time.time()
-        st.suspended = {"path": path, "step": step, "at_step": c.step, "since": now,
+        st.suspended = {"path": path, "step": step, "at_step": c.step if at_step is None else at_step, "since": now,
                         "parallel": st.active.parallel.short()}
         st.suspending = False
         if st.current is not None:
@@ -121,7 +121,7 @@ class Suspension:
         c.go(Trigger.SUSPEND)
         c.phase_log("suspended", checkpoint=path, from_step=step, how=how)
 
-    def every_gpu_lost(self, dead: list[Worker], failed_step: int, t0: float) -> None:
+    def every_gpu_lost(self, dead: list[Worker], failed_step: int, t0: float, source: str | None = None) -> None:
         """Every process of the job killed or its node lost: the newest checkpoint stands; the job
         waits for GPUs to come back (a scale-out, a node registering) and resumes from it."""
         c, st = self.host, self.host.state
@@ -132,13 +132,13 @@ class Suspension:
         c.go(Trigger.FAIL_STOP)
         ck = self.newest_checkpoint()
         st.records.append(EventRecord.of(
-            {"kind": "fail-stop", "source": c.failures.says(dead)}, Outcome.SUSPENDED,
+            {"kind": "fail-stop", "source": source or c.failures.says(dead)}, Outcome.SUSPENDED,
             "suspended: every process of the job is gone; waiting for GPUs",
             old_generation=st.active.generation, old=st.active.parallel.short(),
             failed_at_step=failed_step, restored_step=ck["step"] if ck else 0,
             lost_steps=failed_step - (ck["step"] if ck else 0), checkpoint=ck["path"] if ck else None, t_event=t0))
         self._suspend(ck["path"] if ck else None, ck["step"] if ck else 0,
-                      "the periodic checkpoint stands" if ck else "no checkpoint stands: from step 0")
+                      "the periodic checkpoint stands" if ck else "no checkpoint stands: from step 0", failed_step)
 
     def while_suspended(self) -> None:
         """In order, each queued event once due (a step trigger is due at once: no step runs): a
