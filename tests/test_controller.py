@@ -416,3 +416,15 @@ def test_a_lost_node_that_registers_again_during_its_own_fail_stop_is_a_new_node
     run_until(ctl, lambda: ctl.state.phase is Phase.PREPARE, ranks, step=7)  # the loop goes on, onto them
     assert {ctl.state.slot_of[p] for p in ctl.state.pending.procs if p not in survivors} == \
         set(range(new.slot_base, new.slot_base + 2))
+
+
+def test_the_sync_interval_grows_with_the_nodes_so_the_controller_takes_a_bounded_rate(tmp_path):
+    """Each node syncs every max(0.1 s, nodes / controller.syncs_per_s) with nothing to report;
+    one is declared lost after five intervals where that is longer than agent_timeout_s."""
+    ctl, node, ranks = controller(tmp_path, syncs_per_s=10, agent_timeout_s=1)
+    assert ctl.membership.sync_interval() == 0.1
+    for i in range(5):
+        ctl.membership.agent_request("register", {"node": f"n{i}", "slots": 1})
+    reply = ctl.membership.agent_request("sync", {"node": "n0"})
+    assert reply["next_sync_s"] == ctl.membership.sync_interval() == 0.6  # (six nodes, the local one too)
+    assert ctl.membership.lost_after() == 3.0

@@ -37,6 +37,7 @@ WAIT_SAY_S = 30.0  # how often an agent waiting for its controller says so
 # retransmission backoff (seconds), and the node would be declared lost for a short cut
 LINK_TIMEOUT_S = 2.0
 RETRY_S = 0.25  # between attempts while the controller does not answer
+MAX_SYNC_S = 5.0  # the longest interval between syncs it takes from the controller
 
 class ControllerGone(ConnectionError):
     pass
@@ -119,6 +120,7 @@ class AgentService:
         self._notice: Notice | None = None
         self._notice_sent = False
         self._stop = threading.Event()
+        self._news = threading.Event()  # something to report (a start, an exit, a notice, a shutdown): sync now
 
     # ---- the link thread -------------------------------------------------------------------
     def register(self) -> Registered:
@@ -164,7 +166,9 @@ class AgentService:
                 if c.id > self._queued:
                     self._inbox.put((self._epoch, c))
                     self._queued = c.id
-            self._stop.wait(SYNC_S)
+            # the controller's interval (longer with many nodes), or sooner with news to report
+            self._news.wait(max(SYNC_S, min(reply.next_sync_s, MAX_SYNC_S)))
+            self._news.clear()
 
     def _follow(self) -> None:
         """A controller that moved: the address ``resolve`` gives now, where it is another one."""
@@ -212,6 +216,7 @@ class AgentService:
                     return 0
         finally:
             self._stop.set()
+            self._news.set()  # (the link thread wakes to end)
             if self.agent is not None:
                 self.agent.shutdown()
             self.link.close()
@@ -263,6 +268,7 @@ class AgentService:
         if exits:
             with self._lock:
                 self._exited += exits
+            self._news.set()
             self._publish_running()
         if self._notice is None:
             for watch in self.notices:
@@ -272,6 +278,7 @@ class AgentService:
                                         f"{n.deadline_s:g} s to leave")
                     with self._lock:
                         self._notice = n
+                    self._news.set()
                     break
 
     def _publish_running(self) -> None:
@@ -299,6 +306,7 @@ class AgentService:
             if epoch == self._epoch:  # (not when it was registered anew meanwhile: numbered anew)
                 self.done = c.id
         self._publish_running()
+        self._news.set()  # (what it carried out, and any process it started, reported at once)
         if c.op == "shutdown":
             end = time.time() + 3.0  # its acknowledgement, where the controller still listens
             while time.time() < end and self._delivered < c.id:

@@ -72,6 +72,18 @@ def bench_nodes(args: argparse.Namespace) -> int:
     return 0 if ok and len(result["events"]) == 2 else 1
 
 
+def bench_control_plane(args: argparse.Namespace) -> int:
+    from liver.bench.control_plane import run
+
+    result = run(args)
+    for r in result["rows"]:
+        print(f"{r['nodes']:>5} nodes: {r['syncs_per_s']:7.0f} syncs/s (every {r['interval_s'] or 0:.2f} s), sync "
+              f"median {(r['sync_rtt_median_s'] or 0) * 1e3:.1f} ms p99 {(r['sync_rtt_p99_s'] or 0) * 1e3:.1f} ms; "
+              f"/status p99 {r['status_p99_s'] * 1e3:.1f} ms; steps x{r['steps_vs_no_nodes'] or 0:.2f}"
+              + (f"; errors {r['errors']}" if r["errors"] else ""))
+    return 0 if not any(r["errors"] for r in result["rows"]) else 1
+
+
 def bench_transfer(args: argparse.Namespace) -> int:
     from liver.bench.transfer import run
 
@@ -257,6 +269,15 @@ def add_parsers(sub) -> None:
     bn.add_argument("--timeout-s", type=float, default=600.0, help="the most any phase may take (s)")
     bn.add_argument("--out", required=True, help="results: nodes.json, the run directories")
     bn.set_defaults(fn=bench_nodes)
+    bc = bsub.add_parser("control-plane", help="a controller training a job on one node while many simulated "
+                                               "node agents sync with it: its syncs/s, their round trips, its answers")
+    bc.add_argument("--nodes", default="0,100,300,1000", help="simulated node counts, one stage each (comma list)")
+    bc.add_argument("--seconds", type=float, default=10.0, help="each stage's length")
+    bc.add_argument("--syncs-per-s", type=float, default=1000.0,
+                    help="the controller's controller.syncs_per_s (1000000: every node every 0.1 s)")
+    bc.add_argument("--procs", type=int, default=4, help="processes the simulated agents run in (threads each)")
+    bc.add_argument("--out", required=True, help="results: control_plane.json, the run directory")
+    bc.set_defaults(fn=bench_control_plane)
     bt = bsub.add_parser("transfer", help="the streaming executor alone on 2 GPUs: tp1 -> tp2 of a 0.6B and a 1.1B state")
     bt.add_argument("--out", required=True)
     bt.add_argument("--budget-mib", type=int, default=512, help="staging budget B per rank")

@@ -35,6 +35,9 @@ class ControllerConfig:
       operator decides, ``liver scale``).
     - ``agent_timeout_s``: a node agent silent this long has lost its node: a fail-stop of its
       ranks.
+    - ``syncs_per_s``: the node agents' syncs it takes in a second, all nodes together: each syncs
+      every ``max(0.1 s, nodes / syncs_per_s)`` with nothing to report, at once with news; a node
+      is declared lost after ``agent_timeout_s`` or five of its intervals (`liver bench control-plane`).
     - ``stop_on_nonfinite_loss``: a step whose loss is not finite (NaN, inf) ends the job there
       (otherwise it is recorded and said once, and training goes on)."""
 
@@ -50,6 +53,7 @@ class ControllerConfig:
     advertise: str | None = None
     on_join: str = "now"
     agent_timeout_s: float = 10.0
+    syncs_per_s: float = 1000.0
     stop_on_nonfinite_loss: bool = False
 
     def __post_init__(self) -> None:
@@ -79,5 +83,7 @@ class ControllerConfig:
             raise ValueError(f"controller.on_join={self.on_join!r}: allowed {', '.join(map(repr, JOIN_POLICIES))}")
         if isinstance(self.agent_timeout_s, bool) or not 1 <= self.agent_timeout_s <= 3600:
             raise ValueError(f"controller.agent_timeout_s={self.agent_timeout_s!r}: allowed 1 to 3600 s")
+        if isinstance(self.syncs_per_s, bool) or not 10 <= self.syncs_per_s <= 1e6:
+            raise ValueError(f"controller.syncs_per_s={self.syncs_per_s!r}: allowed 10 to 1000000")
         if self.memory_gib is not None and not 0 < self.memory_gib < 1 << 20:
             raise ValueError(f"controller.memory_gib={self.memory_gib!r}: allowed a positive size in GiB")

@@ -5,6 +5,7 @@ reads and calls of the controller is declared (``Host``), nothing else."""
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 from typing import Any, Callable, Protocol
@@ -22,9 +23,13 @@ from liver.policy.workload import Workload
 from liver.policy.decisions import join_total
 from liver.policy.events import Event, EventKind
 from liver.policy.outcome import Outcome
-from liver.protocol.agent import Register, Registered, Sync, SyncReply
+from liver.protocol.agent import SYNC_S, Register, Registered, Sync, SyncReply
 from liver.protocol.messages import Fence
 
+
+# A node is declared lost after ``controller.agent_timeout_s`` or after this many of its sync
+# intervals (``sync_interval``), whichever is longer.
+LOST_AFTER_SYNCS = 5
 
 # A withdrawn generation's joiner sees the withdrawal at its next pause and ends (runtime/member.py),
 # within a second or two of its group rendezvous completing; stopped after this if it does not.
@@ -75,7 +80,17 @@ class Membership:
             if isinstance(node, RemoteNode):
                 node.last_seen = time.time()  # (alive: it registers again at once)
             return to_dict(SyncReply(registered=False))
-        return to_dict(node.sync(msg))
+        return to_dict(dataclasses.replace(node.sync(msg), next_sync_s=self.sync_interval()))
+
+    def sync_interval(self) -> float:
+        """Seconds between a node's syncs when it has nothing to report (news goes at once): the
+        controller takes about ``controller.syncs_per_s`` syncs a second from all its nodes together."""
+        up = sum(1 for n in list(self.host.nodes.nodes.values()) if not n.lost)
+        return max(SYNC_S, up / self.host.cfg.controller.syncs_per_s)
+
+    def lost_after(self) -> float:
+        """The silence after which a node is declared lost."""
+        return max(self.host.cfg.controller.agent_timeout_s, LOST_AFTER_SYNCS * self.sync_interval())
 
     def register(self, msg: Register) -> Registered:
         with self.host.nodes.lock:
@@ -133,7 +148,7 @@ class Membership:
     def watch(self) -> None:
         """A node gone silent is a fail-stop of its ranks; a notice a node received is a scale-in of
         its ranks; a node that joined offers its slots (``controller.on_join``)."""
-        now, limit = time.time(), self.host.cfg.controller.agent_timeout_s
+        now, limit = time.time(), self.lost_after()
         for n in list(self.host.nodes.nodes.values()):
             if not isinstance(n, RemoteNode) or n.lost:
                 continue

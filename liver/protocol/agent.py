@@ -135,3 +135,4 @@ class Command:
 class SyncReply:
     commands: tuple[Command, ...] = ()
     registered: bool = True   # False: the controller does not know this node (register again)
+    next_sync_s: float = SYNC_S  # when to sync next with nothing to report (the controller's load)
