@@ -120,3 +120,44 @@ def test_the_jobs_store_listens_on_the_interface_it_is_given_only():
     client = connect_store(addr)
     client.set("k", "v")
     assert store.get("k") == b"v"
+
+
+def test_a_forged_decision_in_the_jobs_store_is_refused_logged_and_the_job_trains_on(tmp_path, capfd):
+    """Someone who knows where the job's keys are (not its secret) writes "commit" for every
+    generation ahead of the job, so that the ranks would switch into a generation nobody made
+    ready: each decision is refused as the job's, said, and taken as a withdrawal (the handoff is
+    cancelled), and the job trains on as it was, its steps continuous."""
+    import json
+
+    events = tmp_path / "events.txt"
+    events.write_text("at step 6: reshape 1,1,2\n")
+    run_dir = tmp_path / "run"
+    done = threading.Event()
+
+    def stranger() -> None:
+        while not (run_dir / "control.json").exists() or not list((run_dir / "specs").glob("proc*.json")):
+            if done.wait(0.01):
+                return
+        token = json.loads((run_dir / "control.json").read_text())["token"]
+        addr = json.loads(next((run_dir / "specs").glob("proc*.json")).read_text())["store_addr"]
+        host, port = addr.rsplit(":", 1)
+        where = f"run/{job_secret.tag(job_secret.of_token(token), 'store')}/"  # (the test's knowledge, not the secret)
+        keys = dist.PrefixStore(where, dist.TCPStore(host, int(port), 1, False, timeout=timedelta(seconds=30)))
+        for g in range(1, 4):
+            keys.set(f"decision/{g}", "commit")
+
+    t = threading.Thread(target=stranger, daemon=True)
+    t.start()
+    try:
+        rep = liver(run_dir, "--events", str(events), "--parallel", "2,1,1", "--steps", "100000",
+                    "--end-after-events", "6", "--ckpt-every", "0")
+    finally:
+        done.set()
+        t.join(timeout=10)
+    assert rep["rc"] == 0
+    (ev,) = rep["events"]
+    assert ev["outcome"] != "done", ev["status"]
+    said = capfd.readouterr().out + "".join(p.read_text() for p in (run_dir / "logs").glob("proc*.log"))
+    assert "'decision/1'" in said and "not sealed with the job's secret" in said
+    check_continuous(rep, rep["steps"][-1]["step"])
+    assert {s["parallel"] for s in rep["steps"]} == {"tp2pp1dp1"}  # it trained on, as it was

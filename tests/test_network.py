@@ -66,8 +66,7 @@ def test_a_short_cut_loses_nothing_and_a_long_one_fences_the_node_which_comes_ba
         # longer than the timeout: node1 is declared lost and fenced; node0 heals at once
         link.cut()
         s = job.wait(lambda s: s["phase"] == "stable" and holders(s) == {"node0"}, "the heal on node0", 120)
-        time.sleep(9.0)  # (node1's worker, cut off from the store past its timeout, has stopped itself)
-        link.mend()
+        link.mend()  # (its worker stops on its fence, or has stopped itself past its timeout)
         s = job.wait(lambda s: s["phase"] == "stable" and ranks(s) == 2, "node1 back as a new node", 150)
         step = s["step"]
         job.wait(lambda s: s["step"] >= step + 2, "training on both again")
@@ -81,7 +80,7 @@ def test_a_short_cut_loses_nothing_and_a_long_one_fences_the_node_which_comes_ba
     assert back["digest_before"] == back["digest_after"] is not None
     _steps_in_order(rep)
     logs = "".join(p.read_text() for p in (job.run_dir / "logs").glob("proc*.log"))
-    # (cut off, it could not read its fence: it stopped itself at its timeout)
+    # (cut off, it stopped itself at its timeout, or read its fence once the link was back)
     assert "no answer from the job's store" in logs or "was declared lost by the controller" in logs
     agent = (job.run_dir / "agent-node1.log").read_text()
     assert "lost the controller" in agent and "Traceback" not in agent
@@ -95,7 +94,7 @@ def test_a_handoff_over_a_slow_link_keeps_the_digest_and_a_cut_mid_transfer_is_s
         job.agent("node1")
         job.wait(lambda s: s["step"] >= 3 and ranks(s) == 2, "the first generation")
         slow = job.node("node2")
-        slow.limit(40)  # 40 Mbit/s: the new node's share of the state takes seconds to come
+        slow.limit(80)  # 80 Mbit/s: the new node's share of the state takes a while to come
         job.agent("node2")  # registers: scale-out onto it, over the slow link
         s = job.wait(lambda s: s["phase"] == "stable" and ranks(s) == 3, "the scale-out over the slow link", 150)
         slow.unlimit()
@@ -115,7 +114,8 @@ def test_a_handoff_over_a_slow_link_keeps_the_digest_and_a_cut_mid_transfer_is_s
     first = events[0]
     assert (first["event"]["kind"], first["outcome"]) == ("scale-out", "done")
     assert first["digest_before"] == first["digest_after"] is not None
-    assert first["transfer_s"] > 0.05, first  # (the slow link: the transfer took what the link gives)
+    # the slow link: what came to node2 took at least about what 80 Mbit/s gives (bytes over rate)
+    assert first["transfer_s"] >= 0.5 * first["bytes_moved"] * 8 / 80e6 > 0, first
     for e in events[1:]:
         assert e["outcome"] in ("done", "healed", "recovered", "superseded", "cancelled"), e
         if e["outcome"] == "done":

@@ -405,8 +405,13 @@ class LiveMode(Mode):
     def _watch_prepare(self) -> None:
         h, g, now = self.state.current, self.state.pending.generation, time.time()
         rec = h.record
-        if decided(self.store, g) == COMMIT:  # rank 0 committed: the ranks are switching
+        d = decided(self.store, g)
+        if d == COMMIT:  # rank 0 committed: the ranks are switching
             return self._committed()
+        if d == WITHDRAW:  # (not this controller's: it cancels as it withdraws) a decision refused as
+            # not the job's (``protocol.store``): the ranks take the generation for withdrawn
+            return self._cancel(f"the decision on generation {g} in the store was not the job's (refused)",
+                                replan=False)
         failure = self._failure(g)
         if failure is not None:
             return self._withdraw_then(lambda: self._cancel(f"process {failure.proc} could not prepare generation "

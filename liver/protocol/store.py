@@ -16,7 +16,8 @@ prefix made from the job's secret (``protocol/secret.py``): only the job's own p
 - ``decision/{g}``      whether pending generation g is switched to: "commit" (rank 0 of the Active
                         World, once every rank is ready) or "withdraw" (the controller); whichever is
                         written first holds (one compare-and-set), so both sides know, without
-                        waiting, whether a handoff can still happen
+                        waiting, whether a handoff can still happen; sealed with the job's secret (a
+                        decision someone else wrote is refused and taken as a withdrawal)
 - ``switch/{g}/{proc}`` a process's report of entering generation g (``messages.SwitchReport``,
                         ``messages.StartReport``)
 - ``stopped/{g}/{proc}``, ``saved/{g}``  restart mode: each process's stop, and the checkpoint written
@@ -26,20 +27,28 @@ from __future__ import annotations
 
 import json
 import pickle
+import weakref
 from typing import Any
 
 import torch.distributed as dist
 
-from liver.protocol.secret import seal, tag, unseal
+from liver.protocol.secret import Forged, seal, tag, unseal
 
 PREFIX = "run/"
 COMMIT = "commit"
 WITHDRAW = "withdraw"
 
 
+# the job's secret of each store ``run_store`` made: its decisions are sealed with it
+_SECRETS: "weakref.WeakKeyDictionary[dist.Store, bytes]" = weakref.WeakKeyDictionary()
+
+
 def run_store(store: dist.Store, secret: bytes) -> dist.Store:
-    """The job's keys in ``store``: under a prefix only the holders of the job's ``secret`` know."""
-    return dist.PrefixStore(f"{PREFIX}{tag(secret, 'store')}/", store)
+    """The job's keys in ``store``: under a prefix only the holders of the job's ``secret`` know;
+    the handle carries the secret, with which the decisions on it are sealed (``decide``)."""
+    keys = dist.PrefixStore(f"{PREFIX}{tag(secret, 'store')}/", store)
+    _SECRETS[keys] = secret
+    return keys
 
 
 def put(store: dist.Store, key: str, value: Any) -> None:
@@ -58,13 +67,32 @@ def decide(store: dist.Store, generation: int, decision: str) -> str:
     that holds: this one if it was first, else the one written before it."""
     if decision not in (COMMIT, WITHDRAW):
         raise ValueError(f"decision={decision!r}: allowed {COMMIT!r}, {WITHDRAW!r}")
-    return store.compare_set(f"decision/{generation}", "", decision).decode()
+    key, secret = f"decision/{generation}", _SECRETS.get(store)
+    mine = seal(secret, key, decision.encode()) if secret is not None else decision.encode()
+    return _opened(store, key, store.compare_set(key, b"", mine))
 
 
 def decided(store: dist.Store, generation: int) -> str | None:
     """The decision on ``generation`` so far (None: none yet)."""
     key = f"decision/{generation}"
-    return store.get(key).decode() if store.check([key]) else None
+    return _opened(store, key, store.get(key)) if store.check([key]) else None
+
+
+def _opened(store: dist.Store, key: str, raw: bytes) -> str:
+    """A decision as written: one not sealed with the job's secret (a stranger's, who found where
+    the job's keys are) is refused, said, and taken as a withdrawal: nothing was committed, the
+    Active World trains on, and the controller cancels the handoff."""
+    secret = _SECRETS.get(store)
+    if secret is None:
+        return raw.decode()
+    try:
+        value = unseal(secret, key, raw).decode()
+    except Forged as e:
+        print(f"[liver] {e}; the generation is taken as withdrawn", flush=True)
+        return WITHDRAW
+    if value not in (COMMIT, WITHDRAW):
+        return WITHDRAW
+    return value
 
 
 def publish_plan(store: dist.Store, g: int, plan: Any, secret: bytes) -> None:
