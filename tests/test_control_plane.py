@@ -52,18 +52,14 @@ def test_a_plan_is_unpickled_only_when_sealed_with_the_jobs_secret_and_for_its_o
 
 
 @pytest.mark.timeout(600)
-def test_a_forged_plan_in_the_jobs_store_is_refused_logged_and_the_job_trains_on(tmp_path):
-    """Someone who reaches the store and knows where the job's keys are (not its secret) writes a
-    plan of their own over the controller's, again and again, from before the event: every worker
-    that reads it refuses it unread, the handoff is cancelled with the reason, and the job trains
-    on; nothing of theirs ran."""
+def with_a_stranger(run_dir: Path, write) -> dict:
+    """The job of the forgery tests (a reshape at step 6 of a TP2 job), while a stranger who
+    reaches its store and knows where the job's keys are (not its secret: the test's knowledge)
+    calls ``write(keys, done)`` from another thread; the job's report."""
     import json
 
-    events = tmp_path / "events.txt"
+    events = run_dir.parent / "events.txt"
     events.write_text("at step 6: reshape 1,1,2\n")
-    run_dir = tmp_path / "run"
-    marker = tmp_path / "ran"
-    forged = pickle.dumps(_Payload(marker))
     done = threading.Event()
 
     def stranger() -> None:
@@ -73,11 +69,8 @@ def test_a_forged_plan_in_the_jobs_store_is_refused_logged_and_the_job_trains_on
         token = json.loads((run_dir / "control.json").read_text())["token"]
         addr = json.loads(next((run_dir / "specs").glob("proc*.json")).read_text())["store_addr"]
         host, port = addr.rsplit(":", 1)
-        keys = run_store(dist.TCPStore(host, int(port), 1, False, timeout=timedelta(seconds=30)),
-                         job_secret.of_token(token))  # (where the keys are: the test's knowledge, not the secret's)
-        while not done.is_set():
-            keys.set("plan/1", forged)
-            time.sleep(0.0005)
+        where = f"run/{job_secret.tag(job_secret.of_token(token), 'store')}/"
+        write(dist.PrefixStore(where, dist.TCPStore(host, int(port), 1, False, timeout=timedelta(seconds=30))), done)
 
     t = threading.Thread(target=stranger, daemon=True)
     t.start()
@@ -88,11 +81,26 @@ def test_a_forged_plan_in_the_jobs_store_is_refused_logged_and_the_job_trains_on
         done.set()
         t.join(timeout=10)
     assert rep["rc"] == 0
-    (ev,) = rep["events"]
-    assert ev["status"].startswith("cancelled") and "not sealed with the job's secret" in ev["status"], ev["status"]
-    assert not marker.exists()
     check_continuous(rep, rep["steps"][-1]["step"])
     assert {s["parallel"] for s in rep["steps"]} == {"tp2pp1dp1"}  # it trained on, as it was
+    return rep
+
+
+def test_a_forged_plan_in_the_jobs_store_is_refused_logged_and_the_job_trains_on(tmp_path):
+    """A stranger writes a plan of their own over the controller's, again and again, from before
+    the event: every worker that reads it refuses it unread, the handoff is cancelled with the
+    reason, and the job trains on; nothing of theirs ran."""
+    marker = tmp_path / "ran"
+    forged = pickle.dumps(_Payload(marker))
+
+    def write(keys, done) -> None:
+        while not done.is_set():
+            keys.set("plan/1", forged)
+            time.sleep(0.0005)
+
+    (ev,) = with_a_stranger(tmp_path / "run", write)["events"]
+    assert ev["status"].startswith("cancelled") and "not sealed with the job's secret" in ev["status"], ev["status"]
+    assert not marker.exists()
 
 
 def _listening(port: int) -> set[str]:
@@ -123,41 +131,14 @@ def test_the_jobs_store_listens_on_the_interface_it_is_given_only():
 
 
 def test_a_forged_decision_in_the_jobs_store_is_refused_logged_and_the_job_trains_on(tmp_path, capfd):
-    """Someone who knows where the job's keys are (not its secret) writes "commit" for every
-    generation ahead of the job, so that the ranks would switch into a generation nobody made
-    ready: each decision is refused as the job's, said, and taken as a withdrawal (the handoff is
-    cancelled), and the job trains on as it was, its steps continuous."""
-    import json
-
-    events = tmp_path / "events.txt"
-    events.write_text("at step 6: reshape 1,1,2\n")
-    run_dir = tmp_path / "run"
-    done = threading.Event()
-
-    def stranger() -> None:
-        while not (run_dir / "control.json").exists() or not list((run_dir / "specs").glob("proc*.json")):
-            if done.wait(0.01):
-                return
-        token = json.loads((run_dir / "control.json").read_text())["token"]
-        addr = json.loads(next((run_dir / "specs").glob("proc*.json")).read_text())["store_addr"]
-        host, port = addr.rsplit(":", 1)
-        where = f"run/{job_secret.tag(job_secret.of_token(token), 'store')}/"  # (the test's knowledge, not the secret)
-        keys = dist.PrefixStore(where, dist.TCPStore(host, int(port), 1, False, timeout=timedelta(seconds=30)))
+    """A stranger writes "commit" for the next generations ahead of the job, so that the ranks
+    would switch into a generation nobody made ready: each decision is refused as the job's,
+    said, and taken as a withdrawal (the handoff is cancelled at once), and the job trains on."""
+    def write(keys, done) -> None:
         for g in range(1, 4):
             keys.set(f"decision/{g}", "commit")
 
-    t = threading.Thread(target=stranger, daemon=True)
-    t.start()
-    try:
-        rep = liver(run_dir, "--events", str(events), "--parallel", "2,1,1", "--steps", "100000",
-                    "--end-after-events", "6", "--ckpt-every", "0")
-    finally:
-        done.set()
-        t.join(timeout=10)
-    assert rep["rc"] == 0
-    (ev,) = rep["events"]
-    assert ev["outcome"] != "done", ev["status"]
-    said = capfd.readouterr().out + "".join(p.read_text() for p in (run_dir / "logs").glob("proc*.log"))
+    (ev,) = with_a_stranger(tmp_path / "run", write)["events"]
+    assert ev["outcome"] == "cancelled" and "was not the job's" in ev["status"], ev["status"]
+    said = capfd.readouterr().out + "".join(p.read_text() for p in (tmp_path / "run" / "logs").glob("proc*.log"))
     assert "'decision/1'" in said and "not sealed with the job's secret" in said
-    check_continuous(rep, rep["steps"][-1]["step"])
-    assert {s["parallel"] for s in rep["steps"]} == {"tp2pp1dp1"}  # it trained on, as it was
