@@ -48,8 +48,8 @@ def _steps_in_order(rep: dict) -> None:
 @pytest.mark.timeout(300)
 def test_a_short_cut_loses_nothing_and_a_long_one_fences_the_node_which_comes_back_new(tmp_path):
     # (the kernel's neighbour discovery may take seconds to find a node again after its link
-    # comes back: a cut of 1.5 s is one of a few seconds for the agent's link, below 8 s)
-    job = Job(tmp_path / "run", "--set", "controller.agent_timeout_s=8")
+    # comes back: a cut of 1.5 s is one of a few seconds for the agent's link, below 5 s)
+    job = Job(tmp_path / "run", "--set", "controller.agent_timeout_s=5")
     try:
         assert job.net is not None
         for name in ("node0", "node1"):
