@@ -38,7 +38,7 @@ def _free_port() -> int:
 def _blocked_rank(rank: int, port: int, q) -> None:
     from liver.world.sever import sever
 
-    store = dist.TCPStore("127.0.0.1", port, 2, rank == 0, timeout=timedelta(seconds=60))
+    store = dist.TCPStore("127.0.0.1", port, 3, False, timeout=timedelta(seconds=60))  # (the test's: as a job's)
     pg = dist.ProcessGroupGloo(store, rank, 2, timedelta(seconds=120))
     t = torch.ones(4)
     pg.allreduce([t]).wait()
@@ -62,6 +62,7 @@ def test_cutting_connections_wakes_a_collective_blocked_on_a_frozen_peer():
     connections down does, at once, with an error the loop takes for a broken group; the
     store's connection is kept."""
     port = _free_port()
+    server = dist.TCPStore("127.0.0.1", port, 3, True, timeout=timedelta(seconds=60), wait_for_workers=False)
     ctx = mp.get_context("spawn")
     q = ctx.Queue()
     ps = [ctx.Process(target=_blocked_rank, args=(r, port, q), daemon=True) for r in (0, 1)]
@@ -70,15 +71,16 @@ def test_cutting_connections_wakes_a_collective_blocked_on_a_frozen_peer():
     try:
         ready = {}
         for _ in range(2):
-            what, rank, pid = q.get(timeout=60)
+            what, rank, pid = q.get(timeout=120)
             assert what == "ready"
             ready[rank] = pid
         os.kill(ready[1], signal.SIGSTOP)  # frozen: no FIN, no RST, ever
-        got = {m[0]: m[1:] for m in (q.get(timeout=30), q.get(timeout=30))}
+        got = {m[0]: m[1:] for m in (q.get(timeout=60), q.get(timeout=60))}
         assert got["cut"][0] >= 1
         broken, took = got["raised"]
         assert broken and took < 10.0  # (the group's timeout is 120 s)
     finally:
+        del server
         for p in ps:
             if p.pid:
                 try:
