@@ -70,6 +70,9 @@ def test_nodes_join_get_a_notice_and_vanish_and_the_job_moves_across_them(tmp_pa
         s = job.wait(lambda s: s["phase"] == "stable" and ranks(s) == 4, "the scale-out onto node3")
         assert holders(s) == {"node0", "node1", "node2", "node3"}
 
+        for name, a in job.agents.items():  # an agent imports no torch (its templates and workers do)
+            maps = Path(f"/proc/{a.pid}/maps").read_text()
+            assert "python" in maps and "libtorch" not in maps, name
         code, text = scrape(job)  # metrics for operators, mid-run (the resumed controller's)
         assert code == 200
         assert metric(text, "liver_agents") == 4 and metric(text, "liver_generation_info", ranks="4") == 1

@@ -93,12 +93,14 @@ class LocalJob:
             return {"phase": None, "step": 0, "parallel": None, "nodes": []}
 
     def wait(self, cond, what: str, timeout: float = 150.0) -> dict:
-        end = time.time() + timeout
+        t0 = time.time()
+        end = t0 + timeout
         while time.time() < end:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"the controller exited while waiting for {what}:\n{self.tail()}")
             s = self.status()
             if cond(s):
+                print(f"[liver] {time.time() - t0:.1f} s until {what} (step {s['step']})", flush=True)
                 return s
             time.sleep(0.1)
         raise RuntimeError(f"timed out waiting for {what}: {self.status()}\n{self.tail()}")
