@@ -156,3 +156,26 @@ def test_a_preparation_whose_member_never_arrives_is_let_go_at_once_when_abandon
     with pytest.raises(TimeoutError, match=r"g3: processes \[2\] did not arrive within 0.6 s"):
         store.set("g3/arrived/1", "1")
         arrive(store, "g3", [0, 1, 2], 0, lambda: None, timedelta(seconds=0.6))
+
+
+def test_waiting_for_members_over_a_tcp_store_writes_nothing_to_the_log(capfd):
+    """A joiner may take seconds to boot: the ranks waiting for it look at the store quietly (torch
+    logs each timed-out wait: four lines a second in every rank's log, before)."""
+    import threading
+    import time
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    from liver.world.group import arrive
+
+    server = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+    client = dist.TCPStore("127.0.0.1", server.port, is_master=False)
+    late = threading.Timer(1.2, lambda: client.set("g/arrived/1", "1"))
+    late.start()
+    t0 = time.monotonic()
+    arrive(server, "g", [0, 1], 0, lambda: None, timedelta(seconds=30))
+    assert 1.1 < time.monotonic() - t0 < 3
+    late.join()
+    assert "waitForInput" not in capfd.readouterr().err
+

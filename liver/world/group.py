@@ -70,25 +70,23 @@ def arrive(store: dist.Store, name: str, members: list[int], me: int, pause: Cal
            timeout: timedelta, slice_s: float = 0.25) -> None:
     """Every one of ``members`` has begun building the groups ``name`` names: a rendezvous of our
     own before Gloo's and NCCL's, whose waits in their constructors no thread can cut short. It
-    waits in slices of ``slice_s``, calling ``pause`` between them (it raises to stop: a
-    preparation abandoned while a member never comes, its process stopped, ends here at once
-    instead of at ``timeout`` in a constructor). TimeoutError naming the missing members after
-    ``timeout``."""
+    looks every few milliseconds at first, then every ``slice_s``, calling ``pause`` between looks
+    (it raises to stop: a preparation abandoned while a member never comes, its process stopped,
+    ends here at once instead of at ``timeout`` in a constructor). TimeoutError naming the missing
+    members after ``timeout``. (It looks with ``check``, not a timed ``wait``: torch logs every
+    wait that times out, four warnings a second in each rank's log while a joiner boots.)"""
     store.set(f"{name}/arrived/{me}", "1")
     keys = [f"{name}/arrived/{m}" for m in members]
     end = time.monotonic() + timeout.total_seconds()
-    while True:
-        try:
-            store.wait(keys, timedelta(seconds=slice_s))
-            return
-        except RuntimeError:  # (DistStoreError: this slice timed out)
-            if store.check(keys):  # (the last one came as the slice ended: no pause may stop it now,
-                return             # or the others wait for it in their group's rendezvous)
-            if time.monotonic() > end:
-                missing = [m for m, k in zip(members, keys) if not store.check([k])]
-                raise TimeoutError(f"{name}: processes {missing} did not arrive within "
-                                   f"{timeout.total_seconds():g} s") from None
-            pause()
+    nap = 0.005
+    while not store.check(keys):
+        if time.monotonic() > end:
+            missing = [m for m, k in zip(members, keys) if not store.check([k])]
+            raise TimeoutError(f"{name}: processes {missing} did not arrive within "
+                               f"{timeout.total_seconds():g} s") from None
+        pause()
+        time.sleep(nap)
+        nap = min(2 * nap, slice_s)
 
 
 class Group:
