@@ -61,6 +61,23 @@ def test_a_step_trigger_seen_late_is_timed_from_the_step_in_the_log(tmp_path):
     assert ctl.state.current.event.arrived == 1003.0
 
 
+def test_an_event_seen_only_once_the_last_step_is_trained_is_not_reached_and_the_job_ends(tmp_path):
+    """A loop slowed on a loaded machine looks after the ranks trained their last step: the event
+    (due long before) does not begin, which would stop ranks that are ending and take their clean
+    exits for a failure; the job ends and the event is not reached."""
+    ctl, node, ranks = controller(tmp_path, "at step 6: scale-in 1 deadline 0.5s\n", heal_timeout_s=5.0)
+    steps = ctl.cfg.steps
+    ranks.step(steps)
+    for _ in range(3):
+        ctl.once()
+    assert ctl.state.current is None and ctl.state.phase is Phase.STABLE and len(ctl.state.queue) == 1
+    for p in ctl.state.active.procs:
+        node.exit(p, 0)
+    run_until(ctl, lambda: ctl.finished)
+    assert all(w.returncode == 0 for w in node.workers.values()) and len(node.workers) == 2
+    assert ctl.state.records == [] and len(ctl.state.queue) == 1  # (the report: "not reached")
+
+
 @pytest.mark.parametrize("notice, kept, then", [
     (3, "merged", None),                # more than the job has: the scale-out re-planned to 3
     (1, "cancelled", Outcome.STARTED),  # fewer: the scale-out dropped, the scale-in begins next
@@ -146,6 +163,19 @@ def test_a_notice_too_short_for_a_handoff_drops_replicas_and_the_survivors_heal(
     assert rec["predicted_handoff_s"] * 1.5 > 1.2 and [w.returncode for w in node.workers.values()].count(-9) == 1
     assert ctl.state.active.generation == g + 1 and ctl.state.active.kind == "heal"
     assert ctl.state.active.parallel.world_size == 1 and ctl.state.phase is Phase.STABLE
+
+
+def test_a_drop_whose_survivors_cannot_heal_recovers_from_the_checkpoint_and_the_report_reads_both_records(tmp_path):
+    """The survivors never report (they exited, or hung): the scale-in's record says it recovered,
+    the fail-stop's after it carries the new generation; the report's digests of recoveries read
+    only the latter (a KeyError on the first ended a job, before)."""
+    ctl, node, ranks = controller(tmp_path, "at step 3: scale-in 1 deadline 1.2s\n", heal_timeout_s=0.3)
+    run_until(ctl, lambda: ctl.state.records, ranks, step=3)
+    assert outcomes(ctl) == [Outcome.RECOVERED, Outcome.RECOVERED]
+    drop, rec = ctl.state.records
+    assert drop["path"] == "drop" and drop.get("generation") is None and rec["generation"] == ctl.state.active.generation
+    ctl._recovery_digests()
+    assert rec["digest_after"] is None
 
 
 def test_a_rush_whose_deadline_passes_recovers_on_the_survivors_from_the_checkpoint(tmp_path):

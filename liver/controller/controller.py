@@ -304,7 +304,9 @@ class Controller:
     def _recovery_digests(self) -> None:
         """The state digest each recovery started from, as its new generation's ranks reported it."""
         for rec in self.state.records:
-            if rec.outcome in (Outcome.RECOVERED, Outcome.RESUMED):
+            # (a scale-in's drop whose survivors could not heal says "recovered" and has no
+            # generation of its own: the fail-stop record after it has)
+            if rec.outcome in (Outcome.RECOVERED, Outcome.RESUMED) and rec.get("generation") is not None:
                 procs = list(GenerationSpec.fetch(self.store, rec["generation"]).procs)
                 starts = self.collect(rec["generation"], procs, StartReport) or {}
                 rec["digest_after"] = first(starts.values(), "digest_after")

@@ -19,7 +19,7 @@ from liver.controller.phases import Phase
 from liver.controller.records import EventRecord
 from liver.controller.state import ControllerState
 from liver.policy import target
-from liver.policy.decisions import next_event, next_notice, trigger_time
+from liver.policy.decisions import last_step, next_event, next_notice, trigger_time
 from liver.policy.events import Event, parse_action
 from liver.policy.outcome import Outcome
 from liver.topology import ParallelConfig
@@ -98,6 +98,9 @@ class EventQueue:
             # the processes of the generation it withdrew have ended (their slots free again)
         if self.state.progress is None or self.state.active is None or self.state.progress.generation != self.state.active.generation:
             return None  # the Active World has not trained a step yet (it starts, or recovers)
+        if self.state.progress.step >= last_step(self.host.cfg.steps, self.state.end_at):
+            return None  # its last step is trained: its ranks are ending (an event seen only now,
+            # by a loop slowed on a loaded machine, is not reached; it would stop ranks that end)
         queue = list(self.state.queue)
         i = (next_notice if notices_only else next_event)(queue, lambda ev: ev.arrived is not None)
         return (i, queue[i]) if i is not None else None

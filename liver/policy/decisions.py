@@ -67,11 +67,16 @@ class EndState:
     active_exit_codes: tuple[int | None, ...]  # of the Active World's processes (None: running)
 
 
+def last_step(steps: int, end_at: int) -> int:
+    """The step the job ends after: its configured count, or earlier where the controller ends it
+    (``end_at``; 0: none set)."""
+    return min(steps, end_at) if end_at else steps
+
+
 def job_finished(s: EndState) -> bool:
     """The job is over when its last step is done and every process of the Active World exited
     cleanly; processes of a pending generation, or leaving ones, do not keep it alive."""
-    last = min(s.steps, s.end_at) if s.end_at else s.steps
-    return s.step >= last and all(c == 0 for c in s.active_exit_codes)
+    return s.step >= last_step(s.steps, s.end_at) and all(c == 0 for c in s.active_exit_codes)
 
 
 
