@@ -308,8 +308,10 @@ def test_a_deadline_no_handoff_meets_drops_leaving_replicas_at_once(tmp_path):
     digest kept), on the scale-in's own target. One record; no fail-stop, no re-queue."""
     events = tmp_path / "events.txt"
     events.write_text("at step 6: scale-in 2 deadline 0.5s\n")
-    rep = liver(tmp_path / "run", "--events", str(events), "--parallel", "1,1,4", "--gpus", "4", "--steps", "20",
-                "--end-after-events", "-1", "--ckpt-every", "2", "--companion-share", "0.0015")  # (paced, as by default)
+    # (ends 8 steps after the event: a loop slowed on a loaded machine may see step 6 late, and an
+    # event seen once the last step is trained is not reached)
+    rep = liver(tmp_path / "run", "--events", str(events), "--parallel", "1,1,4", "--gpus", "4", "--steps", "5000",
+                "--end-after-events", "8", "--ckpt-every", "2", "--companion-share", "0.0015")  # (paced, as by default)
     assert rep["rc"] == 0
     (rec,) = rep["events"]
     assert rec["event"]["kind"] == "scale-in" and rec["path"] == "drop", rec
@@ -317,10 +319,11 @@ def test_a_deadline_no_handoff_meets_drops_leaving_replicas_at_once(tmp_path):
     assert rec["predicted_handoff_s"] * 1.5 > 0.5 and rec["predicted_from"] == "model (cpu)"
     assert outcome_of(rec) is Outcome.DROPPED and rec["deadline_met"] is True
     assert rec["lost_steps"] == 0 and rec["digest_equal"] is True and rec["new"] == "tp1pp1dp2", rec
-    assert rep["steps"][-1]["step"] == 20 and rep["steps"][-1]["parallel"] == "tp1pp1dp2"
+    last = rep["steps"][-1]["step"]
+    assert last >= rec["restored_step"] + 8 and rep["steps"][-1]["parallel"] == "tp1pp1dp2"
     assert all(not p["alive"] for p in procs(tmp_path / "run"))
-    check_continuous(rep, 20)
-    # 10 checkpoints written, the newest 3 kept (checkpoint.keep), besides one still being written
+    check_continuous(rep, last)
+    # a checkpoint every 2 steps, the newest 3 kept (checkpoint.keep), besides one still being written
     assert len(list((tmp_path / "run" / "ckpt").glob("step*"))) <= 4
     replays_as_restart(tmp_path, rep, rec, "1,1,4", 4)
 
