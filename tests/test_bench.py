@@ -63,7 +63,7 @@ def test_bench_refuses_bad_flags(capsys):
 def test_bench_dcp_times_a_step_and_a_save_and_load_of_the_whole_state(tmp_path, capsys):
     out = tmp_path / "out"
     assert main(["bench", "dcp", "--model", "tiny", "--dir", str(tmp_path), "--repeats", "2", "--steps", "2",
-                 "--set", "job.model.hidden_size=128", "--out", str(out)]) == 0
+                 "--set", "job.model.hidden_size=128", "--copy-mib", "64", "--out", str(out)]) == 0
     result = json.loads((out / "dcp.json").read_text())
     (row,) = result["rows"]
     assert row["state_bytes"] == 12 * row["params"] and row["step_s"] > 0  # fp32 parameters and AdamW moments
@@ -75,6 +75,8 @@ def test_bench_dcp_times_a_step_and_a_save_and_load_of_the_whole_state(tmp_path,
     assert "--dir=" in capsys.readouterr().err
     assert main(["bench", "dcp", "--model", "tiny", "--set", "job.model.hidden=1", "--out", str(tmp_path / "o2")]) == 2
     assert "job.model.hidden: no such field" in capsys.readouterr().err and not (tmp_path / "o2").exists()
+    assert main(["bench", "dcp", "--copy-mib", "8", "--out", str(tmp_path / "o3")]) == 2
+    assert "--copy-mib=8: allowed 16 to 65536" in capsys.readouterr().err and not (tmp_path / "o3").exists()
 
 
 def test_bench_build_times_the_construction_a_switch_does_for_both_engines(capsys):

@@ -109,7 +109,7 @@ def bench_dcp(args: argparse.Namespace) -> int:
     from liver.bench.dcp import run
 
     out = run(args.model or ["1b"], args.dir or [tempfile.gettempdir()], Path(args.out), args.repeats, args.steps,
-              args.backend, args.set or ())
+              args.backend, args.set or (), args.copy_mib)
     for r in out["rows"]:
         parts = ", ".join(f"{d}: skipped ({v['skipped']})" if "skipped" in v else
                           f"{d}: save {v['save_GBps']:.2f} GB/s, load {v['load_GBps']:.2f} GB/s"
@@ -335,6 +335,7 @@ def add_parsers(sub) -> None:
     bd.add_argument("--backend", choices=("gloo", "nccl"), default="gloo")
     bd.add_argument("--set", action="append", metavar="SECTION.FIELD=VALUE",
                     help="a field of each model's job beyond its preset, e.g. job.model.hidden_size=1024 (repeatable)")
+    bd.add_argument("--copy-mib", type=int, default=1024, help="the device-local copy timed beside the saves (MiB)")
     bd.add_argument("--out", required=True)
     bd.set_defaults(fn=bench_dcp)
     bbu = bsub.add_parser("build", help="the engine construction a switch does before its transfer, native "

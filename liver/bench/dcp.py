@@ -93,9 +93,10 @@ def local_copy_bandwidth(device: torch.device, nbytes: int = 1 << 30, reps: int 
 
 
 def run(models: list[str], dirs: list[str], out: Path, repeats: int = 3, steps: int = 8,
-        backend: str = "gloo", sets: list[str] = ()) -> dict[str, Any]:
+        backend: str = "gloo", sets: list[str] = (), copy_mib: int = 1024) -> dict[str, Any]:
     """``sets``: ``section.field=value`` over each preset (``--set job.model.hidden_size=1024``: a
-    shape beyond the presets), refused naming the field before anything runs."""
+    shape beyond the presets), refused naming the field before anything runs; ``copy_mib``: the
+    size of the local copy timed (well beyond the caches)."""
     bad = [m for m in models if m not in PRESETS]
     if bad:
         raise ValueError(f"--model={bad[0]!r}: allowed {', '.join(PRESETS)}")
@@ -107,6 +108,8 @@ def run(models: list[str], dirs: list[str], out: Path, repeats: int = 3, steps: 
             raise ValueError(f"--dir={d!r}: not a directory")
     if repeats < 2 or steps < 1:
         raise ValueError(f"--repeats={repeats}, --steps={steps}: allowed repeats >= 2 (the first is left out), steps >= 1")
+    if isinstance(copy_mib, bool) or not isinstance(copy_mib, int) or not 16 <= copy_mib <= 65536:
+        raise ValueError(f"--copy-mib={copy_mib!r}: allowed 16 to 65536")
     if backend == "nccl" and not torch.cuda.is_available():
         raise ValueError("--backend nccl: this machine has no GPU (gloo: the same on the CPU)")
     t0 = time.time()
@@ -114,7 +117,8 @@ def run(models: list[str], dirs: list[str], out: Path, repeats: int = 3, steps: 
                               "complete": False}
     out.mkdir(parents=True, exist_ok=True)
     result["local_copy_GBps"] = local_copy_bandwidth(torch.device("cuda", 0) if backend == "nccl"
-                                                     else torch.device("cpu"))
+                                                     else torch.device("cpu"), copy_mib << 20)
+    result["local_copy_bytes"] = copy_mib << 20
 
     def flush() -> None:
         result["wall_s"] = time.time() - t0

@@ -133,7 +133,8 @@ def _dcp(d: dict[str, Any]) -> list[str]:
         out.append(f"{r['model']} ({r['params'] / 1e9:.2f}B, {r['state_bytes'] / 1e9:.1f} GB of state) on one "
                    f"{r['device']}: step {r['step_s']:.2f} s; DCP {where}.")
     if d.get("local_copy_GBps"):
-        out.append(f"A copy within the device's memory: {d['local_copy_GBps']:.0f} GB/s (1 GiB, the bytes counted once).")
+        size = d.get("local_copy_bytes", 1 << 30) / 2**20
+        out.append(f"A copy within the device's memory: {d['local_copy_GBps']:.0f} GB/s ({size:.0f} MiB, the bytes counted once).")
     return out + ([d["note"] + "."] if d.get("note") else [])
 
 
