@@ -41,7 +41,10 @@ class WorkerPool:
     """``size`` spawned processes and a TCPStore owned by this (parent) process."""
 
     def __init__(self, size: int) -> None:
-        ctx = mp.get_context("spawn")
+        # forked from one server that imported torch once (a spawned process imports it itself:
+        # seconds of CPU each); the server is single-threaded, as a fork needs
+        ctx = mp.get_context("forkserver")
+        ctx.set_forkserver_preload(["torch", "torch.distributed", "liver.world.world"])
         self.store, self.store_addr = make_store(timeout_s=300)
         self.outbox: mp.Queue = ctx.Queue()
         self.inboxes = [ctx.Queue() for _ in range(size)]
