@@ -133,8 +133,9 @@ def _dcp(d: dict[str, Any]) -> list[str]:
         out.append(f"{r['model']} ({r['params'] / 1e9:.2f}B, {r['state_bytes'] / 1e9:.1f} GB of state) on one "
                    f"{r['device']}: step {r['step_s']:.2f} s; DCP {where}.")
     if d.get("local_copy_GBps"):
-        size = d.get("local_copy_bytes", 1 << 30) / 2**20
-        out.append(f"A copy within the device's memory: {d['local_copy_GBps']:.0f} GB/s ({size:.0f} MiB, the bytes counted once).")
+        size = d.get("local_copy_bytes", 1 << 30)
+        size_text = f"{size >> 30} GiB" if size % (1 << 30) == 0 else f"{size >> 20} MiB"
+        out.append(f"A copy within the device's memory: {d['local_copy_GBps']:.0f} GB/s ({size_text}, the bytes counted once).")
     return out + ([d["note"] + "."] if d.get("note") else [])
 
 
