@@ -4,8 +4,8 @@ from hypothesis import given, strategies as st
 
 import pytest
 
-from liver.policy.decisions import (PATH_MARGIN, EndState, NoticeAction, ScaleInPath, job_finished, on_notice,
-                                    scale_in_path)
+from liver.policy.decisions import (PATH_MARGIN, RATE_MIN_BYTES, EndState, NoticeAction, PastHandoff, ScaleInPath,
+                                    job_finished, on_notice, predicted_handoff_s, scale_in_path)
 from liver.policy.events import EventKind
 
 KINDS = [None, *EventKind]
@@ -38,6 +38,34 @@ def test_a_scale_in_takes_the_fastest_path_that_keeps_the_state(left, predicted,
     if left is not None:
         assert scale_in_path(left + 1, predicted, replicas) is ScaleInPath.LIVE or path is not ScaleInPath.LIVE
         assert scale_in_path(left, predicted + 1, replicas) is path or path is ScaleInPath.LIVE
+
+
+HANDOFFS = st.builds(PastHandoff, prepare_s=st.floats(0, 10), switch_s=st.floats(0, 10), transfer_s=st.floats(0, 5),
+                     max_rank_bytes=st.integers(0, 1 << 32), joiners=st.booleans())
+
+
+@given(past=st.lists(HANDOFFS, max_size=5), moved=st.integers(0, 1 << 32), more=st.integers(1, 1 << 30),
+       slow=HANDOFFS)
+def test_a_predicted_handoff_grows_with_its_bytes_and_with_a_slower_link(past, moved, more, slow):
+    got = predicted_handoff_s(past, moved)
+    if all(h.joiners for h in past):
+        assert got is None  # nothing measured among running processes: the cost model predicts instead
+        return
+    assert got >= 0
+    assert predicted_handoff_s(past, moved + more) >= got  # more bytes never predict a faster handoff
+    if any(h.max_rank_bytes >= RATE_MIN_BYTES and h.transfer_s > 0 for h in past):  # a link's rate shown:
+        assert predicted_handoff_s([*past, slow], moved) >= got * (1 - 1e-12)  # another handoff never speeds it
+
+
+def test_a_handoff_over_a_link_the_job_found_slow_is_predicted_at_that_links_rate():
+    """A scale-out whose joiner's shards came over a 2 MB/s link; a scale-in that moves 20 MB through
+    one process is predicted at that rate (about 10 s), not at the 0.3 s the earlier handoff took."""
+    fast = PastHandoff(prepare_s=0.2, switch_s=0.05, transfer_s=0.01, max_rank_bytes=1 << 10, joiners=False)
+    slow = PastHandoff(prepare_s=4.0, switch_s=3.6, transfer_s=3.5, max_rank_bytes=7_000_000, joiners=True)
+    assert predicted_handoff_s([fast], 20_000_000) == pytest.approx(0.25)  # no rate shown yet: as it took
+    got = predicted_handoff_s([fast, slow], 20_000_000)
+    assert got == pytest.approx(0.24 + 20_000_000 / 2_000_000)
+    assert scale_in_path(5.0, got, survivors_hold_all=True) is ScaleInPath.DROP
 
 
 def test_a_path_from_a_bad_prediction_is_refused():

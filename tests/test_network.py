@@ -100,7 +100,8 @@ def test_a_handoff_over_a_slow_link_keeps_the_digest_and_a_cut_mid_transfer_is_s
         slow.unlimit()
         # from three pipeline stages to two GPUs moves shards off node2; its link goes in the middle
         slow.limit(2)  # (2 Mbit/s: its stage takes seconds to leave)
-        assert request(job.url, job.token, "POST", "/scale", {"action": "scale-in 2"})[0] == 202
+        # (with a deadline, far enough to stay live: its path is predicted from what the links gave)
+        assert request(job.url, job.token, "POST", "/scale", {"action": "scale-in 2 deadline 300s"})[0] == 202
         job.wait(lambda s: s["phase"] == "switch", "the transfer", 120)
         slow.cut()
         s = job.wait(lambda s: s["phase"] == "stable" and "node2" not in holders(s) and ranks(s) >= 1,
@@ -116,6 +117,11 @@ def test_a_handoff_over_a_slow_link_keeps_the_digest_and_a_cut_mid_transfer_is_s
     assert first["digest_before"] == first["digest_after"] is not None
     # the slow link: what came to node2 took at least about what 80 Mbit/s gives (bytes over rate)
     assert first["transfer_s"] >= 0.5 * first["bytes_moved"] * 8 / 80e6 > 0, first
+    # the scale-in's path was predicted at the rate the slow link gave the scale-out, not as if fast
+    rate = max(first["max_rank_bytes_in"], first["max_rank_bytes_out"]) / first["transfer_s"]
+    scale_in = next(e for e in events[1:] if e["event"]["kind"] == "scale-in")
+    moved = max(scale_in["max_rank_bytes_in"], scale_in["max_rank_bytes_out"])
+    assert scale_in["predicted_handoff_s"] >= moved / rate > 0, scale_in  # (the model's, or the link's if longer)
     for e in events[1:]:
         assert e["outcome"] in ("done", "healed", "recovered", "superseded", "cancelled"), e
         if e["outcome"] == "done":

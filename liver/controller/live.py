@@ -16,7 +16,8 @@ from liver.agent.node import Worker
 from liver.host.priority import this_thread
 from liver.controller.failures import ControllerError
 from liver.controller.mode import Mode, forked_workers
-from liver.policy.decisions import NoticeAction, ScaleInPath, on_notice, scale_in_path
+from liver.policy.decisions import (NoticeAction, PastHandoff, ScaleInPath, on_notice, predicted_handoff_s, scale_in_path,
+                                    transfer_s)
 from liver.policy.events import Event, EventKind
 from liver.policy.outcome import DROPPED_SAYS, HEALED_SAYS, Outcome
 from liver.controller.phases import PENDING, Phase, Trigger
@@ -330,14 +331,22 @@ class LiveMode(Mode):
         return path
 
     def _predicted_handoff_s(self, old, new, plan) -> tuple[float, str]:
-        """This job's slowest handoff without cold processes so far (prepare + switch), else the
-        simulator's calibrated model of one, for the machine's profile: (seconds, which)."""
-        past = [r["prepare_s"] + r["switch_s"] for r in self.state.records
-                if r.outcome is Outcome.DONE and not r.get("joiners") and "switch_s" in r]
-        if past:
-            return max(past), "measured"
+        """From this job's own handoffs so far, its links' rates among them
+        (``decisions.predicted_handoff_s``), else the simulator's calibrated model of one, for the
+        machine's profile: (seconds, which)."""
+        past = [PastHandoff(prepare_s=r["prepare_s"], switch_s=r["switch_s"], transfer_s=r.get("transfer_s") or 0.0,
+                            max_rank_bytes=max(r.get("max_rank_bytes_in") or 0, r.get("max_rank_bytes_out") or 0),
+                            joiners=bool(r.get("joiners")))
+                for r in self.state.records if r.outcome is Outcome.DONE and "switch_s" in r and "prepare_s" in r]
+        moved = max([*plan.rank_bytes_in.values(), *plan.rank_bytes_out.values()], default=0)
+        measured = predicted_handoff_s(past, moved)
+        if measured is not None:
+            return measured, "measured"
         hw = self.ctl.hardware
         model = costs.live(Workload(self.ctl.adapter, self.ctl.job), old, new, hw.costs, plan=costs.work(plan), share=self.cfg.prepare.companion_share)
+        link = transfer_s(past, moved)  # (a link the job found slower than the profile's: its rate bounds it)
+        if link is not None and link > model.downtime_s:
+            return model.prepare_s + link, f"model ({hw.profile.name}) at the links' measured rate"
         return model.prepare_s + model.downtime_s, f"model ({hw.profile.name})"
 
     def _drop(self, h) -> None:

@@ -59,6 +59,45 @@ def scale_in_path(seconds_left: float | None, predicted_s: float, survivors_hold
     return ScaleInPath.DROP if survivors_hold_all else ScaleInPath.RUSH
 
 
+#: a transfer smaller than this says more of the link's latency than of its rate (a rate measured
+#: on a larger one is still a lower bound: latency included, a prediction from it errs long)
+RATE_MIN_BYTES = 256 << 10
+
+
+@dataclass(frozen=True, slots=True)
+class PastHandoff:
+    """What a done handoff of this job measured: its preparation and switch, the time its
+    transfer took within the switch, and the most bytes one process sent or received in it."""
+    prepare_s: float
+    switch_s: float
+    transfer_s: float
+    max_rank_bytes: int
+    joiners: bool  # its preparation started processes (not a handoff among running ones)
+
+
+def predicted_handoff_s(past: list[PastHandoff], max_rank_bytes: int) -> float | None:
+    """A handoff among running processes that moves at most ``max_rank_bytes`` through one
+    process, predicted from this job's own: the slowest such handoff's preparation and switch less
+    its transfer, plus those bytes at the slowest per-process rate any transfer of at least
+    ``RATE_MIN_BYTES`` showed (the links as the job found them: a slow or shared link slows every
+    handoff over it). None where the job has done no handoff among running processes yet."""
+    warm = [h for h in past if not h.joiners]
+    if not warm:
+        return None
+    fixed = max(h.prepare_s + h.switch_s - h.transfer_s for h in warm)
+    transfer = transfer_s(past, max_rank_bytes)
+    if transfer is None:
+        return max(h.prepare_s + h.switch_s for h in warm)
+    return max(0.0, fixed) + transfer
+
+
+def transfer_s(past: list[PastHandoff], max_rank_bytes: int) -> float | None:
+    """``max_rank_bytes`` through one process at the slowest per-process rate this job's transfers
+    of at least ``RATE_MIN_BYTES`` showed (any handoff's, cold joiners' too); None where none did."""
+    rates = [h.max_rank_bytes / h.transfer_s for h in past if h.max_rank_bytes >= RATE_MIN_BYTES and h.transfer_s > 0]
+    return max_rank_bytes / min(rates) if rates else None
+
+
 @dataclass(frozen=True, slots=True)
 class EndState:
     step: int                       # the last step the Active World reported
