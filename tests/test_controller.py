@@ -178,6 +178,24 @@ def test_a_drop_whose_survivors_cannot_heal_recovers_from_the_checkpoint_and_the
     assert rec["digest_after"] is None
 
 
+def test_a_scale_in_is_predicted_at_the_rate_the_jobs_own_transfers_showed(tmp_path):
+    """The job's earlier handoff among running processes moved 1 MiB through one process in 2 s (a
+    slow link): a scale-in whose deadline a fast link would meet is predicted at that rate, and takes
+    the path that keeps its state in time (a rush: its leaving rank holds state no one else has)."""
+    from liver.controller.records import EventRecord
+
+    ctl, node, ranks = controller(tmp_path, "at step 3: scale-in 1 deadline 3s\n", parallel=ParallelConfig(tp=2))
+    ctl.state.records.append(EventRecord.of({"kind": "reshape"}, Outcome.DONE, prepare_s=0.1, switch_s=2.05,
+                                            transfer_s=2.0, max_rank_bytes_in=1 << 20, max_rank_bytes_out=0,
+                                            joiners=[]))
+    run_until(ctl, lambda: ctl.state.current is not None, ranks, step=3)
+    rec = ctl.state.current.record
+    moved = max(rec["max_rank_bytes_in"], rec["max_rank_bytes_out"])
+    assert moved > 0 and rec["predicted_from"] == "measured"
+    assert rec["predicted_handoff_s"] == pytest.approx(0.15 + moved / ((1 << 20) / 2.0))
+    assert rec["path"] == "rush" and rec["predicted_handoff_s"] * 1.5 > 3
+
+
 def test_a_rush_whose_deadline_passes_recovers_on_the_survivors_from_the_checkpoint(tmp_path):
     ctl, node, ranks = controller(tmp_path, "at step 3: scale-in 1 deadline 0.2s\n", parallel=ParallelConfig(tp=2))
     run_until(ctl, lambda: ctl.state.phase in PENDING, ranks, step=3)
