@@ -80,6 +80,9 @@ def bench_control_plane(args: argparse.Namespace) -> int:
         print(f"{r['nodes']:>5} nodes: {r['syncs_per_s']:7.0f} syncs/s (every {r['interval_s'] or 0:.2f} s), sync "
               f"median {(r['sync_rtt_median_s'] or 0) * 1e3:.1f} ms p99 {(r['sync_rtt_p99_s'] or 0) * 1e3:.1f} ms; "
               f"/status p99 {r['status_p99_s'] * 1e3:.1f} ms; steps x{r['steps_vs_no_nodes'] or 0:.2f}"
+              + (f"; a silent node declared lost after {r['lost_detected_s']:.2f} s (promised "
+                 f"{r['lost_after_s']:.1f} s)" if r.get("lost_detected_s") is not None else
+                 "; a silent node not declared lost within the stage" if r["nodes"] else "")
               + (f"; errors {r['errors']}" if r["errors"] else ""))
     return 0 if not any(r["errors"] for r in result["rows"]) else 1
 
