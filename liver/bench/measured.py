@@ -260,8 +260,21 @@ def _sim_downtime(d: dict[str, Any]) -> list[str]:
     parts = [f"{r['model']} on {r['gpus']} ({r['profile']}): live {r['live_downtime_s']:.2f} s, restart "
              f"{r['restart_downtime_s']:.0f} s" for r in rows if r["model"] in ("70b", "175b", "70b-cluster", "175b-cluster")]
     g = d["goal_70b_1024_h200"]
-    return ["; ".join(parts) + f". Goal (70B, 1,024 H200-class GPUs, live at most {g['goal_s']:g} s): "
-            + ("met" if g["met"] else "not met") + "."]
+    out = ["; ".join(parts) + f". Goal (70B, 1,024 H200-class GPUs, live at most {g['goal_s']:g} s): "
+           + ("met" if g["met"] else "not met") + "."]
+    r = d.get("goal_70b_h200_over_the_range")
+    if r:  # (every count of whole nodes from 64 to 1,024, not only powers of two)
+        spread = {(x["profile"], x["model"]): x for x in d["spread"]}
+        lines = [f"{m} ({p}): live {s['live_downtime_s']['min']:.2f}-{s['live_downtime_s']['max']:.2f} s "
+                 f"(median {s['live_downtime_s']['median']:.2f}), restart {s['restart_downtime_s']['min']:.0f}-"
+                 f"{s['restart_downtime_s']['max']:.0f} s"
+                 for (p, m), s in spread.items() if m in ("70b-cluster", "175b-cluster") and s["live_downtime_s"]]
+        miss = r["missed_at_gpus"]
+        out.append(f"Over every count of whole nodes from 64 to 1,024 GPUs ({r['counts']} counts): " + "; ".join(lines)
+                   + f". The goal's 1.5 s for 70B on H200-class GPUs: met at {r['met_at']} of {r['counts']} counts"
+                   + (f"; missed at {', '.join(map(str, miss[:12]))}{' ...' if len(miss) > 12 else ''} GPUs (worst "
+                      f"{r['worst_live_downtime_s']:.2f} s)" if miss else "") + ".")
+    return out
 
 
 def _sim_goodput(d: dict[str, Any]) -> list[str]:
