@@ -103,11 +103,20 @@ class LocalJob:
                 print(f"[liver] {time.time() - t0:.1f} s until {what} (step {s['step']})", flush=True)
                 return s
             time.sleep(0.1)
-        raise RuntimeError(f"timed out waiting for {what}: {self.status()}\n{self.tail()}")
+        raise RuntimeError(f"timed out waiting for {what}: {self.status()}\n{self.tail()}\n{self.agents_tail()}")
 
     def tail(self) -> str:
         return "\n".join(line for line in (self.run_dir / "controller.log").read_text().splitlines()
                          if not line.startswith("step:"))[-4000:]
+
+    def agents_tail(self, chars: int = 600) -> str:
+        """Each agent's log and each worker's, their last lines but step lines (a wait that timed
+        out says where every process stood: a run on a loaded machine is seldom repeated as it was)."""
+        out = []
+        for p in sorted([*self.run_dir.glob("agent-*.log"), *(self.run_dir / "logs").glob("proc*.log")]):
+            text = "\n".join(x for x in p.read_text(errors="replace").splitlines() if "step:" not in x)
+            out.append(f"--- {p.name}:\n{text[-chars:]}")
+        return "\n".join(out)
 
     def close(self) -> None:
         for p in [self.proc, *self.agents.values()]:
