@@ -64,18 +64,20 @@ def test_cutting_connections_wakes_a_collective_blocked_on_a_frozen_peer():
     port = _free_port()
     server = dist.TCPStore("127.0.0.1", port, 3, True, timeout=timedelta(seconds=60), wait_for_workers=False)
     ctx = mp.get_context("spawn")
-    q = ctx.Queue()
-    ps = [ctx.Process(target=_blocked_rank, args=(r, port, q), daemon=True) for r in (0, 1)]
+    # a queue each: a queue's writers share a lock, and a rank stopped while its feeder thread
+    # held it (its "ready" sent, the lock not yet released) kept the other's words from coming
+    qs = [ctx.Queue(), ctx.Queue()]
+    ps = [ctx.Process(target=_blocked_rank, args=(r, port, qs[r]), daemon=True) for r in (0, 1)]
     for p in ps:
         p.start()
     try:
         ready = {}
-        for _ in range(2):
+        for q in qs:
             what, rank, pid = q.get(timeout=120)
             assert what == "ready"
             ready[rank] = pid
         os.kill(ready[1], signal.SIGSTOP)  # frozen: no FIN, no RST, ever
-        got = {m[0]: m[1:] for m in (q.get(timeout=60), q.get(timeout=60))}
+        got = {m[0]: m[1:] for m in (qs[0].get(timeout=60), qs[0].get(timeout=60))}
         assert got["cut"][0] >= 1
         broken, took = got["raised"]
         assert broken and took < 10.0  # (the group's timeout is 120 s)
