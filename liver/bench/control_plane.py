@@ -69,7 +69,7 @@ def simulate(url: str, token: str, first: int, count: int, seconds: float, silen
                 done = max([done] + [c["id"] for c in reply.get("commands", ())])
                 wait = float(reply.get("next_sync_s", 0.1))
                 given.append(wait)
-                if time.time() + wait >= stop_at < end_at:  # (its last sync: silent from here on)
+                if stop_at < end_at and time.time() + wait >= stop_at:  # (its last sync: silent from here on)
                     last_sync.append(time.time())
                     break
                 time.sleep(wait)
@@ -117,15 +117,15 @@ def _stage(job: LocalJob, nodes: int, first: int, seconds: float, procs: int) ->
     steps_per_s = (job.status()["step"] - step0) / (time.time() - t0)
     got = [json.loads(p.communicate(timeout=seconds + 120)[0]) for p in sims]
     since = got[0]["silent_since"] if got else None
-    interval = statistics.median(x for g in got for x in g["intervals"]) if nodes else None
+    rtts = [x for g in got for x in g["rtts"]]
+    intervals = [x for g in got for x in g["intervals"]]
+    interval = statistics.median(intervals) if intervals else None
     if interval is not None:  # what the controller promises: lost after its timeout or five intervals
         timeout = json.loads((job.run_dir / "config.json").read_text())["controller"]["agent_timeout_s"]
         lost_after = max(timeout, LOST_AFTER_SYNCS * interval)
-    rtts = [x for g in got for x in g["rtts"]]
-    intervals = [x for g in got for x in g["intervals"]]
     return {"nodes": nodes, "syncs_per_s": len(rtts) / seconds if nodes else 0.0,
             "sync_rtt_median_s": statistics.median(rtts) if rtts else None, "sync_rtt_p99_s": _percentile(rtts, 0.99),
-            "interval_s": statistics.median(intervals) if intervals else None,
+            "interval_s": interval,
             "status_median_s": statistics.median(status), "status_p99_s": _percentile(status, 0.99),
             "status_max_s": max(status), "steps_per_s": steps_per_s,
             # a node gone silent: declared lost this long after its last sync (None: not within the stage)

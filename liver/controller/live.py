@@ -17,7 +17,7 @@ from liver.host.priority import this_thread
 from liver.controller.failures import ControllerError
 from liver.controller.mode import Mode, forked_workers
 from liver.policy.decisions import (NoticeAction, PastHandoff, ScaleInPath, on_notice, predicted_handoff_s, scale_in_path,
-                                    transfer_s)
+                                    link_transfer_s)
 from liver.policy.events import Event, EventKind
 from liver.policy.outcome import DROPPED_SAYS, HEALED_SAYS, Outcome
 from liver.controller.phases import PENDING, Phase, Trigger
@@ -344,7 +344,7 @@ class LiveMode(Mode):
             return measured, "measured"
         hw = self.ctl.hardware
         model = costs.live(Workload(self.ctl.adapter, self.ctl.job), old, new, hw.costs, plan=costs.work(plan), share=self.cfg.prepare.companion_share)
-        link = transfer_s(past, moved)  # (a link the job found slower than the profile's: its rate bounds it)
+        link = link_transfer_s(past, moved)  # (a link the job found slower than the profile's: its rate bounds it)
         if link is not None and link > model.downtime_s:
             return model.prepare_s + link, f"model ({hw.profile.name}) at the links' measured rate"
         return model.prepare_s + model.downtime_s, f"model ({hw.profile.name})"

@@ -85,13 +85,13 @@ def predicted_handoff_s(past: list[PastHandoff], max_rank_bytes: int) -> float |
     if not warm:
         return None
     fixed = max(h.prepare_s + h.switch_s - h.transfer_s for h in warm)
-    transfer = transfer_s(past, max_rank_bytes)
+    transfer = link_transfer_s(past, max_rank_bytes)
     if transfer is None:
         return max(h.prepare_s + h.switch_s for h in warm)
     return max(0.0, fixed) + transfer
 
 
-def transfer_s(past: list[PastHandoff], max_rank_bytes: int) -> float | None:
+def link_transfer_s(past: list[PastHandoff], max_rank_bytes: int) -> float | None:
     """``max_rank_bytes`` through one process at the slowest per-process rate this job's transfers
     of at least ``RATE_MIN_BYTES`` showed (any handoff's, cold joiners' too); None where none did."""
     rates = [h.max_rank_bytes / h.transfer_s for h in past if h.max_rank_bytes >= RATE_MIN_BYTES and h.transfer_s > 0]
