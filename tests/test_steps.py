@@ -11,6 +11,7 @@ loop (live reshapes, restarts, kill -9) are test_native.py's: the example's reci
 from __future__ import annotations
 
 import hashlib
+import time
 from pathlib import Path
 
 import pytest
@@ -222,6 +223,19 @@ def test_a_cold_joiners_warm_up_runs_the_recipes_own_loop_on_the_mock_world():
     assert seen == [1, 2] and engine.step == 2
 
 
+class _Store:
+    """The job's store as ``Member.stall`` uses it."""
+
+    def __init__(self):
+        self.kv = {}
+
+    def set(self, k, v):
+        self.kv[k] = v
+
+    def check(self, keys):
+        return all(k in self.kv for k in keys)
+
+
 def test_a_switch_broken_half_streamed_stalls_for_the_controller_without_a_digest_of_its_state():
     """A peer lost mid-transfer: the switch's error reaches the loop after the switch has let go
     (``_switching`` is back to False), so the process stalls, staying alive for the controller's
@@ -232,16 +246,6 @@ def test_a_switch_broken_half_streamed_stalls_for_the_controller_without_a_diges
     from types import SimpleNamespace
 
     from liver.runtime.member import Member
-
-    class Store:
-        def __init__(self):
-            self.kv = {}
-
-        def set(self, k, v):
-            self.kv[k] = v
-
-        def check(self, keys):
-            return all(k in self.kv for k in keys)
 
     def released(*_):
         raise KeyError("embed.weight")  # what hashing a half-streamed engine's state does
@@ -259,9 +263,58 @@ def test_a_switch_broken_half_streamed_stalls_for_the_controller_without_a_diges
     m.engine = SimpleNamespace(world=SimpleNamespace(generation=3, abort=lambda: None, all=SimpleNamespace(size=2)),
                                step=7, scalars=released, state={})
     assert m.can_stall()
-    m.companion, m.ckpt, m.store, m.proc, m.digest = None, SimpleNamespace(abandon=lambda: None), Store(), 0, "switch"
+    m.companion, m.ckpt, m.store, m.proc, m.digest = None, SimpleNamespace(abandon=lambda: None), _Store(), 0, "switch"
     m.config = SimpleNamespace(prepare=SimpleNamespace(group_timeout_s=0.05))
     with pytest.raises(RuntimeError, match="Connection closed"):
         m.stall(broken)  # no heal comes (the controller recovers a broken switch from the checkpoint)
     (report,) = [json.loads(v) for k, v in m.store.kv.items() if k.startswith("stalled/3/")]
     assert report["step"] == 7 and report["hashes"] is None and report["scalars"] is None
+
+
+def test_a_checkpoint_write_broken_with_its_generation_is_abandoned_not_a_failed_checkpoint(monkeypatch, tmp_path):
+    """A peer lost while a periodic checkpoint is written: the survivor's stall breaks the
+    generation's groups, and the write, blocked on them, fails at once ("Group ... is not
+    registered"). Its checkpointer abandons it before the groups break, so the write takes itself
+    for abandoned: no failed checkpoint is counted or reported (a fresh clone's run reported one
+    after every third heal, the write's thread having failed before the stall abandoned it)."""
+    import threading
+    from types import SimpleNamespace
+
+    import liver.checkpoint.periodic as periodic
+    from liver.runtime.member import Member
+
+    groups_broken, write_ended = threading.Event(), threading.Event()
+
+    def save(*_, **__):  # DCP's collective, blocked on the lost peer until the groups break
+        try:
+            groups_broken.wait(10)
+            raise ValueError("Group <ProcessGroup> is not registered, please create group with "
+                             "torch.distributed.new_group API")
+        finally:
+            write_ended.set()
+
+    monkeypatch.setattr(periodic.dcp, "save", save)
+    monkeypatch.setattr(periodic, "_state_dict", lambda engine, snap, cpu: snap)
+
+    def abort():  # the write's thread fails on the broken groups before the stall goes on
+        groups_broken.set()
+        write_ended.wait(10)
+        time.sleep(0.05)
+
+    layout = SimpleNamespace(size=2, parallel=SimpleNamespace(to_dict=lambda: {"tp": 1, "pp": 1, "dp": 2}))
+    world = SimpleNamespace(generation=3, rank=1, layout=layout, cpu_groups={"all": SimpleNamespace(pg=None)},
+                            abort=abort, all=SimpleNamespace(size=2))
+    engine = SimpleNamespace(world=world, step=10, state={"w": torch.ones(2)}, scalars=lambda: {})
+    ckpt = periodic.PeriodicCheckpointer(tmp_path / "ckpt", every=5, proc=1)
+    assert ckpt.start(engine) and ckpt.busy()
+
+    m = Member.__new__(Member)
+    m._switching, m._half_streamed = False, False
+    m.engine, m.companion, m.ckpt, m.store, m.proc, m.digest = engine, None, ckpt, _Store(), 1, None
+    m.config = SimpleNamespace(prepare=SimpleNamespace(group_timeout_s=0.05))
+    broken = RuntimeError("Connection closed by peer")
+    with pytest.raises(RuntimeError, match="Connection closed"):
+        m.stall(broken)  # (no heal comes here)
+    assert write_ended.is_set()
+    assert ckpt.failures == 0 and ckpt.error is None, ckpt.error
+    assert ckpt.standing()["checkpoint_failures"] == 0

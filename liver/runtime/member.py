@@ -255,12 +255,14 @@ class Member:
         checkpoint)."""
         e = self.engine
         g = e.world.generation
+        # a write in flight over the broken groups never becomes the latest; abandoned before they
+        # break, so that its thread, failing on them, takes itself for abandoned (not a failed write)
+        self.ckpt.abandon()
         e.world.abort()  # peers blocked on a group with this rank fail now too, and stall as well
         if getattr(e, "mirror", None) is not None:
             e.mirror.abort()  # (its copy may be blocked on the lost peer)
         if self.companion is not None:
             self._abandon()
-        self.ckpt.abandon()  # a write in flight over the broken groups never becomes the latest
         hashes = None
         if self.digest and not self._half_streamed:
             try:
