@@ -41,7 +41,8 @@ class LocalJob:
     ``network=False``) all run on loopback, and ``loopback_why`` says why."""
 
     def __init__(self, run_dir: Path, controller_args: list[str], backend: str = "gloo",
-                 network: bool = True) -> None:
+                 network: bool = True, controller_env: dict[str, str] | None = None) -> None:
+        """``controller_env``: added to the first controller's environment (a fault to arm)."""
         self.run_dir, self.backend = run_dir, backend
         self.net: netns.Network | None = None
         self.loopback_why = "asked for" if not network else netns.unavailable()
@@ -55,7 +56,8 @@ class LocalJob:
         self.log = open(run_dir / "controller.log", "ab")
         self.agents: dict[str, subprocess.Popen] = {}
         self._controller(["--run-dir", str(run_dir),
-                          *(["--host", self.net.node("controller").addr] if self.net else []), *controller_args])
+                          *(["--host", self.net.node("controller").addr] if self.net else []), *controller_args],
+                         controller_env or {})
         end = time.time() + 120
         while not (run_dir / "control.json").exists():
             if self.proc.poll() is not None or time.time() > end:
@@ -64,10 +66,10 @@ class LocalJob:
         info = json.loads((run_dir / "control.json").read_text())
         self.url, self.token = info["url"], info["token"]
 
-    def _controller(self, args: list[str]) -> None:
+    def _controller(self, args: list[str], env: dict[str, str] | None = None) -> None:
         argv = [sys.executable, "-m", "liver.cli", "controller", *args]
         self.proc = subprocess.Popen(self.net.node("controller").command(argv) if self.net else argv,
-                                     env=dict(os.environ, OMP_NUM_THREADS="1"), stdout=self.log,
+                                     env=dict(os.environ, OMP_NUM_THREADS="1", **(env or {})), stdout=self.log,
                                      stderr=subprocess.STDOUT, start_new_session=True)
 
     def resume(self) -> None:

@@ -13,6 +13,7 @@ import time
 from typing import TYPE_CHECKING, Any, Callable
 
 from liver.agent.node import Worker
+from liver.host import faults
 from liver.host.priority import this_thread
 from liver.controller.failures import ControllerError
 from liver.controller.mode import Mode, forked_workers
@@ -84,6 +85,8 @@ class LiveMode(Mode):
             if decide(self.store, g, WITHDRAW) != WITHDRAW:  # (a switch takes Prepare's seconds: not seen)
                 raise ControllerError(f"generation {g} was committed by the ranks after the journal's last write; "
                                       f"this controller cannot go on from {self.ctl.run_dir / 'journal.pkl'}")
+            for p in GenerationSpec.fetch(self.store, g).procs:  # its joiners may run: their ids stay theirs
+                self.nodes.skip_proc(p)
             stale.append(g)
             g += 1
         if not stale:
@@ -409,11 +412,13 @@ class LiveMode(Mode):
         self.ctl.wish(wanted=self.state.gen, force=self.state.gen if h.forced else 0)
         self.ctl.phase_log("prepare", generation=self.state.gen, event=h.event.kind.value, old=rec["old"], new=rec["new"],
                        joiners=h.joiners, leaving=h.leaving, bytes_moved=plan.bytes_moved)
+        faults.at("announce", self.state.gen)  # (the fault-matrix tests' controller dies here, or later)
 
     # ---- while it prepares -----------------------------------------------------------------
     def _watch_prepare(self) -> None:
         h, g, now = self.state.current, self.state.pending.generation, time.time()
         rec = h.record
+        faults.at("announce", g, now - h.attempt_started)
         d = decided(self.store, g)
         if d == COMMIT:  # rank 0 committed: the ranks are switching
             return self._committed()

@@ -114,9 +114,11 @@ class Membership:
                     self.host.nodes.retire(msg.node)
                     self.host.state.noticed.discard(msg.node)  # (a notice to the old node is not the new one's)
                 node = self.host.nodes.add(lambda base: RemoteNode(msg.node, base, msg.slots, msg.host, agent_pid=msg.pid))
-                for r in msg.workers:  # processes of a generation it was declared lost from
+                for r in msg.workers:  # processes of a generation it was declared lost from, or one
+                    # withdrawn (announced by a controller that died before its journal knew the node)
                     node.workers[r.proc] = Worker(r.proc, r.slot, r.role, r.generation, r.pid, time.time())
                     node.kill(r.proc)
+                    self.host.nodes.skip_proc(r.proc)  # (its number is never used again)
                 self.host.state.joined.append(node.name)
         self.host.phase_log("node", node=msg.node, host=msg.host, slots=list(range(node.slot_base, node.slot_base + node.slots)))
         return Registered(node=node.name, slot_base=node.slot_base, base_spec=self.host.base_spec,

@@ -19,7 +19,11 @@ that lasts long enough for an event to arrive during it, a disk that fills under
   joiner that follows when it is told of the step;
 - ``disk-full:PROC[:STEP]``   every periodic checkpoint write of the steps from STEP on fails as a
   full disk fails (``OSError(ENOSPC)`` from the storage layer once this process's files are
-  written, before DCP's metadata is): the disk stays full.
+  written, before DCP's metadata is): the disk stays full;
+- ``announce:GEN[:S]``        the controller (here the number is a generation, not a process) kills
+  itself (SIGKILL) once it has announced generation GEN (its spec and plan published, its joiners
+  asked for, the ranks told), before its journal's next write, as a controller that dies there does;
+  with S, at its first pass S seconds after (the joiners started, the ranks preparing).
 
 Unset (every real run), each point costs one dictionary look-up.
 """
@@ -32,7 +36,7 @@ import signal
 import time
 
 ENV = "LIVER_FAULT"
-POINTS = ("transfer", "slow-transfer", "disk-full", "mid-step", "reduced", "precopy")
+POINTS = ("transfer", "slow-transfer", "disk-full", "mid-step", "reduced", "precopy", "announce")
 _me: list[int] = [-1]  # this process's id, for points reached where it is not known (an engine's step)
 
 
@@ -81,7 +85,7 @@ def at(point: str, proc: int, index: int = 0) -> None:
     arg = _armed.get((point, proc))
     if arg is None or index < (float(arg or 0) if point != "slow-transfer" else 0):
         return
-    if point in ("transfer", "mid-step", "reduced", "precopy"):
+    if point in ("transfer", "mid-step", "reduced", "precopy", "announce"):
         del _armed[(point, proc)]
         os.kill(os.getpid(), signal.SIGKILL)
     elif point == "slow-transfer":
