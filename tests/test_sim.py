@@ -296,3 +296,38 @@ def test_a_trace_whose_first_node_comes_later_starts_idle_and_the_time_is_charge
     assert start == 0 and [(c.t, c.gpus) for c in changes] == [(600.0, 8), (3600.0, 4)]
     out = engine.simulate(sim_model("7b-cluster"), load("h200"), "live", start, changes, 2.0)
     assert out.idle_s >= 600.0 - 1e-6  # the first ten minutes without a GPU: idle, not training
+
+
+@pytest.mark.parametrize("notice", [0.0, 600.0])
+def test_going_to_no_gpus_and_back_is_charged_under_every_policy(notice):
+    """16 GPUs, then none at 1 h 10 min (with a notice, or none), then 16 again at 2 h: every
+    policy idles the hour between, and pays for its resume from the checkpoint on storage. With
+    a notice the save before the GPUs go loses nothing (live and the restarts save; dp-only, as
+    torchft, has no save and rolls back); without one the work since the periodic checkpoint of
+    1 h 0 min is lost."""
+    job, prof = sim_model("7b-cluster"), load("h200")
+    changes = [sources.Change(4200.0, 0, notice), sources.Change(7200.0, 16)]
+    resume = costs.restart(Workload.reference(job), _best(job, 16, prof).parallel, _best(job, 16, prof).parallel,
+                           prof, save=False).downtime_s
+    for policy in engine.POLICIES:
+        out = engine.simulate(job, prof, policy, 16, changes, 3.0)
+        assert out.idle_s >= 3000.0 - notice, (policy, out.summary())
+        back = out.events[-1]
+        assert back["kind"] in ("resume", "restart") and back["downtime_s"] == pytest.approx(resume), (policy, out.events)
+        lost = out.lost_s
+        if notice and policy != "dp-only":
+            assert lost == 0.0 and out.events[0]["saved"], (policy, out.events)
+        else:
+            assert lost == pytest.approx(600.0, rel=1e-6), (policy, out.events)
+
+
+def test_the_periodic_restart_baseline_loses_the_work_since_the_checkpoint_even_with_a_notice():
+    """The design's Megatron-LM baseline falls back to the last periodic checkpoint at a loss;
+    the restart that saves at the notice loses nothing."""
+    job, prof = sim_model("14b-cluster"), load("a800-pcie")
+    changes = [sources.Change(4200.0, 24, 120.0)]
+    periodic = engine.simulate(job, prof, "restart-periodic", 32, changes, 2.0)
+    saved = engine.simulate(job, prof, "restart-storage", 32, changes, 2.0)
+    (ev,) = periodic.events
+    assert ev["kind"] == "fail-stop" and ev["lost_s"] == pytest.approx(600.0, rel=1e-6)
+    assert saved.lost_s == 0.0 and periodic.goodput < saved.goodput

@@ -132,7 +132,7 @@ def add_parsers(sub) -> None:
     sr.add_argument("--notice-s", type=float, default=120.0, help="a loss's notice (s)")
     sr.add_argument("--hours", type=float, default=8.0)
     sr.add_argument("--seed", type=int, default=0)
-    sr.add_argument("--policy", default="all", help="live, live-precopy, restart-storage, restart-memory, dp-only, all")
+    sr.add_argument("--policy", default="all", help="live, live-precopy, restart-storage, restart-memory, restart-periodic, dp-only, all")
     sr.add_argument("--json", action="store_true")
     sr.set_defaults(fn=_run)
     sc2 = ssub.add_parser("calibrate", help="fit the H200 profile to bench/results (writes liver/policy/calibration.json)")

@@ -195,6 +195,37 @@ class Policy:
         """Whether the loss leaves the current configuration without GPUs it uses."""
         return sim.layout is not None and c.gpus < sim.layout.size
 
+    def idle_or_resume(self, sim: Sim, env: simpy.Environment, c: Change, old: Layout | None,
+                       tgt: Layout | None) -> Iterator[Any]:
+        """A change from or to GPUs on which no configuration fits, charged as the controller
+        does it under every policy: to none, the job saves at the notice where the save ends
+        before the GPUs go (its suspension), else it loses the work since the last periodic
+        checkpoint; it idles until GPUs come back, then resumes from the checkpoint on storage
+        (a start, its groups, the load: a restart without a save). A first start (nothing
+        trained yet) is not charged, as the start at time 0 is not."""
+        if old is not None:  # (and tgt is None: fewer GPUs than any configuration needs)
+            save_s = costs.restart(sim.work, old.parallel, old.parallel, sim.prof).save_s
+            if c.notice_s > 0 and env.now + save_s <= c.t:
+                yield from sim.pause(env, save_s)
+                sim.checkpointed(env)
+                sim.layout, lost = None, 0.0  # (idle from the save on)
+                yield from self.wait_for_loss(sim, env, c)
+            else:
+                yield from self.wait_for_loss(sim, env, c)
+                lost = sim.roll_back()
+            sim.avail, sim.layout = c.gpus, None
+            sim.record(env, "suspend", lost_s=lost, saved=lost == 0.0)
+            return
+        yield from self.wait_for_loss(sim, env, c)
+        sim.avail = c.gpus
+        if tgt is None:
+            return
+        trained = sim.out.useful_s > 0 or sim.out.lost_s > 0
+        dt = costs.restart(sim.work, tgt.parallel, tgt.parallel, sim.prof, save=False).downtime_s if trained else 0.0
+        yield from sim.pause(env, dt)
+        sim.layout = tgt
+        sim.record(env, "resume" if trained else "start", downtime_s=dt)
+
 
 class Live(Policy):
     """LiveR: prepare beside training from the notice, switch in a pause of its downtime; a loss
@@ -209,9 +240,7 @@ class Live(Policy):
             sim.avail = c.gpus
             return
         if old is None or tgt is None:
-            yield from self.wait_for_loss(sim, env, c)
-            sim.avail, sim.layout = c.gpus, tgt
-            sim.record(env, "resume" if tgt else "idle")
+            yield from self.idle_or_resume(sim, env, c, old, tgt)
             return
         if tgt.parallel == old.parallel:
             sim.avail = c.gpus
@@ -334,9 +363,12 @@ class Restart(Policy):
             yield from self.wait_for_loss(sim, env, c)
             sim.avail = c.gpus
             return
-        if old is None or tgt is None or tgt.parallel == old.parallel:
+        if old is None or tgt is None:
+            yield from self.idle_or_resume(sim, env, c, old, tgt)
+            return
+        if tgt.parallel == old.parallel:
             yield from self.wait_for_loss(sim, env, c)
-            sim.avail, sim.layout = c.gpus, tgt if old is None or tgt is None else old
+            sim.avail = c.gpus
             return
         r = costs.restart(sim.work, old.parallel, tgt.parallel, sim.prof, memory=self.memory)
         loss = c.gpus < sim.avail
@@ -359,6 +391,26 @@ class Restart(Policy):
 class RestartMemory(Restart):
     name = "restart-memory"
     memory = True
+
+
+class RestartPeriodic(Restart):
+    """Megatron-LM's checkpoint baseline as the design runs it: a loss (with a notice or not)
+    falls back to the last periodic checkpoint, the work since it lost, then restarts on the GPUs
+    left; GPUs that come are taken by a save and a restart (the job picks that moment)."""
+
+    name = "restart-periodic"
+
+    def handle(self, sim: Sim, env: simpy.Environment, c: Change) -> Iterator[Any]:
+        old, tgt = sim.layout, self.target(sim, c.gpus)
+        if c.gpus >= sim.avail or not self.gone(sim, c) or tgt is None:
+            yield from super().handle(sim, env, c)
+            return
+        yield from self.wait_for_loss(sim, env, c)
+        lost = sim.roll_back()
+        dt = sim.prof.detect_s + costs.restart(sim.work, old.parallel, tgt.parallel, sim.prof, save=False).downtime_s
+        yield from sim.pause(env, dt)
+        sim.avail, sim.layout = c.gpus, tgt
+        sim.record(env, "fail-stop", downtime_s=dt, lost_s=lost)
 
 
 class DataParallelOnly(Policy):
@@ -426,7 +478,8 @@ class DataParallelOnly(Policy):
         sim.record(env, "dp-resize", downtime_s=dt)
 
 
-POLICIES: dict[str, type[Policy]] = {p.name: p for p in (Live, LivePrecopy, Restart, RestartMemory, DataParallelOnly)}
+POLICIES: dict[str, type[Policy]] = {p.name: p for p in (Live, LivePrecopy, Restart, RestartMemory, RestartPeriodic,
+                                                          DataParallelOnly)}
 
 
 def simulate(job: JobConfig, prof: Profile, policy: str, start_gpus: int, changes: list[Change], hours: float,

@@ -239,11 +239,12 @@ def _plot_goodput(path: Path, rows) -> None:
     regimes = list(dict.fromkeys(r["regime"] for r in rows))
     fig, axes = plt.subplots(1, len(PROFILES), figsize=(6 * len(PROFILES), 4.2), sharey=True)
     for ax, pname in zip(axes, PROFILES):
+        w = 0.8 / len(engine.POLICIES)
         for i, pol in enumerate(engine.POLICIES):
             ys = [next((r["goodput"] for r in rows if r["profile"] == pname and r["regime"] == g and r["policy"] == pol),
                        0) for g in regimes]
-            ax.bar([k + 0.2 * i for k in range(len(regimes))], ys, width=0.2, label=pol)
-        ax.set_xticks([k + 0.3 for k in range(len(regimes))], regimes, rotation=20, fontsize=8)
+            ax.bar([k + w * i for k in range(len(regimes))], ys, width=w, label=pol)
+        ax.set_xticks([k + 0.4 - w / 2 for k in range(len(regimes))], regimes, rotation=20, fontsize=8)
         ax.set_ylim(0.5, 1.0)
         ax.set_title(pname)
         ax.set_ylabel("goodput")
