@@ -298,14 +298,20 @@ def test_a_resumed_controller_withdraws_what_the_dead_one_announced_after_its_jo
     from liver.protocol.agent import Register
     from liver.protocol.store import COMMIT, WITHDRAW, decide, decided
 
+    from liver.protocol.messages import GenerationSpec
+    from liver.topology import ParallelConfig
+
     store, said = dist.HashStore(), []
-    for g in (1, 2):
-        store.set(f"gen/{g}", "{}")
+    GenerationSpec(generation=1, parallel=ParallelConfig(dp=3), procs=(0, 1, 2)).publish(store)
+    store.set("gen/2", "{}")  # (one that cannot be read is withdrawn all the same)
     ctl = SimpleNamespace(store=store, state=ControllerState(gen=0, phase=Phase.STABLE), run_dir=Path("/nonexistent"),
-                          wish=lambda: said.append("nothing wanted"), phase_log=lambda what, **kw: said.append(what))
+                          wish=lambda: said.append("nothing wanted"), phase_log=lambda what, **kw: said.append(what),
+                          nodes=Nodes())
+    ctl.nodes.new_proc_ids(2)  # (the journal's: processes 0 and 1)
     LiveMode(ctl)._forget_unjournaled()
     assert ctl.state.gen == 2 and decided(store, 1) == decided(store, 2) == WITHDRAW
     assert said == ["nothing wanted", "cancelled", "cancelled"]
+    assert ctl.nodes.new_proc_ids(1) == [3]  # (generation 1's joiner, process 2, may run: its id is not reused)
     store.set("gen/3", "{}")
     assert decide(store, 3, COMMIT) == COMMIT
     with pytest.raises(ControllerError, match="generation 3 was committed"):

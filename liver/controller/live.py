@@ -85,7 +85,11 @@ class LiveMode(Mode):
             if decide(self.store, g, WITHDRAW) != WITHDRAW:  # (a switch takes Prepare's seconds: not seen)
                 raise ControllerError(f"generation {g} was committed by the ranks after the journal's last write; "
                                       f"this controller cannot go on from {self.ctl.run_dir / 'journal.pkl'}")
-            for p in GenerationSpec.fetch(self.store, g).procs:  # its joiners may run: their ids stay theirs
+            try:
+                procs = GenerationSpec.fetch(self.store, g).procs
+            except (RuntimeError, ValueError):  # (unreadable: the agents' reports skip their ids)
+                procs = ()
+            for p in procs:  # its joiners may run: their ids stay theirs
                 self.nodes.skip_proc(p)
             stale.append(g)
             g += 1
