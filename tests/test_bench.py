@@ -90,3 +90,19 @@ def test_bench_build_times_the_construction_a_switch_does_for_both_engines(capsy
                                               "forward and backward and optimizer step"]
     assert main(["bench", "build", "--model", "tiny", "--parallel", "3,1,1"]) == 2
     assert "parallel.tp=3" in capsys.readouterr().err
+
+
+def test_bench_host_start_times_processes_started_together_against_one_alone(tmp_path, capsys):
+    """``liver bench host-start`` on CPU: each count's slowest process, its phases in order, the
+    shards read from the disk of ``--run-dir``; the ratio to one process alone beside them."""
+    out = tmp_path / "hs.json"
+    assert main(["bench", "host-start", "--procs", "1,2", "--read-mib", "2", "--repeats", "1",
+                 "--run-dir", str(tmp_path), "--out", str(out)]) == 0
+    res = json.loads(out.read_text())
+    assert res["device"] == "cpu" and res["read_mib_per_process"] == 2
+    assert [r["procs"] for r in res["rows"]] == [1, 2] and len(res["runs"]["2"]) == 1
+    for r in res["rows"]:
+        assert min(r[p] for p in ("import_s", "cuda_s", "read_s", "to_device_s")) >= 0
+        assert r["total_s"] >= r["import_s"] > 0 and r["ratio_to_1"]["total_s"] > 0
+    assert list(tmp_path.iterdir()) == [out]  # (its shards were removed)
+    assert main(["bench", "host-start", "--procs", "0"]) == 2 and "--procs=[0]" in capsys.readouterr().err

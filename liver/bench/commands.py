@@ -170,6 +170,22 @@ def bench_boot(args: argparse.Namespace) -> int:
         f"fresh/this: CPU {r['cpu_ratio_fresh_over_this']:.1f}x, wall {r['wall_ratio_fresh_over_this']:.1f}x"))
 
 
+def bench_host_start(args: argparse.Namespace) -> int:
+    from liver.bench.host_start import run
+
+    try:
+        procs = [int(x) for x in args.procs.split(",")]
+    except ValueError:
+        raise ValueError(f"--procs={args.procs!r}: allowed process counts, e.g. 1,2,4,8") from None
+    result = run(procs, read_mib=args.read_mib, repeats=args.repeats,
+                 run_dir=Path(args.run_dir) if args.run_dir else None)
+    text = json.dumps(result, indent=1)
+    if args.out:
+        Path(args.out).write_text(text + "\n")
+    print(json.dumps(result["rows"], indent=1))
+    return 0
+
+
 def bench_target(args: argparse.Namespace) -> int:
     from liver.bench.target import run
 
@@ -303,6 +319,14 @@ def add_parsers(sub) -> None:
     bb.add_argument("--warmup-steps", type=int, default=2, help="mock-world warm-up steps")
     bb.add_argument("--run-dir", default=None)
     bb.set_defaults(fn=bench_boot)
+    bhs = bsub.add_parser("host-start", help="k processes of one host started together (imports, CUDA context, "
+                                             "a shard read from disk, to the device), against one alone")
+    bhs.add_argument("--procs", default="1,2,4,8", help="process counts, e.g. 1,2,4,8")
+    bhs.add_argument("--read-mib", type=int, default=256, help="each process's shard (MiB)")
+    bhs.add_argument("--repeats", type=int, default=3, help="runs of each count, interleaved")
+    bhs.add_argument("--run-dir", default=None, help="where the shards are written (the disk measured)")
+    bhs.add_argument("--out", default=None, metavar="FILE", help="the whole result as JSON")
+    bhs.set_defaults(fn=bench_host_start)
     bhe = bsub.add_parser("heal", help="a replica killed: healed from the survivor vs recovered from the checkpoint")
     bhe.add_argument("--repeats", type=int, default=3)
     bhe.add_argument("--ckpt-every", type=int, default=10)
