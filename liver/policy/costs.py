@@ -241,7 +241,7 @@ def live(job: Workload, old: ParallelConfig, new: ParallelConfig, prof: Profile,
         w = plan_work(job, old, new, "rest")
         if m.io_bytes or m.copy_bytes:
             mirror = _mirror(job, m, step_time(job, layout(job, old), prof), link, prof.copy_bw)
-    return Live(**mirror, boot_s=prof.joiner_boot_s if joiners else 0.0,
+    return Live(**mirror, boot_s=prof.joiner_boot_s + prof.cuda_context_s if joiners else 0.0,
                 mock_s=prof.mock_s_per_gparam * params_per_rank if joiners else 0.0,
                 groups_s=groups_s(prof, new.world_size, joiners),
                 plan_s=prof.plan_s_per_krank * max(old.world_size, new.world_size) / 1000,
@@ -316,9 +316,12 @@ def restart(job: Workload, old: ParallelConfig, new: ParallelConfig, prof: Profi
     """Stop, save (unless ``save`` is False: a periodic checkpoint is reloaded), start the new
     processes (fresh interpreters, or forked: ``fresh``), their groups, load with resharding
     (``dcp_bytes``), the first step. ``memory``: the checkpoint is in host memory (the snapshot
-    taken beside training, the load from host memory, the reshard over the network)."""
+    taken beside training, the load from host memory, the reshard over the network). A host's new
+    processes start together and read from its storage together (``host_start_growth``,
+    ``host_read_bw``, measured by ``liver bench host-start``)."""
     total = job.facts.params * 12
     n_old, n_new = old.world_size, new.world_size
+    host = min(prof.node_size, n_new)  # the new processes of one host, starting and reading together
     if memory:
         save_s = total / n_old / prof.host_bw if save else 0.0
         reshard = plan_work(job, old, new).io_bytes / (prof.inter_bw if spans_nodes(max(n_old, n_new), prof) else prof.intra_bw)
@@ -326,8 +329,11 @@ def restart(job: Workload, old: ParallelConfig, new: ParallelConfig, prof: Profi
     else:
         write, read, read_all = dcp_bytes(job, old, new)
         save_s = prof.save_fixed_s + max(write / prof.save_bw_per_rank, total / prof.storage_cap_bw) if save else 0.0
-        load_s = prof.load_fixed_s + max(read / prof.load_bw_per_rank, read_all / prof.storage_cap_bw)
-    start_s = (prof.process_start_s if fresh else 0.0) + prof.cuda_init_s
+        # a rank's own rate, its host's storage shared by its processes, the file system's
+        host_read = host * read / prof.host_read_bw if prof.host_read_bw > 0 else 0.0
+        load_s = prof.load_fixed_s + max(read / prof.load_bw_per_rank, host_read, read_all / prof.storage_cap_bw)
+    start_s = (prof.process_start_s * (1 + prof.host_start_growth * max(0, host - 2)) if fresh
+               else prof.cuda_context_s) + prof.cuda_init_s
     init_s = 0.0 if n_new == 1 else prof.rendezvous_s_per_rank * n_new + prof.group_init_s + growth_s(prof, n_new)
     fixed = prof.restart_fixed_s + prof.restart_s_per_gb * rank_state_bytes(job, layout(job, new)) / GB
     return Restart(save_s=save_s, start_s=start_s, init_s=init_s, load_s=load_s, fixed_s=fixed)

@@ -63,8 +63,11 @@ class Profile:
     load_bw_per_rank: float        # bytes/s one rank reads (and reshards) one
     storage_cap_bw: float          # the file system's aggregate bandwidth
     host_bw: float                 # bytes/s between a GPU and host memory (restart from memory)
-    process_start_s: float         # a fresh interpreter and its imports
+    process_start_s: float         # a fresh interpreter and its imports (two of a host starting together)
     cuda_init_s: float             # a new process's CUDA context
+    host_read_bw: float = 0.0      # bytes/s a host's processes read together from its storage (0: no limit)
+    host_start_growth: float = 0.0  # a start slower by this share per other process of its host, beyond two
+    cuda_context_s: float = 0.0    # a forked process's CUDA context (a fresh one's is in process_start_s)
     rendezvous_s_per_rank: float   # the store's rendezvous, per rank
     restart_fixed_s: float         # the rest of a restart: stop, first step, what no part names
     restart_s_per_gb: float        # ... more per GB of a new rank's state (its allocation, the first step's)

@@ -50,6 +50,16 @@ DIRECT = {
                         "measured: torchft 0.2.0, a replica SIGKILLed, the survivor's stall and uncommitted step "
                         "(median; CPU machine, torchft's default heartbeats)"),
     "copy_bw": ("gpu-1x-sim-copy/dcp.json", "measured: a 1 GiB copy within one H200's memory (liver bench dcp)"),
+    "host_read_bw": ("gpu-1x-host-start/host_start.json",
+                     "measured: the most processes of one host reading a 512 MiB shard each together (page cache "
+                     "evicted), the slowest one's rate times their count (liver bench host-start; the lent H200 "
+                     "machine's root disk)"),
+    "host_start_growth": ("gpu-1x-host-start/host_start.json",
+                          "measured: the slowest of the most processes started together (imports and CUDA context; "
+                          "they shared one GPU: an upper bound) against two, per process beyond two "
+                          "(liver bench host-start, H200 machine)"),
+    "cuda_context_s": ("gpu-1x-host-start/host_start.json",
+                       "measured: one process's CUDA context after its imports (liver bench host-start, H200)"),
     "dp_join_stall_s": ("cpu-heal-vs-torchft/join.json",
                         "measured: torchft 0.2.0, a replica joins, the other's stall (median; CPU machine; its "
                         "0.15 GB of state sent over loopback included)"),
@@ -225,6 +235,16 @@ def measurements(results: Path) -> tuple[list[Event], list[Step], dict[str, floa
     copy = results / DIRECT["copy_bw"][0]
     if copy.exists():
         direct["copy_bw"] = json.loads(copy.read_text())["local_copy_GBps"] * 1e9
+    hs = results / DIRECT["host_read_bw"][0]
+    if hs.exists():  # (the slowest process of each count, median over the runs)
+        d = json.loads(hs.read_text())
+        rows = {r["procs"]: r for r in d["rows"]}
+        most, two = max(rows), rows.get(2, rows[min(rows)])
+        direct["host_read_bw"] = most * d["read_mib_per_process"] * 2 ** 20 / rows[most]["read_s"]
+        start = {k: r["import_s"] + r["cuda_s"] for k, r in rows.items()}
+        direct["host_start_growth"] = max(0.0, start[most] / (two["import_s"] + two["cuda_s"]) - 1) / (most - 2) \
+            if most > 2 else 0.0
+        direct["cuda_context_s"] = rows[min(rows)]["cuda_s"]
     boot = results / DIRECT["joiner_boot_s"][0]
     if boot.exists():
         rows = json.loads(boot.read_text())
@@ -426,11 +446,12 @@ def fit_cpu(samples) -> tuple[dict[str, float], dict[str, str]]:
     v = dict(zip(CPU_TERMS, coef))
     per_flop = v.pop("compute_s_per_flop")
     values = {"cores": CPU_CORES, "peak_flops": 1.0 / per_flop if per_flop > 0 else 1e30, "mfu": 1.0,
-              "mfu_width": 0.0, **v}
+              "mfu_width": 0.0, "cuda_context_s": 0.0, **v}
     why = (f"relative least squares (coefficients 0 or more) over {len(samples)} configurations timed by "
            "liver bench target (bench/results/cpu-target-choice)")
     return values, {k: why for k in values} | {"cores": "the CPU machine's cores", "mfu": "folded into peak_flops",
-                                               "mfu_width": "folded into peak_flops"}
+                                               "mfu_width": "folded into peak_flops",
+                                               "cuda_context_s": "no CUDA in CPU processes"}
 
 
 def calibrate(results: Path) -> dict[str, Any]:
