@@ -331,3 +331,25 @@ def test_the_periodic_restart_baseline_loses_the_work_since_the_checkpoint_even_
     (ev,) = periodic.events
     assert ev["kind"] == "fail-stop" and ev["lost_s"] == pytest.approx(600.0, rel=1e-6)
     assert saved.lost_s == 0.0 and periodic.goodput < saved.goodput
+
+
+def test_the_designs_published_figures_are_set_beside_the_simulators_with_the_phases_where_they_differ(tmp_path):
+    """``liver sim project paper``: every published figure (goodput by regime and baseline, the
+    downtime and the preparation at 1,024 GPUs) beside the simulator's on the design's settings,
+    its ratio, and where it is off by more than 1.5x, the simulated phases or losses behind it."""
+    from liver.sim import project
+
+    res = project.paper(tmp_path, seeds=2)
+    assert (tmp_path / "paper.json").is_file()
+    pub = project.PAPER["goodput"]["published"]
+    assert {(r["every_min"], r["policy"]) for r in res["goodput"]} == {(m, p) for m, ps in pub.items() for p in ps}
+    assert {(r["profile"], r["what"]) for r in res["downtime"]} == {(p, w) for p in PROFILES for w in ("live", "restart")}
+    for r in res["goodput"]:
+        assert 0 < r["simulated"] <= 1 and r["ratio"] == pytest.approx(r["simulated"] / r["published"])
+        assert ("lost_to" in r) == (not 1 / project.WITHIN <= r["ratio"] <= project.WITHIN)
+    for r in res["downtime"]:
+        assert ("phases_s" in r) == (not 1 / project.WITHIN <= r["ratio"] <= project.WITHIN)
+        if "phases_s" in r:
+            assert sum(r["phases_s"].values()) == pytest.approx(r["simulated_s"], rel=1e-6)
+    for r in res["prepare"]:
+        assert sum(r["phases_s"].values()) == pytest.approx(r["simulated_s"], rel=1e-6)

@@ -144,8 +144,8 @@ def add_parsers(sub) -> None:
     sv.add_argument("--results", default="bench/results")
     sv.add_argument("--json", action="store_true", help="every event, not only the summary")
     sv.set_defaults(fn=_validate)
-    sp = ssub.add_parser("project", help="a projection, JSON and PNG: downtime, prepare, goodput or precopy")
-    sp.add_argument("what", choices=["downtime", "prepare", "goodput", "precopy"])
+    sp = ssub.add_parser("project", help="a projection, JSON and PNG: downtime, prepare, goodput, precopy or paper")
+    sp.add_argument("what", choices=["downtime", "prepare", "goodput", "precopy", "paper"])
     sp.add_argument("--out", required=True)
     sp.add_argument("--traces", default=str(DEFAULT_TRACES),
                     help="the folder of p3-trace.csv and g4dn-trace.csv (default: the repository's traces/bamboo)")
