@@ -5,6 +5,7 @@ its committed parameters."""
 
 import json
 import math
+import re
 import statistics
 from pathlib import Path
 
@@ -353,3 +354,27 @@ def test_the_designs_published_figures_are_set_beside_the_simulators_with_the_ph
             assert sum(r["phases_s"].values()) == pytest.approx(r["simulated_s"], rel=1e-6)
     for r in res["prepare"]:
         assert sum(r["phases_s"].values()) == pytest.approx(r["simulated_s"], rel=1e-6)
+
+
+def test_a_skypilot_spot_trace_becomes_changes_and_a_bad_one_is_refused_naming_where(tmp_path):
+    """SkyPilot's spot traces (``{"metadata": {"gap_seconds": G}, "data": [instances a tick]}``):
+    read as the same changes as a Bamboo trace, each instance a node; what cannot be read is
+    refused with the file and its line (JSON that does not parse) or the field and value."""
+    f = tmp_path / "aws-p3.json"
+    f.write_text(json.dumps({"metadata": {"gap_seconds": 300, "region": "us-west-2a"}, "data": [2, 2, 1, 0, 2]}))
+    start, changes = sources.from_trace(f, 8, notice_s=120)
+    assert start == 16 and [(c.t, c.gpus, c.notice_s) for c in changes] == [(600.0, 8, 120), (900.0, 0, 120), (1200.0, 16, 0)]
+    out = engine.simulate(sim_model("7b-cluster"), load("h200"), "live", start, changes, 1.0)
+    assert out.idle_s >= 300.0 - 120 - 1e-6
+    bad = {'{"metadata": {"gap_seconds": 300},\n "data": [1, 2,]}': ":2: not a SkyPilot trace",
+           '{"metadata": {"gap_seconds": 0}, "data": [1]}': "metadata.gap_seconds=0: allowed a positive",
+           '{"metadata": {}, "data": [1]}': "metadata.gap_seconds=None",
+           '{"metadata": {"gap_seconds": 60}, "data": []}': "data=[]: allowed a non-empty list",
+           '{"metadata": {"gap_seconds": 60}, "data": [1, -1]}': "data[1]=-1: allowed a count",
+           '{"metadata": {"gap_seconds": 60}, "data": [1, 1.5]}': "data[1]=1.5: allowed a count",
+           '{"metadata": {"gap_seconds": 60}, "data": [true]}': "data[0]=True: allowed a count",
+           '{"metadata": {"gap_seconds": 60}, "data": [0, 0]}': "no instance is ever available"}
+    for text, words in bad.items():
+        f.write_text(text)
+        with pytest.raises(EventError, match=re.escape(str(f)) + ".*" + re.escape(words)):
+            sources.from_trace(f, 8)

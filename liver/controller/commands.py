@@ -169,7 +169,8 @@ def job_flags(r: argparse.ArgumentParser) -> None:
                    help="set any field of the job, e.g. --set job.model.num_layers=8 (repeatable)")
     src = r.add_mutually_exclusive_group()
     src.add_argument("--events", help="schedule file (default: the embedded schedule)")
-    src.add_argument("--trace", help="spot trace time_ms,add|remove,nodeNAME")
+    src.add_argument("--trace", help="spot trace: Bamboo's lines (time_ms,add|remove,nodeNAME) or SkyPilot's JSON "
+                                     "(gap_seconds, instances a tick)")
     r.add_argument("--compress", type=float, help="trace time divided by this factor (default 600)")
     r.add_argument("--notice", type=float, help="preemption notice before a removal (s, trace time; default 120)")
     r.add_argument("--mode", help="live (default) handoffs; or the baseline, stop-and-restart through DCP with new "

@@ -16,6 +16,7 @@ Everything is checked before training starts; an error names the file, the line 
 from __future__ import annotations
 
 import enum
+import json
 import math
 import re
 from dataclasses import dataclass, replace
@@ -154,6 +155,34 @@ def parse_action(text: str, where: str) -> Event:
     return Event(kind=kind, gpus=gpus, parallel=parallel, deadline_s=deadline_s, source=where)
 
 
+def skypilot_counts(path: str | Path, text: str) -> list[tuple[int, int]]:
+    """SkyPilot's spot traces (github.com/skypilot-org/spot-traces, the "Can't Be Late" paper's):
+    ``{"metadata": {"gap_seconds": G, ...}, "data": [n0, n1, ...]}``, the instances available at
+    each tick of G seconds, as (time in ms, nodes up) where the count changes; EventError naming
+    the file and the line (JSON that does not parse) or the field and value that is not allowed."""
+    try:
+        doc = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise EventError(f"{path}:{e.lineno}: not a SkyPilot trace ({e.msg}, column {e.colno})") from None
+    meta = doc.get("metadata") if isinstance(doc, dict) else None
+    gap = meta.get("gap_seconds") if isinstance(meta, dict) else None
+    if isinstance(gap, bool) or not isinstance(gap, (int, float)) or not 0 < gap < float("inf"):
+        raise EventError(f"{path}: metadata.gap_seconds={gap!r}: allowed a positive number of seconds "
+                         f"(a SkyPilot trace: {{\"metadata\": {{\"gap_seconds\": G}}, \"data\": [...]}})")
+    data = doc.get("data")
+    if not isinstance(data, list) or not data:
+        raise EventError(f"{path}: data={str(data)[:40]}: allowed a non-empty list of instance counts")
+    counts: list[tuple[int, int]] = []
+    for i, v in enumerate(data):
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0 or v != int(v):
+            raise EventError(f"{path}: data[{i}]={v!r}: allowed a count of instances (an integer, 0 or more)")
+        if not counts or counts[-1][1] != int(v):
+            counts.append((round(i * gap * 1000), int(v)))
+    if max(c for _, c in counts) == 0:
+        raise EventError(f"{path}: no instance is ever available")
+    return counts
+
+
 def read_text(path: str | Path, what: str) -> str:
     """A text file's content (UTF-8, or UTF-16 with its byte-order mark); EventError naming the
     file if it is missing or not text."""
@@ -202,10 +231,14 @@ def parse_schedule_text(text: str, path: str) -> list[Event]:
 
 def trace_counts(path: str | Path) -> list[tuple[int, int]]:
     """A spot trace's nodes up over time: (time in ms, nodes up) at each time a line changes it;
-    EventError naming the file and line of a malformed one."""
+    EventError naming the file and line of a malformed one. Two formats: Bamboo's lines
+    (``time_ms,add|remove,nodeNAME``), and SkyPilot's spot-traces JSON (``skypilot_counts``)."""
+    text = read_text(path, "trace")
+    if text.lstrip().startswith("{"):
+        return skypilot_counts(path, text)
     up: set[str] = set()
     counts: list[tuple[int, int]] = []  # (time in ms, exact: no float rounding between lines, nodes up)
-    for n, raw in enumerate(read_text(path, "trace").splitlines(), 1):
+    for n, raw in enumerate(text.splitlines(), 1):
         line = raw.strip()
         if not line:
             continue

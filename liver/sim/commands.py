@@ -125,7 +125,8 @@ def add_parsers(sub) -> None:
     sr.add_argument("--profile", default="h200", help="h200 (calibrated) or a800-pcie")
     sr.add_argument("--gpus", type=int, default=32, help="GPUs at the start (schedule, regime)")
     src2 = sr.add_mutually_exclusive_group()
-    src2.add_argument("--trace", help="a spot trace (time_ms,add|remove,nodeNAME)")
+    src2.add_argument("--trace", help="a spot trace: Bamboo's lines (time_ms,add|remove,nodeNAME) or SkyPilot's JSON "
+                                      "({\"metadata\": {\"gap_seconds\": G}, \"data\": [instances a tick]})")
     src2.add_argument("--events", help="a schedule file (time triggers)")
     sr.add_argument("--gpus-per-node", type=int, default=1, help="GPUs of a trace's node")
     sr.add_argument("--interval-min", type=float, default=10.0, help="regime: mean minutes between events")

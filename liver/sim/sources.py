@@ -1,5 +1,6 @@
 """The simulator's event streams: when the job's GPU count changes, and (for a loss) how much
-notice it had. A spot trace (``time_ms,add|remove,nodeNAME``, each trace node ``gpus_per_node``
+notice it had. A spot trace (Bamboo's ``time_ms,add|remove,nodeNAME`` lines or SkyPilot's JSON of
+instances a tick: ``liver.policy.events.trace_counts``; each trace node ``gpus_per_node``
 GPUs), a schedule file of the controller's grammar (``at Ts: scale-out N`` / ``scale-in N
 deadline Ds``; time triggers only), or a synthetic regime: exponential intervals of a given mean,
 each a node lost (with the notice) or one back, for a given length of time and seed."""
