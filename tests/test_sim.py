@@ -401,3 +401,18 @@ def test_at_the_same_configurations_a_bigger_model_never_pauses_or_restarts_fast
     old, new = olds[pick % len(olds)], news[(pick // len(olds)) % len(news)]
     for fn in (costs.live, costs.restart):
         assert fn(Workload.reference(big), old, new, prof).downtime_s >= fn(Workload.reference(small), old, new, prof).downtime_s
+
+
+def test_changes_that_come_during_a_restart_are_merged_into_one_as_the_controller_merges_its_queue():
+    """Two changes within one restart's minutes (a scale-out 24 -> 32 restarting; then 16 GPUs
+    without notice, and 24 again): the next restart goes to the last count at once (two in all, not
+    three; the GPUs went without notice: a fail-stop, from the restart's own checkpoint, nothing
+    lost), and the job ends on the configuration of that count."""
+    job, prof = sim_model("14b-cluster"), load("a800-pcie")
+    first = costs.restart(Workload.reference(job), _best(job, 24, prof).parallel, _best(job, 32, prof).parallel, prof)
+    assert first.downtime_s > 60
+    changes = [sources.Change(1000.0, 32), sources.Change(1030.0, 16, 0.0), sources.Change(1040.0, 24)]
+    out = engine.simulate(job, prof, "restart-storage", 24, changes, 1.0)
+    assert out.merged == 1 and [e["kind"] for e in out.events] == ["restart", "fail-stop"], out.events
+    assert out.events[-1]["lost_s"] == 0.0
+    assert [e["gpus"] for e in out.events] == [32, 24] and out.events[-1]["config"] == _best(job, 24, prof).parallel.short()

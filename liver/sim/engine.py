@@ -1,8 +1,9 @@
 """The job under a stream of GPU changes, for one way of handling them (a ``Policy``), in SimPy.
 
 Between changes the job trains at the step time of its configuration (``costs.step_time``). A
-change is handled as its policy does it, one at a time, in the order they come (a later one
-waits): a notice starts a live handoff's preparation beside training (slower by the steady-state
+change is handled as its policy does it, one at a time, in the order they come (the ones that
+came while another was handled are merged into one, to the last count, as the controller merges its
+queue): a notice starts a live handoff's preparation beside training (slower by the steady-state
 overhead), then its pause; a restart pauses for all of its phases; a loss that comes before the
 handoff is ready (or without notice) is a fail-stop: the work since the last checkpoint is lost,
 unless the policy heals from replicas. Periodic checkpoints are taken every ``ckpt_interval_s``.
@@ -44,6 +45,7 @@ class Outcome:
     lost_s: float = 0.0
     slow_s: float = 0.0           # training time lost to the overhead of preparing beside it
     idle_s: float = 0.0           # no configuration fits the GPUs there are
+    merged: int = 0               # changes merged into a later one (queued while another was handled)
     events: list[dict[str, Any]] = field(default_factory=list)
 
     @property
@@ -57,7 +59,7 @@ class Outcome:
     def summary(self) -> dict[str, Any]:
         return {"policy": self.policy, "wall_s": self.wall_s, "goodput": self.goodput, "efficiency": self.efficiency,
                 "useful_s": self.useful_s, "downtime_s": self.downtime_s, "lost_s": self.lost_s, "slow_s": self.slow_s,
-                "idle_s": self.idle_s, "events": len(self.events),
+                "idle_s": self.idle_s, "events": len(self.events), "merged": self.merged,
                 "fail_stops": sum(e["kind"] == "fail-stop" for e in self.events)}
 
 
@@ -141,6 +143,11 @@ class Sim:
                 break
             if at > env.now:
                 yield from self.train(env, at - env.now)
+            merged = 0
+            while self.upcoming and self.upcoming[0][0] <= env.now:  # (came while the last one was handled)
+                c = self.upcoming.popleft()[1]  # the controller merges its queue into one change: the last count
+                merged += 1
+            self.out.merged += merged
             yield from self.policy.handle(self, env, c)
         yield from self.train(env, self.end - env.now)
 
