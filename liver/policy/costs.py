@@ -192,6 +192,7 @@ class Live:
     precopy_s: float = 0.0      # the mirrored state's copy, one slice of layers a step, beside training
     mirror_steps: int = 0       # steps that replay their update on the copies (the slices, and one)
     mirror_step_s: float = 0.0  # what each of them adds: the gradients of the mirrored boxes sent, the update replayed
+    stall_s: float = 0.0        # training time the preparation stalls beside it (measured, by whether joiners come)
 
     @property
     def mirror_cost_s(self) -> float:
@@ -241,7 +242,8 @@ def live(job: Workload, old: ParallelConfig, new: ParallelConfig, prof: Profile,
         w = plan_work(job, old, new, "rest")
         if m.io_bytes or m.copy_bytes:
             mirror = _mirror(job, m, step_time(job, layout(job, old), prof), link, prof.copy_bw)
-    return Live(**mirror, boot_s=prof.joiner_boot_s + prof.cuda_context_s if joiners else 0.0,
+    return Live(**mirror, stall_s=prof.prepare_stall_joiner_s if joiners else prof.prepare_stall_s,
+                boot_s=prof.joiner_boot_s + prof.cuda_context_s if joiners else 0.0,
                 mock_s=prof.mock_s_per_gparam * params_per_rank if joiners else 0.0,
                 groups_s=groups_s(prof, new.world_size, joiners),
                 plan_s=prof.plan_s_per_krank * max(old.world_size, new.world_size) / 1000,

@@ -51,6 +51,8 @@ class Profile:
     prepare_base_s: float          # building the Shadow World over the same processes, unpaced
     prepare_joiner_s: float        # ... with joiners, beside their boot, groups and mock warm-up
     prepare_cpu_s_per_task: float  # the companion's paced CPU work per transfer task of its process
+    prepare_stall_s: float = 0.0   # training time a preparation stalls (its groups, its connections)
+    prepare_stall_joiner_s: float = 0.0  # ... one with joiners (their rendezvous)
     joiner_boot_s: float           # a cold joiner forked from the zygote, before its mock world
     mock_s_per_gparam: float       # its mock-world warm-up, per billion parameters it holds
     group_init_s: float            # a new generation's communicators over new processes, at 2 ranks

@@ -89,6 +89,7 @@ class Event:
     start_s: float
     init_s: float
     fresh: bool            # the restart's processes were fresh interpreters (not forked)
+    stall_s: float = 0.0   # training time its preparation stalled (steps beyond their normal time)
     kinds: frozenset[str] = frozenset()  # the collectives its first step ran over a new process set
     first_nccl: bool = False             # ... and whether they were the processes' first NCCL ones
     share: float = 0.0015                # the companion share its preparation was paced at
@@ -209,7 +210,8 @@ def measurements(results: Path) -> tuple[list[Event], list[Step], dict[str, floa
                                 prepare_s=e["prepare_s"], groups_s=e["groups_s"], mock_s=e["mock_warmup_s"],
                                 max_rank_bytes=e["max_rank_bytes"], downtime_restart_s=e["downtime_restart_s"],
                                 save_s=e["restart_save_s"], load_s=e["restart_load_s"],
-                                start_s=e["restart_process_start_s"], init_s=e["restart_group_init_s"], fresh=fresh))
+                                start_s=e["restart_process_start_s"], init_s=e["restart_group_init_s"], fresh=fresh,
+                                stall_s=e.get("prepare_stall_s") or 0.0))
         rep = f.parent / "report-live.json"
         if rep.exists():
             r = json.loads(rep.read_text())
@@ -361,6 +363,11 @@ def fit(events: list[Event], steps: list[Step], direct: dict[str, float]) -> tup
         "least squares (coefficients 0 or more): a handoff's preparation less its plan, groups (and a joiner's "
         "boot and mock warm-up) against the busiest process's transfer tasks over the companion share it was "
         "paced at (the paced CPU work per task), with a part of its own for handoffs with joiners")
+    v["prepare_stall_s"] = _median([e.stall_s for e in events if not e.joiners], "a preparation's stall")
+    v["prepare_stall_joiner_s"] = _median([e.stall_s for e in joining], "a preparation's stall with joiners")
+    src["prepare_stall_s"] = src["prepare_stall_joiner_s"] = (
+        "median of the training time a handoff's preparation stalled (its steps beyond their normal time, measured "
+        "per event), without joiners and with them")
     dcp = [costs.dcp_bytes(e.job, e.old, e.new) for e in events]
     fixed, inv_bw = _lsq([[1.0, w] for w, _, _ in dcp], [e.save_s for e in events])
     v["save_fixed_s"], v["save_bw_per_rank"] = max(0.0, fixed), 1 / inv_bw

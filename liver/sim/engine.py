@@ -262,6 +262,7 @@ class Live(Policy):
             yield from self.fail(sim, env, c, tgt, h)
             return
         yield from sim.train(env, h.prepare_s, 1 - sim.overhead)
+        yield from sim.train(env, h.stall_s, 0.0)  # (its groups' and connections' stall of the steps)
         yield from self.mirror(sim, env, h)
         yield from sim.pause(env, h.downtime_s)
         sim.avail, sim.layout = c.gpus, tgt
@@ -320,6 +321,7 @@ class Live(Policy):
             return
         h = self.handoff(sim, env, sim.layout.parallel, tgt.parallel, nxt)
         yield from sim.train(env, h.prepare_s, 1 - sim.overhead)  # a scale-out to fewer: prepared again
+        yield from sim.train(env, h.stall_s, 0.0)
         yield from self.mirror(sim, env, h)
         yield from sim.pause(env, h.downtime_s)
         sim.layout = tgt
