@@ -428,3 +428,21 @@ def test_a_live_handoffs_preparation_costs_the_steps_its_measured_stall():
     out = engine.simulate(job, prof, "live", 16, [sources.Change(600.0, 24)], 1.0)
     (ev,) = out.events
     assert out.slow_s == pytest.approx(h.prepare_s * 0.002 + h.stall_s) and out.downtime_s == pytest.approx(ev["downtime_s"])
+
+
+def test_the_cpu_profile_fits_the_cpu_handoffs_and_is_checked_on_the_ones_it_did_not_see():
+    """The CPU profile's handoff and restart terms come from handoffs measured on CPU processes
+    (``liver bench handoffs --backend gloo``, bench/results/cpu-handoffs-*), not from the H200's;
+    leave-one-out over them scores every quantity (README: Simulator)."""
+    results = Path(__file__).parent.parent / "bench" / "results"
+    events = calibrate.cpu_events(results)
+    assert len(events) >= 10 and {e.kind for e in events} >= {"scale-out", "scale-in", "reshape"}
+    cpu = load("cpu")
+    for k in calibrate.HANDOFF_KEYS:
+        assert "on CPU processes" in cpu.sources[k], k
+    assert cpu.process_start_s != load("h200").process_start_s
+    target_json = results / "cpu-target-choice" / "target.json"
+    base = {**calibrate.fit(*calibrate.measurements(results))[0], **calibrate.fit_cpu(calibrate.cpu_samples(target_json))[0]}
+    res = validate.validate_cpu_handoffs(events, base)
+    assert set(res["summary"]) == set(validate.QUANTITIES)
+    assert all(res["summary"][q]["events"] >= 3 for q in validate.QUANTITIES)

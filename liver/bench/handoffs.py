@@ -160,10 +160,15 @@ def run(args) -> dict[str, Any]:
                      "transfer_s": el.get("transfer_s"), "switch_s": el.get("switch_s"), "transfer_floor_s": floor,
                      "bytes_moved": el.get("bytes_moved"), "max_rank_bytes": peak, "prepare_s": el.get("prepare_s"),
                      "steady_overhead": el.get("steady_overhead"), "steps_preparing": el.get("steps_preparing"),
+                     # the preparation's parts (the simulator's calibration fits them: liver sim calibrate)
+                     "groups_s": el.get("groups_s"), "mock_warmup_s": el.get("mock_warmup_s") or 0.0,
+                     "joiner_cpu_s": el.get("joiner_cpu_s"), "prepare_cpu_s": el.get("prepare_cpu_s"),
+                     "prepare_stall_s": el.get("prepare_stall_s"),
                      "peak_extra_gpu_bytes": el.get("peak_extra_bytes"),
                      "digest_equal_live": el.get("digest_equal"), "digest_equal_restart": er.get("digest_equal"),
                      "restart_save_s": er.get("save_s"), "restart_load_s": er.get("load_s"),
-                     "restart_process_start_s": er.get("process_start_s"), "deadline_met_live": el.get("deadline_met"),
+                     "restart_process_start_s": er.get("process_start_s"), "restart_group_init_s": er.get("group_init_s"),
+                     "deadline_met_live": el.get("deadline_met"),
                      "last_old_step": el.get("last_old_step")})
     # on GPUs the losses differ from step 2 on in both modes alike (non-deterministic kernels); the
     # handoffs' bit-exactness is the digest equality per event

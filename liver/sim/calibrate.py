@@ -192,6 +192,45 @@ def replay(model: str, run: list[tuple[ParallelConfig, ParallelConfig]]) -> list
     return out
 
 
+#: CPU runs of ``liver bench handoffs --backend gloo``: the CPU profile's handoffs and restarts
+CPU_HANDOFFS = "cpu-handoffs-*/handoffs.json"
+#: what ``fit_handoffs`` fits (the rest of a profile: direct measurements, stated settings, steps)
+HANDOFF_KEYS = ("intra_bw", "connect_p2p_s", "switch_fixed_s", "switch_s_per_gb", "first_step_s", "connect_tp_s",
+                "connect_dp_s", "nccl_first_s", "group_init_s", "mock_s_per_gparam", "prepare_base_s",
+                "prepare_joiner_s", "prepare_cpu_s_per_task", "prepare_stall_s", "prepare_stall_joiner_s",
+                "save_fixed_s", "save_bw_per_rank", "load_fixed_s", "load_bw_per_rank", "process_start_s",
+                "restart_fixed_s", "restart_s_per_gb")
+
+
+def _events(f: Path, d: dict[str, Any]) -> list[Event]:
+    """The handoffs of one run (``gpu_reconfig.json`` or ``handoffs.json``), live and restart."""
+    fresh = "forked" not in f.parent.name
+    model = _preset(f, d)
+    history = replay(model, [(_par(e["old"]), _par(e["new"])) for e in d["events"]])
+    events = []
+    for e, (kinds, first_nccl) in zip(d["events"], history):
+        events.append(Event(source=f"{f.parent.name}:{e['event']}:{e['old']}->{e['new']}", kind=e["event"],
+                            model=model, kinds=kinds, first_nccl=first_nccl and bool(d.get("gpus")), share=_share(f, d),
+                            params=d["params"], old=_par(e["old"]), new=_par(e["new"]),
+                            downtime_live_s=e["downtime_live_s"], transfer_s=e["transfer_s"], switch_s=e["switch_s"],
+                            prepare_s=e["prepare_s"], groups_s=e["groups_s"], mock_s=e["mock_warmup_s"],
+                            max_rank_bytes=e["max_rank_bytes"], downtime_restart_s=e["downtime_restart_s"],
+                            save_s=e["restart_save_s"], load_s=e["restart_load_s"],
+                            start_s=e["restart_process_start_s"], init_s=e["restart_group_init_s"], fresh=fresh,
+                            stall_s=e.get("prepare_stall_s") or 0.0))
+    return events
+
+
+def cpu_events(results: Path) -> list[Event]:
+    """The handoffs measured on CPU processes (``CPU_HANDOFFS``)."""
+    out = []
+    for f in sorted(results.glob(CPU_HANDOFFS)):
+        d = json.loads(f.read_text())
+        if d.get("events") and "downtime_restart_s" in d["events"][0]:
+            out += _events(f, d)
+    return out
+
+
 def measurements(results: Path) -> tuple[list[Event], list[Step], dict[str, float]]:
     """Every measured event and step of ``results`` (bench/results), and the direct measurements."""
     events, steps, direct = [], [], {}
@@ -199,19 +238,7 @@ def measurements(results: Path) -> tuple[list[Event], list[Step], dict[str, floa
         d = json.loads(f.read_text())
         if not d.get("events") or "downtime_restart_s" not in d["events"][0] or not d.get("gpus"):
             continue
-        fresh = "forked" not in f.parent.name
-        model = _preset(f, d)
-        history = replay(model, [(_par(e["old"]), _par(e["new"])) for e in d["events"]])
-        for e, (kinds, first_nccl) in zip(d["events"], history):
-            events.append(Event(source=f"{f.parent.name}:{e['event']}:{e['old']}->{e['new']}", kind=e["event"],
-                                model=model, kinds=kinds, first_nccl=first_nccl, share=_share(f, d),
-                                params=d["params"], old=_par(e["old"]), new=_par(e["new"]),
-                                downtime_live_s=e["downtime_live_s"], transfer_s=e["transfer_s"], switch_s=e["switch_s"],
-                                prepare_s=e["prepare_s"], groups_s=e["groups_s"], mock_s=e["mock_warmup_s"],
-                                max_rank_bytes=e["max_rank_bytes"], downtime_restart_s=e["downtime_restart_s"],
-                                save_s=e["restart_save_s"], load_s=e["restart_load_s"],
-                                start_s=e["restart_process_start_s"], init_s=e["restart_group_init_s"], fresh=fresh,
-                                stall_s=e.get("prepare_stall_s") or 0.0))
+        events += _events(f, d)
         rep = f.parent / "report-live.json"
         if rep.exists():
             r = json.loads(rep.read_text())
@@ -223,7 +250,7 @@ def measurements(results: Path) -> tuple[list[Event], list[Step], dict[str, floa
                 by.setdefault(s["parallel"], []).append(s["step_s"])
             for par, ts in by.items():
                 if len(ts) >= 5 and peak:
-                    steps.append(Step(f.parent.name, model, d["params"], tokens, _par(par), statistics.median(ts[2:]),
+                    steps.append(Step(f.parent.name, _preset(f, d), d["params"], tokens, _par(par), statistics.median(ts[2:]),
                                       peak))
     plan = results / DIRECT["plan_s_per_krank"][0]
     if plan.exists():
@@ -313,8 +340,6 @@ def state_gb(e: Event) -> float:
 
 def fit(events: list[Event], steps: list[Step], direct: dict[str, float]) -> tuple[dict[str, float], dict[str, str]]:
     """The profile's values, and where each came from."""
-    from liver.policy import costs
-
     v: dict[str, float] = {}
     src: dict[str, str] = {}
     for k, where in DIRECT.items():
@@ -323,6 +348,40 @@ def fit(events: list[Event], steps: list[Step], direct: dict[str, float]) -> tup
         v[k], src[k] = direct[k], where[1]
     for k, (val, why) in STATED.items():
         v[k], src[k] = val, why
+    fit_handoffs(events, v, src)
+    single = [s for s in steps if s.parallel.world_size == 1]
+    if not single:
+        raise ValueError("calibration: no measured one-GPU step gives the sustained share of the peak")
+    # 1 / (6 N tokens / (peak x step time)) = 1 / mfu + (mfu_width / mfu) / width: linear in 1 / width
+    inv, per_width = _nnls([[1.0, 1.0 / s.width] for s in single],
+                           [s.peak_flops * s.step_s / (6 * s.params * s.tokens) for s in single])
+    v["mfu"], v["mfu_width"] = 1.0 / inv, per_width / inv
+    src["mfu"] = src["mfu_width"] = (
+        "least squares (coefficients 0 or more) over one-GPU steps: 1 / (6 N tokens / (peak x step time)) "
+        "against 1 / their hidden size (a share of the peak that grows with the matrix multiplies' width)")
+    v["peak_flops"] = steps[0].peak_flops if steps else 989e12
+    src["peak_flops"] = "the GPU's bf16 dense peak"
+    return v, src
+
+
+UNRESOLVED_BW = 1e30  # a rate the bytes do not resolve: no time per byte
+UNRESOLVED = ("; where the bytes do not resolve a rate (a slope of 0 or less: small states, the fixed part "
+              "dominates), the time is its fixed part, the mean, and the rate unbounded (1e30)")
+
+
+def _fixed_and_rate(nbytes: list[float], times: list[float]) -> tuple[float, float]:
+    """A fixed time and a rate (bytes/s) by least squares of ``times`` against ``nbytes``."""
+    fixed, inv_bw = _lsq([[1.0, b] for b in nbytes], times)
+    if inv_bw <= 0:
+        return statistics.mean(times), UNRESOLVED_BW
+    return max(0.0, fixed), 1 / inv_bw
+
+
+def fit_handoffs(events: list[Event], v: dict[str, float], src: dict[str, str]) -> None:
+    """The handoffs' and restarts' quantities fitted to ``events``, into ``v`` (which holds the
+    direct measurements and stated settings they build on) with their sources in ``src``."""
+    from liver.policy import costs
+
     # live and restart quantities from every run: what differs between the code versions they ran
     # (the companion share each preparation was paced at, the run's history of communicators) is modelled
     works = {e: costs.plan_work(e.job, e.old, e.new) for e in events}
@@ -369,15 +428,13 @@ def fit(events: list[Event], steps: list[Step], direct: dict[str, float]) -> tup
         "median of the training time a handoff's preparation stalled (its steps beyond their normal time, measured "
         "per event), without joiners and with them")
     dcp = [costs.dcp_bytes(e.job, e.old, e.new) for e in events]
-    fixed, inv_bw = _lsq([[1.0, w] for w, _, _ in dcp], [e.save_s for e in events])
-    v["save_fixed_s"], v["save_bw_per_rank"] = max(0.0, fixed), 1 / inv_bw
+    v["save_fixed_s"], v["save_bw_per_rank"] = _fixed_and_rate([w for w, _, _ in dcp], [e.save_s for e in events])
     src["save_fixed_s"] = src["save_bw_per_rank"] = \
-        "least squares: save time against the busiest rank's bytes written (DCP, replicas deduplicated)"
-    fixed, inv_bw = _lsq([[1.0, r] for _, r, _ in dcp], [e.load_s for e in events])
-    v["load_fixed_s"], v["load_bw_per_rank"] = max(0.0, fixed), 1 / inv_bw
+        "least squares: save time against the busiest rank's bytes written (DCP, replicas deduplicated)" + UNRESOLVED
+    v["load_fixed_s"], v["load_bw_per_rank"] = _fixed_and_rate([r for _, r, _ in dcp], [e.load_s for e in events])
     src["load_fixed_s"] = src["load_bw_per_rank"] = (
         "least squares: load time (with the model's build) against the busiest rank's bytes read (DCP reads "
-        "every saved chunk that overlaps a rank's shard whole: costs.dcp_bytes)")
+        "every saved chunk that overlaps a rank's shard whole: costs.dcp_bytes)" + UNRESOLVED)
     fresh = [e for e in events if e.fresh]
     v["process_start_s"] = _median([e.start_s for e in fresh], "a fresh process start")
     src["process_start_s"] = "median of the restart's process start (fresh interpreters: imports, CUDA)"
@@ -386,19 +443,6 @@ def fit(events: list[Event], steps: list[Step], direct: dict[str, float]) -> tup
     src["restart_fixed_s"] = src["restart_s_per_gb"] = (
         "least squares (coefficients 0 or more): the restart downtime less its save, load, start and group "
         "parts against a new rank's state (GB)")
-    single = [s for s in steps if s.parallel.world_size == 1]
-    if not single:
-        raise ValueError("calibration: no measured one-GPU step gives the sustained share of the peak")
-    # 1 / (6 N tokens / (peak x step time)) = 1 / mfu + (mfu_width / mfu) / width: linear in 1 / width
-    inv, per_width = _nnls([[1.0, 1.0 / s.width] for s in single],
-                           [s.peak_flops * s.step_s / (6 * s.params * s.tokens) for s in single])
-    v["mfu"], v["mfu_width"] = 1.0 / inv, per_width / inv
-    src["mfu"] = src["mfu_width"] = (
-        "least squares (coefficients 0 or more) over one-GPU steps: 1 / (6 N tokens / (peak x step time)) "
-        "against 1 / their hidden size (a share of the peak that grows with the matrix multiplies' width)")
-    v["peak_flops"] = steps[0].peak_flops if steps else 989e12
-    src["peak_flops"] = "the GPU's bf16 dense peak"
-    return v, src
 
 
 # ---- CPU processes: the controller's target choice on this machine ---------------------------
@@ -472,8 +516,23 @@ def calibrate(results: Path) -> dict[str, Any]:
     cpu = results / "cpu-target-choice" / "target.json"
     if cpu.exists():
         cv, cs = fit_cpu(cpu_samples(cpu))
-        out["profiles"]["cpu"] = {"values": cv, "sources": cs}
+        handoffs = cpu_events(results)
+        if handoffs:  # the CPU processes' own handoffs and restarts (gloo over loopback)
+            hv, hs = cpu_handoffs(values, sources, handoffs)
+            cv, cs = {**cv, **hv}, {**cs, **hs}
+        out["profiles"]["cpu"] = {"values": cv, "sources": cs,
+                                  **({"measured_events": [e.source for e in handoffs]} if handoffs else {})}
     return out
+
+
+def cpu_handoffs(values: dict[str, float], sources: dict[str, str],
+                 events: list[Event]) -> tuple[dict[str, float], dict[str, str]]:
+    """``HANDOFF_KEYS`` fitted to CPU ``events`` (the rest as ``values`` holds them: the direct
+    measurements and stated settings the fit builds on), with their sources."""
+    v, src = dict(values), dict(sources)
+    fit_handoffs(events, v, src)
+    where = f"; over {len(events)} handoffs on CPU processes (bench/results/{CPU_HANDOFFS})"
+    return {k: v[k] for k in HANDOFF_KEYS}, {k: src[k] + where for k in HANDOFF_KEYS}
 
 
 def write(results: Path, out: Path = CALIBRATION) -> dict[str, Any]:

@@ -68,6 +68,10 @@ def _validate(args: argparse.Namespace) -> int:
     cpu = Path(args.results) / "cpu-target-choice" / "target.json"
     if cpu.exists():
         result["target_choice_cpu"] = validate.validate_choice(cpu)
+        base = {**v, **calibrate.fit_cpu(calibrate.cpu_samples(cpu))[0]}
+        handoffs = validate.validate_cpu_handoffs(calibrate.cpu_events(Path(args.results)), base)
+        if handoffs:
+            result["cpu_handoffs"] = handoffs
     held = validate.validate_held_out(calibrate.held_out(Path(args.results)), v, measured[0])
     if held:
         result["held_out_live"] = held
@@ -79,7 +83,8 @@ def _validate(args: argparse.Namespace) -> int:
         "steps_held_out": result["steps"]["held_out"],
         "held_out_live": held and {k: held[k] for k in ("sources", "handoffs_not_in_the_fit", "summary")},
         "noise_floor_same_event_other_run": result["noise_floor_same_event_other_run"],
-        "held_out_dcp": result.get("held_out_dcp")}, indent=1))
+        "held_out_dcp": result.get("held_out_dcp"),
+        "cpu_handoffs": result.get("cpu_handoffs") and result["cpu_handoffs"]["summary"]}, indent=1))
     return 0
 
 

@@ -108,6 +108,22 @@ def _score(pairs: list[tuple[Event, dict[str, float]]], quantities: tuple[str, .
     return {"summary": summary, "by_handoff": by_handoff, "events": rows}
 
 
+def validate_cpu_handoffs(events: list[Event], base: dict[str, float]) -> dict[str, Any] | None:
+    """Leave-one-out over the handoffs measured on CPU processes (``calibrate.cpu_events``): each
+    predicted by the CPU fit of the others (``calibrate.cpu_handoffs``) over ``base``, the CPU
+    profile's other values (its steps' fit, the direct measurements and stated settings)."""
+    from liver.sim.calibrate import cpu_handoffs
+
+    if len(events) < 3:
+        return None
+    pairs = [(e, predict(e, {**base, **cpu_handoffs(base, {}, events[:i] + events[i + 1:])[0]}))
+             for i, e in enumerate(events)]
+    return {"method": "leave-one-out over the handoffs measured on CPU processes (gloo): each predicted by the "
+                      "CPU profile fitted to the others",
+            "sources": sorted({e.source.split(":")[0] for e in events}), **_score(pairs, QUANTITIES),
+            "noise_floor_same_event_twice": noise_floor(events)}
+
+
 def validate_held_out(held: list[Event], v: dict[str, float], fitted: list[Event]) -> dict[str, Any] | None:
     """Events the fit did not see (``held_out``), predicted by the fit ``v`` of the measured ones
     (``fitted``), scored as ``_score`` does; which handoffs are of configurations no fitted event has."""
