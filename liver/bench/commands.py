@@ -186,6 +186,20 @@ def bench_host_start(args: argparse.Namespace) -> int:
     return 0
 
 
+def bench_rendezvous(args: argparse.Namespace) -> int:
+    from liver.bench.rendezvous import run
+
+    try:
+        ranks = [int(x) for x in args.ranks.split(",")]
+    except ValueError:
+        raise ValueError(f"--ranks={args.ranks!r}: allowed rank counts, e.g. 8,64,256,1024") from None
+    result = run(ranks, procs=args.procs, repeats=args.repeats)
+    if args.out:
+        Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
+    print(json.dumps({k: v for k, v in result.items() if k != "runs"}, indent=1))
+    return 0
+
+
 def bench_target(args: argparse.Namespace) -> int:
     from liver.bench.target import run
 
@@ -327,6 +341,13 @@ def add_parsers(sub) -> None:
     bhs.add_argument("--run-dir", default=None, help="where the shards are written (the disk measured)")
     bhs.add_argument("--out", default=None, metavar="FILE", help="the whole result as JSON")
     bhs.set_defaults(fn=bench_host_start)
+    brv = bsub.add_parser("rendezvous", help="N ranks' rendezvous through one TCPStore (connect, publish, count, "
+                                             "wait, read rank 0's key): its time as N grows")
+    brv.add_argument("--ranks", default="8,64,256,1024", help="rank counts, e.g. 8,64,256,1024")
+    brv.add_argument("--procs", type=int, default=8, help="worker processes the ranks are spread over (a thread a rank)")
+    brv.add_argument("--repeats", type=int, default=3, help="runs of each count, interleaved")
+    brv.add_argument("--out", default=None, metavar="FILE", help="the whole result as JSON")
+    brv.set_defaults(fn=bench_rendezvous)
     bhe = bsub.add_parser("heal", help="a replica killed: healed from the survivor vs recovered from the checkpoint")
     bhe.add_argument("--repeats", type=int, default=3)
     bhe.add_argument("--ckpt-every", type=int, default=10)
