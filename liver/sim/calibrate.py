@@ -29,7 +29,6 @@ PEAK_BF16 = {"H200": 989e12, "H100": 989e12, "A100": 312e12, "A800": 312e12}
 # what two GPUs of one host cannot show, stated (README: "Simulator")
 STATED = {
     "group_growth_s": (0.4, "stated setting: NCCL communicator set-up grows about 0.4 s per doubling of the ranks"),
-    "rendezvous_s_per_rank": (0.002, "stated setting: the store's rendezvous, 2 ms a rank"),
     "host_bw": (25 * GB, "stated setting: pinned host copies, 25 GB/s a GPU"),
     "cuda_init_s": (0.0, "measured together with process_start_s (a fresh interpreter's imports and CUDA)"),
     "inter_bw": (H200_CLUSTER["inter_bw"], "stated setting: 8 x 400 Gb/s NICs a node, 50 GB/s a GPU"),
@@ -58,6 +57,10 @@ DIRECT = {
                           "measured: the slowest of the most processes started together (imports and CUDA context; "
                           "they shared one GPU: an upper bound) against two, per process beyond two "
                           "(liver bench host-start, H200 machine)"),
+    "rendezvous_s_per_rank": ("gpu-1x-rendezvous/rendezvous.json",
+                              "measured: N ranks' rendezvous through one TCPStore on loopback (connect, publish, count "
+                              "in, wait, read rank 0's key), N = 8 to 512, the least-squares time per rank (liver bench "
+                              "rendezvous, the lent H200 machine, torch 2.11); the store's network hop not included"),
     "cuda_context_s": ("gpu-1x-host-start/host_start.json",
                        "measured: one process's CUDA context after its imports (liver bench host-start, H200)"),
     "dp_join_stall_s": ("cpu-heal-vs-torchft/join.json",
@@ -274,6 +277,9 @@ def measurements(results: Path) -> tuple[list[Event], list[Step], dict[str, floa
         direct["host_start_growth"] = max(0.0, start[most] / (two["import_s"] + two["cuda_s"]) - 1) / (most - 2) \
             if most > 2 else 0.0
         direct["cuda_context_s"] = rows[min(rows)]["cuda_s"]
+    rv = results / DIRECT["rendezvous_s_per_rank"][0]
+    if rv.exists():
+        direct["rendezvous_s_per_rank"] = json.loads(rv.read_text())["s_per_rank"]
     boot = results / DIRECT["joiner_boot_s"][0]
     if boot.exists():
         rows = json.loads(boot.read_text())
