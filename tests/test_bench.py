@@ -106,3 +106,15 @@ def test_bench_host_start_times_processes_started_together_against_one_alone(tmp
         assert r["total_s"] >= r["import_s"] > 0 and r["ratio_to_1"]["total_s"] > 0
     assert list(tmp_path.iterdir()) == [out]  # (its shards were removed)
     assert main(["bench", "host-start", "--procs", "0"]) == 2 and "--procs=[0]" in capsys.readouterr().err
+
+
+def test_bench_rendezvous_times_ranks_meeting_through_one_store(tmp_path, capsys):
+    """``liver bench rendezvous``: each count's wall time, interleaved runs, the time per rank
+    over the counts; a bad count is refused naming the flag."""
+    out = tmp_path / "rv.json"
+    assert main(["bench", "rendezvous", "--ranks", "2,6", "--procs", "2", "--repeats", "2", "--out", str(out)]) == 0
+    res = json.loads(out.read_text())
+    assert [r["ranks"] for r in res["rows"]] == [2, 6] and all(len(v) == 2 for v in res["runs"].values())
+    assert all(0 < r["wall_s"] < 60 for r in res["rows"]) and res["s_per_rank"] is not None
+    assert main(["bench", "rendezvous", "--ranks", "0"]) == 2 and "--ranks=[0]" in capsys.readouterr().err
+    assert main(["bench", "rendezvous", "--ranks", "a"]) == 2 and "--ranks='a'" in capsys.readouterr().err
