@@ -106,6 +106,9 @@ def test_bench_host_start_times_processes_started_together_against_one_alone(tmp
         assert r["total_s"] >= r["import_s"] > 0 and r["ratio_to_1"]["total_s"] > 0
     assert list(tmp_path.iterdir()) == [out]  # (its shards were removed)
     assert main(["bench", "host-start", "--procs", "0"]) == 2 and "--procs=[0]" in capsys.readouterr().err
+    assert main(["bench", "host-start", "--procs", "1,x"]) == 2 and "--procs='1,x'" in capsys.readouterr().err
+    assert main(["bench", "host-start", "--run-dir", str(tmp_path / "none")]) == 2
+    assert "--run-dir=" in capsys.readouterr().err
 
 
 def test_bench_rendezvous_times_ranks_meeting_through_one_store(tmp_path, capsys):

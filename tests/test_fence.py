@@ -178,8 +178,6 @@ def test_a_frozen_agents_node_is_fenced_its_peers_heal_and_it_comes_back_as_a_ne
     and no step record of the fenced rank 0 after the fence is the job's. The agent, continued,
     registers as a new node (nothing crashes) and the job scales out onto it again, its digest
     kept."""
-    from liver.agent.local import stop_agent
-    from liver.controller.endpoint import request
     from test_nodes import Job, holders, ranks
 
     job = Job(tmp_path / "run")
@@ -193,12 +191,7 @@ def test_a_frozen_agents_node_is_fenced_its_peers_heal_and_it_comes_back_as_a_ne
         s = job.wait(lambda s: s["phase"] == "stable" and holders(s) == {other} and s["step"] > 0, "the heal", 120)
         os.kill(job.agents[rank0].pid, signal.SIGCONT)
         s = job.wait(lambda s: s["phase"] == "stable" and ranks(s) == 2, "the scale-out onto the node back", 150)
-        step = s["step"]
-        job.wait(lambda s: s["step"] >= step + 2, "training after it")
-        assert request(job.url, job.token, "POST", "/end", {"after": 1})[0] == 202
-        assert job.proc.wait(120) == 0, job.tail()
-        for a in job.agents.values():
-            assert stop_agent(a, 30) == 0
+        job.train_on_and_end(s["step"])
     finally:
         job.close()
     rep = json.loads((job.run_dir / "report.json").read_text())

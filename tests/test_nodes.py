@@ -38,6 +38,16 @@ class Job(LocalJob):
                          controller_env=env)
 
 
+    def train_on_and_end(self, step: int) -> None:
+        """Two more steps after ``step``, then the job ended (``/end``) and every agent stopped,
+        each with status 0."""
+        self.wait(lambda s: s["step"] >= step + 2, "training after it")
+        assert request(self.url, self.token, "POST", "/end", {"after": 1})[0] == 202
+        assert self.proc.wait(120) == 0, self.tail()
+        for a in self.agents.values():
+            assert stop_agent(a, 30) == 0
+
+
 def ranks(s: dict) -> int:
     p = s["parallel"]
     return p["tp"] * p["pp"] * p["dp"] if p else 0
@@ -145,12 +155,7 @@ def test_a_controller_dead_just_after_announcing_a_handoff_is_resumed_and_the_ha
         job.resume()
         s = job.wait(lambda s: s["phase"] == "stable" and ranks(s) == 3, "the scale-out after the restart", 40)
         assert holders(s) == {"node0", "node1", "node2"}
-        step = s["step"]
-        job.wait(lambda s: s["step"] >= step + 2, "training after it")
-        assert request(job.url, job.token, "POST", "/end", {"after": 1})[0] == 202
-        assert job.proc.wait(120) == 0, job.tail()
-        for a in job.agents.values():
-            assert stop_agent(a, 30) == 0
+        job.train_on_and_end(s["step"])
     finally:
         job.close()
     rep = json.loads((job.run_dir / "report.json").read_text())

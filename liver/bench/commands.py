@@ -170,14 +170,18 @@ def bench_boot(args: argparse.Namespace) -> int:
         f"fresh/this: CPU {r['cpu_ratio_fresh_over_this']:.1f}x, wall {r['wall_ratio_fresh_over_this']:.1f}x"))
 
 
+def _counts(flag: str, text: str, allowed: str) -> list[int]:
+    """A comma-separated list of counts; ValueError naming the flag otherwise."""
+    try:
+        return [int(x) for x in text.split(",")]
+    except ValueError:
+        raise ValueError(f"{flag}={text!r}: allowed {allowed}") from None
+
+
 def bench_host_start(args: argparse.Namespace) -> int:
     from liver.bench.host_start import run
 
-    try:
-        procs = [int(x) for x in args.procs.split(",")]
-    except ValueError:
-        raise ValueError(f"--procs={args.procs!r}: allowed process counts, e.g. 1,2,4,8") from None
-    result = run(procs, read_mib=args.read_mib, repeats=args.repeats,
+    result = run(_counts("--procs", args.procs, "process counts, e.g. 1,2,4,8"), read_mib=args.read_mib, repeats=args.repeats,
                  run_dir=Path(args.run_dir) if args.run_dir else None)
     text = json.dumps(result, indent=1)
     if args.out:
@@ -189,11 +193,7 @@ def bench_host_start(args: argparse.Namespace) -> int:
 def bench_rendezvous(args: argparse.Namespace) -> int:
     from liver.bench.rendezvous import run
 
-    try:
-        ranks = [int(x) for x in args.ranks.split(",")]
-    except ValueError:
-        raise ValueError(f"--ranks={args.ranks!r}: allowed rank counts, e.g. 8,64,256,1024") from None
-    result = run(ranks, procs=args.procs, repeats=args.repeats)
+    result = run(_counts("--ranks", args.ranks, "rank counts, e.g. 8,64,256,1024"), procs=args.procs, repeats=args.repeats)
     if args.out:
         Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
     print(json.dumps({k: v for k, v in result.items() if k != "runs"}, indent=1))

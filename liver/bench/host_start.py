@@ -120,6 +120,8 @@ def run(procs: list[int], read_mib: int = 256, repeats: int = 3, run_dir: Path |
 
     if not procs or min(procs) < 1 or read_mib < 1 or repeats < 1:
         raise ValueError(f"--procs={procs} --read-mib={read_mib} --repeats={repeats}: allowed positive counts")
+    if run_dir is not None and not Path(run_dir).is_dir():
+        raise ValueError(f"--run-dir={str(run_dir)!r}: no such directory; allowed an existing one (its disk is measured)")
     device = "cuda" if torch.cuda.is_available() else "cpu"
     gpus = torch.cuda.device_count() if device == "cuda" else 0
     runs: dict[int, list[dict[str, Any]]] = {k: [] for k in procs}

@@ -143,11 +143,9 @@ class Sim:
                 break
             if at > env.now:
                 yield from self.train(env, at - env.now)
-            merged = 0
             while self.upcoming and self.upcoming[0][0] <= env.now:  # (came while the last one was handled)
                 c = self.upcoming.popleft()[1]  # the controller merges its queue into one change: the last count
-                merged += 1
-            self.out.merged += merged
+                self.out.merged += 1
             yield from self.policy.handle(self, env, c)
         yield from self.train(env, self.end - env.now)
 
@@ -212,16 +210,15 @@ class Policy:
         trained yet) is not charged, as the start at time 0 is not."""
         if old is not None:  # (and tgt is None: fewer GPUs than any configuration needs)
             save_s = costs.restart(sim.work, old.parallel, old.parallel, sim.prof).save_s
-            if c.notice_s > 0 and env.now + save_s <= c.t:
+            saved = c.notice_s > 0 and env.now + save_s <= c.t
+            if saved:
                 yield from sim.pause(env, save_s)
                 sim.checkpointed(env)
-                sim.layout, lost = None, 0.0  # (idle from the save on)
-                yield from self.wait_for_loss(sim, env, c)
-            else:
-                yield from self.wait_for_loss(sim, env, c)
-                lost = sim.roll_back()
+                sim.layout = None  # (idle from the save on)
+            yield from self.wait_for_loss(sim, env, c)
+            lost = 0.0 if saved else sim.roll_back()
             sim.avail, sim.layout = c.gpus, None
-            sim.record(env, "suspend", lost_s=lost, saved=lost == 0.0)
+            sim.record(env, "suspend", lost_s=lost, saved=saved)
             return
         yield from self.wait_for_loss(sim, env, c)
         sim.avail = c.gpus
@@ -261,8 +258,7 @@ class Live(Policy):
             yield from self.wait_for_loss(sim, env, c)
             yield from self.fail(sim, env, c, tgt, h)
             return
-        yield from sim.train(env, h.prepare_s, 1 - sim.overhead)
-        yield from sim.train(env, h.stall_s, 0.0)  # (its groups' and connections' stall of the steps)
+        yield from self.prepare(sim, env, h)
         yield from self.mirror(sim, env, h)
         yield from sim.pause(env, h.downtime_s)
         sim.avail, sim.layout = c.gpus, tgt
@@ -275,6 +271,13 @@ class Live(Policy):
                 c: Change | None = None) -> costs.Live:
         """The handoff's costs (``costs.live``)."""
         return costs.live(sim.work, old, new, sim.prof)
+
+    @staticmethod
+    def prepare(sim: Sim, env: simpy.Environment, h: costs.Live) -> Iterator[Any]:
+        """Training beside the preparation (slower by the steady overhead), then its stall of the
+        steps (its groups' and connections')."""
+        yield from sim.train(env, h.prepare_s, 1 - sim.overhead)
+        yield from sim.train(env, h.stall_s, 0.0)
 
     @staticmethod
     def mirror_s(sim: Sim, h: costs.Live) -> float:
@@ -320,8 +323,7 @@ class Live(Policy):
             sim.avail = nxt.gpus
             return
         h = self.handoff(sim, env, sim.layout.parallel, tgt.parallel, nxt)
-        yield from sim.train(env, h.prepare_s, 1 - sim.overhead)  # a scale-out to fewer: prepared again
-        yield from sim.train(env, h.stall_s, 0.0)
+        yield from self.prepare(sim, env, h)  # a scale-out to fewer: prepared again
         yield from self.mirror(sim, env, h)
         yield from sim.pause(env, h.downtime_s)
         sim.layout = tgt
