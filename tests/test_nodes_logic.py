@@ -336,3 +336,26 @@ def test_a_resumed_controller_withdraws_what_the_dead_one_announced_after_its_jo
     n.reap(time.time() + WITHDRAWN_GRACE_S + 1)
     assert n.workers[7].returncode == KILLED and not n.settling() and n.workers[0].returncode is None
     assert nodes.new_proc_ids(1) == [8]  # its number is not used again
+
+
+def test_a_node_new_to_a_resumed_controller_gets_commands_numbered_after_what_its_agent_did():
+    """The controller died after its agent on node n carried out 'start process 2' (command 1)
+    and before its journal knew the node; the resumed one takes n for a new node with the same
+    slots (its agent keeps counting). Its commands (stop process 2, start process 3) are numbered
+    after the agent's last, so that none is taken for one already carried out (a fresh clone's
+    run: the new joiner was never started, and the scale-out waited out its groups' timeout)."""
+    from types import SimpleNamespace
+
+    from liver.controller.membership import Membership
+    from liver.protocol.agent import Register
+
+    nodes = Nodes()
+    reg = SimpleNamespace(nodes=nodes, cfg=None, state=ControllerState(), base_spec={}, starter_spec=lambda: {},
+                          phase_log=lambda *a, **kw: None)
+    Membership(reg, url=lambda: "?").register(Register(node="n", slots=1, host="vm", pid=5, done=1, workers=(
+        Running(proc=2, slot=0, role="joiner", generation=1, pid=100),)))
+    n = nodes.nodes["n"]
+    n.sync(Sync(node="n", done=1, exited=(Exited(proc=2, returncode=0),)))
+    nodes.start(nodes.new_proc_ids(1)[0], 0, "joiner", 2)
+    sent = n.sync(Sync(node="n", done=1)).commands
+    assert [(c.op, c.proc) for c in sent] == [("kill", 2), ("start", 3)] and min(c.id for c in sent) > 1

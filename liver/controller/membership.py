@@ -114,6 +114,7 @@ class Membership:
                     self.host.nodes.retire(msg.node)
                     self.host.state.noticed.discard(msg.node)  # (a notice to the old node is not the new one's)
                 node = self.host.nodes.add(lambda base: RemoteNode(msg.node, base, msg.slots, msg.host, agent_pid=msg.pid))
+                node.count_after(msg.done)
                 for r in msg.workers:  # processes of a generation it was declared lost from, or one
                     # withdrawn (announced by a controller that died before its journal knew the node)
                     node.workers[r.proc] = Worker(r.proc, r.slot, r.role, r.generation, r.pid, time.time())

@@ -164,6 +164,13 @@ class RemoteNode:
         n.resumed, n._fresh_from = not n.lost, rec["next"]
         return n
 
+    def count_after(self, done: int) -> None:
+        """A node new to this controller whose agent has carried out commands up to ``done`` (of a
+        controller that died before its journal knew the node): this one's commands are numbered
+        after them, so that none is taken for one already carried out."""
+        with self.cond:
+            self.done, self._next = done, done + 1
+
     def reconcile(self, running: Iterable[Running], done: int) -> None:
         """Its agent registered again: what it runs is the truth. A process the journal has alive
         and the agent does not ended while the controller was away (reported as exited, its code
