@@ -28,8 +28,9 @@ class Job(LocalJob):
     controller killed just after it announced a handoff left the ranks out of the resumed one's
     next preparation for the whole group timeout (its joiner: "processes [0, 1] did not arrive
     within 120 s"). The controller killed at that point on purpose (``announce`` below) found a
-    resumed controller giving the withdrawn generation's joiner's process id to a new joiner
-    (fixed); the wait itself was not seen again there."""
+    resumed controller giving the withdrawn generation's joiner's process id to a new joiner, and
+    then, where that joiner had started, numbering its commands to that node's agent from 1 again,
+    so that the new joiner's start was taken for done and never run: the wait (both fixed)."""
 
     def __init__(self, run_dir: Path, *args: str, env: dict[str, str] | None = None):
         super().__init__(run_dir, ["--gpus", "2", "--steps", "100000", "--end-after-events", "-1", "--digest",
