@@ -446,3 +446,8 @@ def test_the_cpu_profile_fits_the_cpu_handoffs_and_is_checked_on_the_ones_it_did
     res = validate.validate_cpu_handoffs(events, base)
     assert set(res["summary"]) == set(validate.QUANTITIES)
     assert all(res["summary"][q]["events"] >= 3 for q in validate.QUANTITIES)
+    # held out: every scenario of liver bench reconfig on the reference engine (never in the fit)
+    held = calibrate.cpu_reconfig_events(results)
+    assert {e.kind for e in held} >= {"scale-out", "scale-in", "reshape"} and all(e.model == "tiny" for e in held)
+    res = validate.validate_cpu_reconfig(held, events, base)
+    assert all(res["summary"][q]["events"] == len(held) for q in validate.QUANTITIES)

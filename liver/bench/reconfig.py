@@ -146,6 +146,7 @@ def run(repeats: int = 1, steps: int = 20, run_dir: Path | None = None, calm: in
         placebo_windows = [w for x in live for w in x["placebo_windows"]]
         placebo = [q for w in placebo_windows for q in w]
         rows.append({"scenario": name, "workload": workload_file or "reference tiny", "event": action, "first": first, "steps_after_event": steps, "repeats": repeats,
+                     "companion_share": build(base).prepare.companion_share,
                      "downtime_live_s": dl, "downtime_restart_s": dr, "ratio": dr / dl if dl > 0 else None,
                      # the baseline given the agent's zygote too (no interpreter boot, no imports)
                      "downtime_restart_forked_s": df, "ratio_forked": df / dl if dl > 0 else None,

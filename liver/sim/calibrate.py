@@ -234,6 +234,40 @@ def cpu_events(results: Path) -> list[Event]:
     return out
 
 
+#: CPU runs of ``liver bench reconfig --json`` (the reference engine's tiny job): never in a fit,
+#: the CPU profile predicts them (``validate.validate_cpu_reconfig``)
+CPU_RECONFIG = "cpu-*/reconfig.json"
+RECONFIG_SHARE = 0.0015  # the runtime's companion share where a row does not record its own (before it did)
+
+
+def cpu_reconfig_events(results: Path) -> list[Event]:
+    """The scenarios of the CPU runs of ``liver bench reconfig`` (``CPU_RECONFIG``) on the reference
+    engine's tiny job, one event each: its live downtime, transfer and preparation the medians over
+    its live events, its restart downtime the median of its restarts (fresh interpreters). What the
+    bench does not record (the switch, the groups, the restart's parts) is NaN. Rows of another
+    workload, or of a bench that did not yet name its workload, are left out."""
+    from liver.topology.presets import PRESETS
+
+    nan = float("nan")
+    out = []
+    for f in sorted(results.glob(CPU_RECONFIG)):
+        for r in json.loads(f.read_text()):
+            if not isinstance(r, dict) or r.get("workload") != "reference tiny":
+                continue
+            action = r["event"].split()
+            new = action[action.index("as") + 1] if "as" in action else action[1]
+            old, new = ParallelConfig.parse(r["first"]), ParallelConfig.parse(new)
+            (kinds, _), = replay("tiny", [(old, new)])
+            out.append(Event(source=f"{f.parent.name}:{action[0]}:{old.short()}->{new.short()}", kind=action[0],
+                             model="tiny", kinds=kinds, share=r.get("companion_share", RECONFIG_SHARE),
+                             params=Workload.reference(PRESETS["tiny"]).facts.params, old=old, new=new,
+                             downtime_live_s=r["downtime_live_s"], transfer_s=r["transfer_s"], switch_s=nan,
+                             prepare_s=r["prepare_s"], groups_s=nan, mock_s=nan, max_rank_bytes=0,
+                             downtime_restart_s=r["downtime_restart_s"], save_s=nan, load_s=nan, start_s=nan,
+                             init_s=nan, fresh=True))
+    return out
+
+
 def measurements(results: Path) -> tuple[list[Event], list[Step], dict[str, float]]:
     """Every measured event and step of ``results`` (bench/results), and the direct measurements."""
     events, steps, direct = [], [], {}

@@ -69,9 +69,13 @@ def _validate(args: argparse.Namespace) -> int:
     if cpu.exists():
         result["target_choice_cpu"] = validate.validate_choice(cpu)
         base = {**v, **calibrate.fit_cpu(calibrate.cpu_samples(cpu))[0]}
-        handoffs = validate.validate_cpu_handoffs(calibrate.cpu_events(Path(args.results)), base)
+        fitted = calibrate.cpu_events(Path(args.results))
+        handoffs = validate.validate_cpu_handoffs(fitted, base)
         if handoffs:
             result["cpu_handoffs"] = handoffs
+        reconfig = validate.validate_cpu_reconfig(calibrate.cpu_reconfig_events(Path(args.results)), fitted, base)
+        if reconfig:
+            result["cpu_reconfig_held_out"] = reconfig
     held = validate.validate_held_out(calibrate.held_out(Path(args.results)), v, measured[0])
     if held:
         result["held_out_live"] = held
@@ -84,7 +88,9 @@ def _validate(args: argparse.Namespace) -> int:
         "held_out_live": held and {k: held[k] for k in ("sources", "handoffs_not_in_the_fit", "summary")},
         "noise_floor_same_event_other_run": result["noise_floor_same_event_other_run"],
         "held_out_dcp": result.get("held_out_dcp"),
-        "cpu_handoffs": result.get("cpu_handoffs") and result["cpu_handoffs"]["summary"]}, indent=1))
+        "cpu_handoffs": result.get("cpu_handoffs") and result["cpu_handoffs"]["summary"],
+        "cpu_reconfig_held_out": result.get("cpu_reconfig_held_out") and result["cpu_reconfig_held_out"]["summary"]},
+        indent=1))
     return 0
 
 

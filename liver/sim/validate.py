@@ -124,6 +124,22 @@ def validate_cpu_handoffs(events: list[Event], base: dict[str, float]) -> dict[s
             "noise_floor_same_event_twice": noise_floor(events)}
 
 
+def validate_cpu_reconfig(events: list[Event], fitted: list[Event], base: dict[str, float]) -> dict[str, Any] | None:
+    """The CPU runs of ``liver bench reconfig`` (``calibrate.cpu_reconfig_events``), never in a fit,
+    each predicted by the CPU profile fitted to every handoff of ``fitted`` (``calibrate.cpu_events``)
+    over ``base``: their live downtime, transfer, preparation and restart downtime."""
+    from liver.sim.calibrate import cpu_handoffs
+
+    if not events or len(fitted) < 3:
+        return None
+    v = {**base, **cpu_handoffs(base, {}, fitted)[0]}
+    return {"method": "held out: each scenario of liver bench reconfig on CPU processes (gloo; the medians over "
+                      "its live events and its restarts), predicted by the CPU profile fitted to every handoff of "
+                      "liver bench handoffs --backend gloo",
+            "sources": sorted({e.source.split(":")[0] for e in events}),
+            **_score([(e, predict(e, v)) for e in events], QUANTITIES)}
+
+
 def validate_held_out(held: list[Event], v: dict[str, float], fitted: list[Event]) -> dict[str, Any] | None:
     """Events the fit did not see (``held_out``), predicted by the fit ``v`` of the measured ones
     (``fitted``), scored as ``_score`` does; which handoffs are of configurations no fitted event has."""
