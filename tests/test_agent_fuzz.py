@@ -1,5 +1,5 @@
-"""The agents' side of the control plane under random messages (hypothesis): ``register`` and
-``sync`` bodies of any shape and value, as a buggy or stale agent (or anyone holding the token)
+"""The agents' side of the control plane under random messages (hypothesis): ``register``,
+``sync`` and ``wait`` bodies of any shape and value, as a buggy or stale agent (or anyone holding the token)
 could send them, to a real controller in this process (``fake_job``). Each is answered (a reply, or
 a ValueError naming the field: the endpoint's 400) and the controller's loop goes on; no message
 can make the controller fail (the endpoint's own HTTP handling is fuzzed in test_endpoint_fuzz)."""
@@ -27,14 +27,16 @@ REGISTER = st.fixed_dictionaries({"node": NAME, "slots": INT}, optional={
 SYNC = st.fixed_dictionaries({"node": NAME}, optional={
     "done": INT, "started": st.lists(RUNNING, max_size=3) | ANY, "exited": st.lists(EXITED, max_size=3) | ANY,
     "notice": NOTICE | ANY})
+WAIT = st.fixed_dictionaries({"node": NAME}, optional={"after": INT, "wait_s": st.floats() | INT, "extra": ANY})
 MESSAGES = st.lists(st.tuples(st.just("register"), REGISTER) | st.tuples(st.just("sync"), SYNC) |
-                    st.tuples(st.sampled_from(["register", "sync"]), ANY), min_size=1, max_size=6)
+                    st.tuples(st.just("wait"), WAIT) |
+                    st.tuples(st.sampled_from(["register", "sync", "wait"]), ANY), min_size=1, max_size=6)
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(messages=MESSAGES)
 def test_any_agent_message_is_answered_or_refused_and_the_controller_goes_on(tmp_path_factory, messages):
-    ctl, node, ranks = controller(tmp_path_factory.mktemp("fuzz"))
+    ctl, node, ranks = controller(tmp_path_factory.mktemp("fuzz"))  # (a wait is held 0.1 s at most: the interval)
     ranks.step(1)
     ctl.once()
     for what, body in messages:

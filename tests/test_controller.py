@@ -446,7 +446,7 @@ def test_a_lost_node_that_registers_again_during_its_own_fail_stop_is_a_new_node
     ctl.failures.exits = registers_meanwhile
     ranks.stalled(survivors, step=6)  # the survivors stop at their boundary, then switch into the heal
     ranks.switch_into(g + 1, survivors, step=6)
-    remote.last_seen = clock.time() - 60  # silent for longer than agent_timeout_s
+    remote.last_seen = remote.last_heard = clock.time() - 60  # silent for longer than agent_timeout_s
     ctl.once()
 
     new = ctl.nodes.nodes["n1"]

@@ -17,7 +17,7 @@ from liver.policy.decisions import join_total
 from liver.controller.nodes import Nodes, RemoteNode
 from liver.controller.state import ControllerState
 from liver.planner.nodes import tp_groups_split, tp_within_nodes
-from liver.protocol.agent import KILLED, NODE_LOST, Exited, Notice, Running, Sync, SyncReply
+from liver.protocol.agent import KILLED, NODE_LOST, Exited, Notice, Running, Sync, SyncReply, Wait
 from liver.topology import ParallelConfig
 from liver.topology.config import ModelConfig, TrainConfig
 from liver.topology.layout import Layout
@@ -359,3 +359,94 @@ def test_a_node_new_to_a_resumed_controller_gets_commands_numbered_after_what_it
     nodes.start(nodes.new_proc_ids(1)[0], 0, "joiner", 2)
     sent = n.sync(Sync(node="n", done=1)).commands
     assert [(c.op, c.proc) for c in sent] == [("kill", 2), ("start", 3)] and min(c.id for c in sent) > 1
+
+
+def test_a_standing_wait_is_answered_as_soon_as_a_command_is_queued_or_the_node_is_poked_or_lost():
+    import threading
+
+    n = RemoteNode("n0", 0, 2)
+    heard = n.last_heard
+    assert n.await_command(0, 0.05) is False  # nothing for it: held, then answered "not ready"
+    assert n.last_heard > heard and n.last_seen == heard  # (a heartbeat, not a sync)
+    got = []
+
+    def wait(after):
+        t = threading.Thread(target=lambda: got.append(n.await_command(after, 30.0)))
+        t.start()
+        time.sleep(0.05)
+        return t
+
+    waiter = wait(0)
+    n.start(3, 0, "joiner", 1)
+    waiter.join(5)
+    assert got == [True]
+    assert n.await_command(1, 0.01) is False  # (after the one it took: none)
+    n.sync(Sync(node="n0"))
+    assert len(n.delivery_s) == 1 and 0 <= n.delivery_s[0] < 5
+    n.sync(Sync(node="n0"))  # (sent again: its delivery is counted once)
+    assert len(n.delivery_s) == 1
+    waiter = wait(1)
+    n.poke()  # the controller wants it to sync (a recovery): answered, until it syncs
+    waiter.join(5)
+    assert got == [True, True] and n.await_command(1, 0.0) is True
+    n.sync(Sync(node="n0"))
+    assert n.await_command(1, 0.01) is False
+    waiter = wait(1)
+    n.mark_lost()
+    waiter.join(5)
+    assert got == [True, True, True]
+    with pytest.raises(ValueError, match="wait.wait_s=61.0: allowed 0 to 60 s"):
+        from_dict(Wait, {"node": "n0", "wait_s": 61.0}, "wait")
+
+
+def test_a_command_reaches_an_agent_before_its_next_sync_through_its_standing_wait(tmp_path):
+    """Fifty-two nodes at 10 syncs a second: each node's interval is 5.2 s, and its agent's
+    standing wait is held that long; a command queued meanwhile reaches the agent's link thread
+    through the wait thread, in a round trip. The waits are the node's heartbeat."""
+    import threading
+
+    from fake_job import controller
+    from liver.agent.service import AgentService
+    from liver.controller.endpoint import ControlEndpoint
+
+    ctl, _, _ = controller(tmp_path, syncs_per_s=10)
+    for i in range(50):
+        ctl.membership.agent_request("register", {"node": f"sim{i}", "slots": 1})
+    ep = ControlEndpoint(lambda a: {}, lambda: {}, tmp_path, token="t", agents=ctl.membership.agent_request)
+    svc = AgentService(ep.url, "t", 1, node="real")
+    try:
+        svc.register()
+        for target in (svc._link, svc._wait):
+            threading.Thread(target=target, daemon=True).start()
+        end = time.time() + 10
+        while not svc._waits and time.time() < end:
+            time.sleep(0.01)
+        reply = ctl.membership.agent_request("sync", {"node": "sim0"})
+        assert reply["next_sync_s"] == 5.2 and reply["waits"] is True
+        time.sleep(0.3)  # (the link thread waits out its interval now, the wait is held)
+        real = ctl.nodes.nodes["real"]
+        synced = real.last_seen
+        real.shutdown()
+        epoch, command = svc._inbox.get(timeout=2.5)
+        assert command.op == "shutdown" and real.delivery_s[-1] < 2.5
+        assert real.last_heard >= synced  # (its heartbeat)
+    finally:
+        svc._stop.set()
+        svc._news.set()
+        ep.close()
+
+
+@settings(max_examples=200, deadline=None)
+@given(names=st.lists(st.text(min_size=1, max_size=12), min_size=1, max_size=20, unique=True),
+       interval=st.floats(0.1, 20.0), now=st.floats(1e9, 2e9))
+def test_a_standing_wait_is_held_to_its_nodes_own_point_of_the_interval(names, interval, now):
+    """Each node's waits end at its own point of every interval (not all together), held between
+    a tenth of an interval and 1.1 intervals: a node is heard from at least that often."""
+    from liver.controller.membership import Membership
+
+    for name in names:
+        n = RemoteNode(name, 0, 1)
+        hold = Membership.hold(n, interval, now)
+        assert 0.1 * interval - 1e-9 <= hold <= 1.1 * interval + 1e-9
+        frac = ((now + hold) / interval + n.phase) % 1.0  # (at its own point: a whole number of intervals)
+        assert min(frac, 1.0 - frac) < 1e-4

@@ -15,6 +15,7 @@ import http.client
 import json
 import os
 import queue
+import random
 import socket
 import threading
 import time
@@ -27,8 +28,8 @@ from liver import logs
 from liver.agent import starters
 from liver.agent.node import NodeAgent, Worker
 from liver.config.fields import from_dict, to_dict
-from liver.protocol.agent import (SYNC_S, Command, Exited, Notice, Register, Registered, Running, Sync, SyncReply,
-                                  node_name)
+from liver.protocol.agent import (MAX_WAIT_S, QUIET_SYNC_S, SYNC_S, Command, Exited, Notice, Register, Registered,
+                                  Running, Sync, SyncReply, Wait, WaitReply, node_name)
 
 
 WAIT_SAY_S = 30.0  # how often an agent waiting for its controller says so
@@ -82,9 +83,12 @@ class Link:
 
 
 class AgentService:
-    """Two threads: the main one starts, kills and watches the processes (a first start waits for
-    the zygote's imports, seconds); the link thread syncs with the controller every ``SYNC_S``
-    whatever the main one is doing, so a busy agent is never taken for a lost one."""
+    """Three threads: the main one starts, kills and watches the processes (a first start waits for
+    the zygote's imports, seconds); the link thread syncs with the controller whatever the main one
+    is doing, so a busy agent is never taken for a lost one: with news at once, else every sync
+    interval the controller gives, or where its standing waits are answered, every ``QUIET_SYNC_S``; the
+    wait thread keeps a standing wait open there (``protocol.agent.Wait``: the node's heartbeat)
+    and has the link thread sync when it is answered "ready" (a command waits)."""
 
     def __init__(self, controller: str, token: str, slots: int, node: str | None = None,
                  run_dir: str | None = None, connect_timeout_s: float = 300.0, quiet: bool = True,
@@ -121,6 +125,11 @@ class AgentService:
         self._notice_sent = False
         self._stop = threading.Event()
         self._news = threading.Event()  # something to report (a start, an exit, a notice, a shutdown): sync now
+        self._synced = threading.Event()  # a sync got its answer (the wait thread waits for it)
+        self._waits = False    # the controller takes standing waits (its last sync's answer said)
+        self._interval = SYNC_S  # the node's sync interval, as the controller last gave it
+        self._answered = 0.0     # when a standing wait was last answered
+        self._gone: ControllerGone | None = None  # the wait thread found the controller unreachable
 
     # ---- the link thread -------------------------------------------------------------------
     def register(self) -> Registered:
@@ -143,6 +152,9 @@ class AgentService:
         lost_at: float | None = None
         while not self._stop.is_set():
             try:
+                gone, self._gone = self._gone, None
+                if gone is not None:  # (the wait thread found it unreachable: said and followed at once)
+                    raise gone
                 reply = self._sync()
                 if not reply.registered:
                     self._inbox.put(self.register())  # (the main thread re-bases its node)
@@ -166,8 +178,12 @@ class AgentService:
                 if c.id > self._queued:
                     self._inbox.put((self._epoch, c))
                     self._queued = c.id
-            # the controller's interval (longer with many nodes), or sooner with news to report
-            self._news.wait(max(SYNC_S, min(reply.next_sync_s, MAX_SYNC_S)))
+            self._synced.set()  # (its commands taken: the wait thread waits for those after them)
+            # the controller's interval (longer with many nodes), or sooner with news to report;
+            # where standing waits are its heartbeat (and they are answered), a sync only now and then
+            heard = time.time() - self._answered < 2 * max(reply.next_sync_s, SYNC_S) + LINK_TIMEOUT_S
+            self._news.wait(QUIET_SYNC_S * random.uniform(0.5, 1.0) if reply.waits and heard  # (nodes out of step)
+                            else max(SYNC_S, min(reply.next_sync_s, MAX_SYNC_S)))
             self._news.clear()
 
     def _follow(self) -> None:
@@ -195,7 +211,42 @@ class AgentService:
             self._exited = self._exited[len(exited):]
             self._notice_sent = self._notice_sent or notice is not None
             self._delivered = done
+        self._waits, self._interval = reply.waits, reply.next_sync_s
         return reply
+
+    def _wait(self) -> None:
+        """The standing wait, on a connection of its own, sent again as soon as it is answered (it
+        is held up to the node's sync interval): answered ``ready`` (a command waits, the
+        controller asks, or the node is to register again), the link thread syncs now. A lost
+        controller is the link thread's to report and follow."""
+        link: Link | None = None
+        while not self._stop.is_set():
+            if not self._waits:
+                self._stop.wait(SYNC_S)  # (the controller takes none, or has not said yet)
+                continue
+            # asked long enough: the controller holds it to the node's own point in the interval
+            hold = min(2 * max(self._interval, SYNC_S), MAX_WAIT_S)
+            if link is None or (link.host, link.port) != (self.link.host, self.link.port) or \
+                    link.timeout_s < hold + LINK_TIMEOUT_S:
+                if link is not None:
+                    link.close()
+                link = Link(f"http://{self.link.host}:{self.link.port}", self.link.token, hold + LINK_TIMEOUT_S)
+            try:
+                reply = from_dict(WaitReply, link.post("/agent/wait", to_dict(Wait(node=self.node, after=self._queued,
+                                                                                   wait_s=hold))), "wait")
+            except (ControllerGone, ValueError) as e:
+                if isinstance(e, ControllerGone):
+                    self._gone = e
+                self._news.set()  # (the link thread syncs every interval again until waits are answered)
+                self._stop.wait(RETRY_S)
+                continue
+            self._interval, self._answered = reply.next_sync_s, time.time()
+            if reply.ready:
+                self._synced.clear()
+                self._news.set()
+                self._synced.wait(LINK_TIMEOUT_S)  # (its sync took the commands: not asked again before)
+        if link is not None:
+            link.close()
 
     # ---- the main thread ---------------------------------------------------------------------
     def run(self) -> int:
@@ -203,6 +254,7 @@ class AgentService:
         self._rebase(first)
         link = threading.Thread(target=self._link, name="liver-agent-link", daemon=True)
         link.start()
+        threading.Thread(target=self._wait, name="liver-agent-wait", daemon=True).start()
         try:
             while True:
                 self._watch()

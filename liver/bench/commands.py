@@ -72,17 +72,26 @@ def bench_nodes(args: argparse.Namespace) -> int:
     return 0 if ok and len(result["events"]) == 2 else 1
 
 
+def bench_host_copy(args: argparse.Namespace) -> int:
+    from liver.bench.host_copy import main
+
+    return main(args)
+
+
 def bench_control_plane(args: argparse.Namespace) -> int:
     from liver.bench.control_plane import run
 
     result = run(args)
     for r in result["rows"]:
-        print(f"{r['nodes']:>5} nodes: {r['syncs_per_s']:7.0f} syncs/s (every {r['interval_s'] or 0:.2f} s), sync "
+        print(f"{r['nodes']:>5} nodes: {r['syncs_per_s']:7.0f} syncs/s and {r['waits_per_s']:.0f} waits/s "
+              f"(interval {r['interval_s'] or 0:.2f} s), sync "
               f"median {(r['sync_rtt_median_s'] or 0) * 1e3:.1f} ms p99 {(r['sync_rtt_p99_s'] or 0) * 1e3:.1f} ms; "
               f"/status p99 {r['status_p99_s'] * 1e3:.1f} ms; steps x{r['steps_vs_no_nodes'] or 0:.2f}"
               + (f"; a silent node declared lost after {r['lost_detected_s']:.2f} s (promised "
                  f"{r['lost_after_s']:.1f} s)" if r.get("lost_detected_s") is not None else
                  "; a silent node not declared lost within the stage" if r["nodes"] else "")
+              + (f"; commands to a real node taken after {', '.join(f'{d * 1e3:.0f}' for d in r['command_delivery_s'])} ms"
+                 if r["command_delivery_s"] else "")
               + (f"; errors {r['errors']}" if r["errors"] else ""))
     return 0 if not any(r["errors"] for r in result["rows"]) else 1
 
@@ -308,6 +317,8 @@ def add_parsers(sub) -> None:
     bc.add_argument("--seconds", type=float, default=10.0, help="each stage's length")
     bc.add_argument("--syncs-per-s", type=float, default=1000.0,
                     help="the controller's controller.syncs_per_s (1000000: every node every 0.1 s)")
+    bc.add_argument("--long-poll", choices=("on", "off"), default="on",
+                    help="the controller's controller.long_poll (off: syncs every interval, commands wait for them)")
     bc.add_argument("--procs", type=int, default=4, help="processes the simulated agents run in (threads each)")
     bc.add_argument("--out", required=True, help="results: control_plane.json, the run directory")
     bc.set_defaults(fn=bench_control_plane)
@@ -341,6 +352,12 @@ def add_parsers(sub) -> None:
     bhs.add_argument("--run-dir", default=None, help="where the shards are written (the disk measured)")
     bhs.add_argument("--out", default=None, metavar="FILE", help="the whole result as JSON")
     bhs.set_defaults(fn=bench_host_start)
+    bhc = bsub.add_parser("host-copy", help="a GPU's copies to and from pinned host memory, one way and both ways "
+                                            "at once (a restart from host memory)")
+    bhc.add_argument("--mib", default="256,1024", help="copy sizes (MiB), e.g. 256,1024")
+    bhc.add_argument("--repeats", type=int, default=10, help="timed copies per size and direction")
+    bhc.add_argument("--out", default=None, metavar="FILE", help="the whole result as JSON")
+    bhc.set_defaults(fn=bench_host_copy)
     brv = bsub.add_parser("rendezvous", help="N ranks' rendezvous through one TCPStore (connect, publish, count, "
                                              "wait, read rank 0's key): its time as N grows")
     brv.add_argument("--ranks", default="8,64,256,1024", help="rank counts, e.g. 8,64,256,1024")

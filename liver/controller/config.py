@@ -38,6 +38,10 @@ class ControllerConfig:
     - ``syncs_per_s``: the node agents' syncs it takes in a second, all nodes together: each syncs
       every ``max(0.1 s, nodes / syncs_per_s)`` with nothing to report, at once with news; a node
       is declared lost after ``agent_timeout_s`` or five of its intervals (`liver bench control-plane`).
+    - ``long_poll``: each agent's heartbeat is a request the controller holds until it has a
+      command for the node, or for the node's sync interval: a command reaches its node in a round
+      trip, not at its next sync, for the same requests a second; the agent syncs only with news
+      (false: every interval, and commands wait for the next sync).
     - ``stop_on_nonfinite_loss``: a step whose loss is not finite (NaN, inf) ends the job there
       (otherwise it is recorded and said once, and training goes on)."""
 
@@ -54,6 +58,7 @@ class ControllerConfig:
     on_join: str = "now"
     agent_timeout_s: float = 10.0
     syncs_per_s: float = 1000.0
+    long_poll: bool = True
     stop_on_nonfinite_loss: bool = False
 
     def __post_init__(self) -> None:
@@ -85,5 +90,7 @@ class ControllerConfig:
             raise ValueError(f"controller.agent_timeout_s={self.agent_timeout_s!r}: allowed 1 to 3600 s")
         if isinstance(self.syncs_per_s, bool) or not 10 <= self.syncs_per_s <= 1e6:
             raise ValueError(f"controller.syncs_per_s={self.syncs_per_s!r}: allowed 10 to 1000000")
+        if not isinstance(self.long_poll, bool):
+            raise ValueError(f"controller.long_poll={self.long_poll!r}: allowed true or false")
         if self.memory_gib is not None and not 0 < self.memory_gib < 1 << 20:
             raise ValueError(f"controller.memory_gib={self.memory_gib!r}: allowed a positive size in GiB")

@@ -331,13 +331,15 @@ class Controller:
                                "error": p.checkpoint_error} if p is not None else None}
 
     def node_table(self) -> list[dict[str, Any]]:
-        """Each node: its slots, whether it is up, and the active ranks it holds (rank, process)."""
+        """Each node: its slots, whether it is up, the active ranks it holds (rank, process), and
+        how long its latest commands waited to be taken (seconds, the newest last)."""
         ranks = list(enumerate(self.state.active.procs)) if self.state.active else []
         with self.nodes.lock:
             nodes = list(self.nodes.nodes.values())
         return [{"node": n.name, "up": not n.lost, "notice": n.notice is not None,
                  "slots": list(range(n.slot_base, n.slot_base + n.slots)),
-                 "ranks": [(r, p) for r, p in ranks if n.slot_base <= self.state.slot_of.get(p, -1) < n.slot_base + n.slots]}
+                 "ranks": [(r, p) for r, p in ranks if n.slot_base <= self.state.slot_of.get(p, -1) < n.slot_base + n.slots],
+                 "command_delivery_s": list(getattr(n, "delivery_s", ()))}
                 for n in nodes]
 
     def capacity(self) -> int:

@@ -253,9 +253,12 @@ class Failures:
 
     def _silent_nodes(self, slots: list[int], t0: float) -> set[str]:
         """The nodes of ``slots`` whose agent has not synced since ``t0``, waited for up to the
-        agent timeout (an agent syncs every 0.1 s: a live one answers at once)."""
+        agent timeout (each is asked to sync now, ``RemoteNode.poke``: a live one answers in a
+        round trip, or within its sync interval)."""
         h = self.host
         remote = [n for n in {h.nodes.node_of(sl) for sl in slots} if isinstance(n, RemoteNode)]
+        for n in remote:
+            n.poke()
         end = time.time() + h.cfg.controller.agent_timeout_s
         while time.time() < end and any(not n.lost and n.last_seen < t0 for n in remote):
             time.sleep(0.02)

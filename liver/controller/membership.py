@@ -23,7 +23,7 @@ from liver.policy.workload import Workload
 from liver.policy.decisions import join_total
 from liver.policy.events import Event, EventKind
 from liver.policy.outcome import Outcome
-from liver.protocol.agent import SYNC_S, Register, Registered, Sync, SyncReply
+from liver.protocol.agent import SYNC_S, Register, Registered, Sync, SyncReply, Wait, WaitReply
 from liver.protocol.messages import Fence
 
 
@@ -71,22 +71,42 @@ class Membership:
 
     # ---- nodes ---------------------------------------------------------------------------
     def agent_request(self, what: str, body: dict[str, Any]) -> dict[str, Any]:
-        """A node agent's message (the endpoint's threads): ``register`` or ``sync``."""
+        """A node agent's message (the endpoint's threads): ``register``, ``sync`` or ``wait`` (its
+        standing request, held here until a command for it is queued: ``RemoteNode.await_command``)."""
         if what == "register":
             return to_dict(self.register(from_dict(Register, body, "register")))
+        if what == "wait":
+            ask = from_dict(Wait, body, "wait")
+            node = self.host.nodes.nodes.get(ask.node)
+            if not isinstance(node, RemoteNode) or node.lost or node.resumed:
+                return to_dict(WaitReply(ready=True))  # (its sync learns it is to register)
+            interval = self.sync_interval()
+            hold = min(ask.wait_s, self.hold(node, interval)) if self.host.cfg.controller.long_poll else 0.0
+            return to_dict(WaitReply(ready=node.await_command(ask.after, hold), next_sync_s=interval))
         msg = from_dict(Sync, body, "sync")
         node = self.host.nodes.nodes.get(msg.node)
         if not isinstance(node, RemoteNode) or node.lost or node.resumed:
             if isinstance(node, RemoteNode):
-                node.last_seen = time.time()  # (alive: it registers again at once)
+                node.last_seen = node.last_heard = time.time()  # (alive: it registers again at once)
             return to_dict(SyncReply(registered=False))
-        return to_dict(dataclasses.replace(node.sync(msg), next_sync_s=self.sync_interval()))
+        return to_dict(dataclasses.replace(node.sync(msg), next_sync_s=self.sync_interval(),
+                                           waits=self.host.cfg.controller.long_poll))
 
     def sync_interval(self) -> float:
         """Seconds between a node's syncs when it has nothing to report (news goes at once): the
         controller takes about ``controller.syncs_per_s`` syncs a second from all its nodes together."""
         up = sum(1 for n in list(self.host.nodes.nodes.values()) if not n.lost)
         return max(SYNC_S, up / self.host.cfg.controller.syncs_per_s)
+
+    @staticmethod
+    def hold(node: RemoteNode, interval: float, now: float | None = None) -> float:
+        """How long a node's standing wait is held with no command for it: until its own point of
+        the interval (``RemoteNode.phase``, spread over the nodes by their names), at least a tenth
+        of an interval from now: every node is heard from once an interval, not all at once (waits
+        held a whole interval each would stay in step, all answered together)."""
+        t = time.time() if now is None else now
+        left = interval * (1.0 - (t / interval + node.phase) % 1.0)
+        return left if left >= 0.1 * interval else left + interval
 
     def lost_after(self) -> float:
         """The silence after which a node is declared lost."""
@@ -156,10 +176,10 @@ class Membership:
             if not isinstance(n, RemoteNode) or n.lost:
                 continue
             n.reap(now)
-            if now - n.last_seen > limit:
+            if now - n.last_heard > limit:
                 gone = n.mark_lost()
                 self.fence(n, gone, now)
-                self.host.phase_log("node-lost", node=n.name, silent_s=round(now - n.last_seen, 1),
+                self.host.phase_log("node-lost", node=n.name, silent_s=round(now - n.last_heard, 1),
                                procs=[w.proc for w in gone])
                 self.host.failures.exits(gone)
             elif n.notice is not None and n.name not in self.host.state.noticed:

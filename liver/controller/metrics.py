@@ -24,6 +24,7 @@ if TYPE_CHECKING:
 
 # seconds: a live switch is tens of milliseconds to a second, a restart tens of seconds
 DOWNTIME_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
+DELIVERY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
 PREPARE_BUCKETS = (0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
 
 
@@ -106,13 +107,16 @@ class Metrics:
         up = GaugeMetricFamily("liver_node_up", "1 while a node is in the job (0: lost)", labels=["node"])
         slots = GaugeMetricFamily("liver_node_slots", "a node's worker slots", labels=["node"])
         busy = GaugeMetricFamily("liver_node_processes", "a node's live worker processes", labels=["node"])
-        seen = GaugeMetricFamily("liver_node_last_seen_seconds", "seconds since a node agent's last sync",
+        seen = GaugeMetricFamily("liver_node_last_seen_seconds", "seconds since a node agent's last sync or standing wait",
                                  labels=["node"])
         for n in nodes:
             up.add_metric([n.name], 0 if n.lost else 1)
             slots.add_metric([n.name], n.slots)
             busy.add_metric([n.name], sum(w.returncode is None for w in list(n.workers.values())))
-            seen.add_metric([n.name], max(0.0, now - getattr(n, "last_seen", now)))
+            seen.add_metric([n.name], max(0.0, now - getattr(n, "last_heard", now)))
         agents = GaugeMetricFamily("liver_agents", "node agents up")
         agents.add_metric([], sum(not n.lost for n in nodes))
         yield from (agents, up, slots, busy, seen)
+        yield _histogram("liver_command_delivery_seconds", "a command to a node agent, from queued to taken by its "
+                         "sync (the newest of each node's)",
+                         [d for n in nodes for d in list(getattr(n, "delivery_s", ()))], DELIVERY_BUCKETS)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import threading
 import time
+import zlib
 from typing import Any, Callable, Iterable, Protocol
 
 from liver.agent.node import Worker
@@ -37,6 +38,9 @@ class Node(Protocol):
     def shutdown(self) -> None: ...
 
 
+DELIVERIES = 100  # the commands whose delivery times a node keeps (for /status and /metrics)
+
+
 class RemoteNode:
     """A ``liver agent`` on some node, as the controller sees it: commands wait here until the
     agent's next sync takes them; what it reports (pids, exits and their log tails) lands here.
@@ -50,7 +54,10 @@ class RemoteNode:
         self.commands: list[Command] = []
         self._next = 1
         self.done = 0
-        self.last_seen = time.time()
+        self.last_seen = time.time()   # its last sync (what it reports is known up to here)
+        self.last_heard = self.last_seen  # ... or standing wait: its heartbeat
+        self.poked = False       # the controller asked it to sync (its standing wait answers)
+        self.phase = zlib.crc32(name.encode()) / 2**32  # where in each sync interval its waits end
         self.lost = False        # stopped syncing: its processes are gone for the job
         self.notice: Any = None  # the preemption notice it reported (``Notice``), once
         self._exits: list[Worker] = []
@@ -61,6 +68,8 @@ class RemoteNode:
         # ends by itself once it sees the withdrawal, else it is stopped at its time (``reap``)
         self.withdrawn: dict[int, float] = {}
         self._fresh_from = 1 << 62  # restored: the first command id sent since (none the agent saw)
+        self.queued_at: dict[int, float] = {}  # a command not yet taken by a sync: when it was queued
+        self.delivery_s: list[float] = []      # each command's wait from queued to taken (the newest ``DELIVERIES``)
         for r in workers:  # (a controller that came back: the agent's processes carry on)
             self.workers[r.proc] = Worker(r.proc, r.slot, r.role, r.generation, r.pid, time.time())
 
@@ -137,6 +146,7 @@ class RemoteNode:
             gone = [w for w in self.workers.values() if w.returncode is None]
             for w in gone:
                 w.returncode = NODE_LOST
+            self.cond.notify_all()  # (a standing wait of its agent answers: it is to register again)
             return gone
 
     def same_agent(self, host: str, pid: int) -> bool:
@@ -194,18 +204,39 @@ class RemoteNode:
             # what it carried out is dropped; what was sent since the controller came back is kept
             keep = [c for c in self.commands if c.id > done or c.id >= self._fresh_from]
             self.commands = [dataclasses.replace(c, id=first + i) for i, c in enumerate(keep)]
+            self.queued_at = {first + i: self.queued_at[c.id] for i, c in enumerate(keep) if c.id in self.queued_at}
             self._next = first + len(self.commands)
             self.last_seen, self.resumed, self._fresh_from = time.time(), False, 1 << 62
+            self.last_heard = self.last_seen
             self.cond.notify_all()
 
     def _send(self, **kw: Any) -> None:
         self.commands.append(Command(id=self._next, **kw))
+        self.queued_at[self._next] = time.time()
         self._next += 1
+        self.cond.notify_all()  # (its agent's standing wait answers)
 
     # ---- the agent's side (the endpoint's threads) ----------------------------------------
+    def await_command(self, after: int, wait_s: float) -> bool:
+        """An agent's standing wait (``protocol.agent.Wait``), its heartbeat: True as soon as a
+        command numbered after ``after`` is queued for the node, the controller asks it to sync
+        (``poke``), or it is lost (it is to register again); False after ``wait_s``."""
+        with self.cond:
+            self.last_heard = time.time()
+            return self.cond.wait_for(lambda: self.lost or self.poked or any(c.id > after for c in self.commands),
+                                      wait_s)
+
+    def poke(self) -> None:
+        """Its agent is to sync now (its standing wait answers; an agent without one syncs within
+        its interval)."""
+        with self.cond:
+            self.poked = True
+            self.cond.notify_all()
+
     def sync(self, msg: Sync) -> SyncReply:
         with self.cond:
-            self.last_seen = time.time()
+            self.last_seen = self.last_heard = time.time()
+            self.poked = False
             self.done = max(self.done, msg.done)
             self.commands = [c for c in self.commands if c.id > self.done]
             for r in msg.started:
@@ -219,6 +250,12 @@ class RemoteNode:
                     self._exits.append(w)
             if msg.notice is not None and self.notice is None:
                 self.notice = msg.notice
+            now = self.last_seen
+            for c in self.commands:  # (taken: how long each waited for it)
+                at = self.queued_at.pop(c.id, None)
+                if at is not None:
+                    self.delivery_s.append(now - at)
+            del self.delivery_s[:-DELIVERIES]
             self.cond.notify_all()
             return SyncReply(commands=tuple(self.commands))
 
