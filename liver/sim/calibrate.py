@@ -29,7 +29,6 @@ PEAK_BF16 = {"H200": 989e12, "H100": 989e12, "A100": 312e12, "A800": 312e12}
 # what two GPUs of one host cannot show, stated (README: "Simulator")
 STATED = {
     "group_growth_s": (0.4, "stated setting: NCCL communicator set-up grows about 0.4 s per doubling of the ranks"),
-    "host_bw": (25 * GB, "stated setting: pinned host copies, 25 GB/s a GPU"),
     "cuda_init_s": (0.0, "measured together with process_start_s (a fresh interpreter's imports and CUDA)"),
     "inter_bw": (H200_CLUSTER["inter_bw"], "stated setting: 8 x 400 Gb/s NICs a node, 50 GB/s a GPU"),
     "storage_cap_bw": (H200_CLUSTER["storage_cap_bw"], "stated setting: a 100 GB/s parallel file system"),
@@ -49,6 +48,9 @@ DIRECT = {
                         "measured: torchft 0.2.0, a replica SIGKILLed, the survivor's stall and uncommitted step "
                         "(median; CPU machine, torchft's default heartbeats)"),
     "copy_bw": ("gpu-1x-sim-copy/dcp.json", "measured: a 1 GiB copy within one H200's memory (liver bench dcp)"),
+    "host_bw": ("gpu-1x-host-copy/host_copy.json",
+                "measured: one H200's 1 GiB copies to and from pinned host memory, the slower way (liver bench "
+                "host-copy)"),
     "host_read_bw": ("gpu-1x-host-start/host_start.json",
                      "measured: the most processes of one host reading a 512 MiB shard each together (page cache "
                      "evicted), the slowest one's rate times their count (liver bench host-start; the lent H200 "
@@ -301,6 +303,10 @@ def measurements(results: Path) -> tuple[list[Event], list[Step], dict[str, floa
     copy = results / DIRECT["copy_bw"][0]
     if copy.exists():
         direct["copy_bw"] = json.loads(copy.read_text())["local_copy_GBps"] * 1e9
+    hc = results / DIRECT["host_bw"][0]
+    if hc.exists():  # (a restart's save goes down, its load up: one way at a time)
+        row = next(r for r in json.loads(hc.read_text())["rows"] if r["mib"] == 1024)
+        direct["host_bw"] = min(row["h2d_GBps"], row["d2h_GBps"]) * 1e9
     hs = results / DIRECT["host_read_bw"][0]
     if hs.exists():  # (the slowest process of each count, median over the runs)
         d = json.loads(hs.read_text())
