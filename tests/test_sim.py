@@ -366,6 +366,11 @@ def test_a_skypilot_spot_trace_becomes_changes_and_a_bad_one_is_refused_naming_w
     assert start == 16 and [(c.t, c.gpus, c.notice_s) for c in changes] == [(600.0, 8, 120), (900.0, 0, 120), (1200.0, 16, 0)]
     out = engine.simulate(sim_model("7b-cluster"), load("h200"), "live", start, changes, 1.0)
     assert out.idle_s >= 300.0 - 120 - 1e-6
+    # SpotHedge's artifact traces, alike (no region; counts of up to 16 instances): one that starts
+    # with none starts idle
+    f.write_text(json.dumps({"metadata": {"gap_seconds": 300}, "data": [0, 0, 16, 16, 9, 9, 0]}))
+    start, changes = sources.from_trace(f, 1, notice_s=120)
+    assert start == 0 and [(c.t, c.gpus) for c in changes] == [(600.0, 16), (1200.0, 9), (1800.0, 0)]
     bad = {'{"metadata": {"gap_seconds": 300},\n "data": [1, 2,]}': ":2: not a SkyPilot trace",
            '{"metadata": {"gap_seconds": 0}, "data": [1]}': "metadata.gap_seconds=0: allowed a positive",
            '{"metadata": {}, "data": [1]}': "metadata.gap_seconds=None",

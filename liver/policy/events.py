@@ -156,7 +156,8 @@ def parse_action(text: str, where: str) -> Event:
 
 
 def skypilot_counts(path: str | Path, text: str) -> list[tuple[int, int]]:
-    """SkyPilot's spot traces (github.com/skypilot-org/spot-traces, the "Can't Be Late" paper's):
+    """SkyPilot's spot traces (github.com/skypilot-org/spot-traces, the "Can't Be Late" paper's; the
+    SpotHedge paper's artifact, github.com/MaoZiming/spothedge_ae ``data/``, writes its traces alike):
     ``{"metadata": {"gap_seconds": G, ...}, "data": [n0, n1, ...]}``, the instances available at
     each tick of G seconds, as (time in ms, nodes up) where the count changes; EventError naming
     the file and the line (JSON that does not parse) or the field and value that is not allowed."""
