@@ -121,3 +121,18 @@ def test_bench_rendezvous_times_ranks_meeting_through_one_store(tmp_path, capsys
     assert all(0 < r["wall_s"] < 60 for r in res["rows"]) and res["s_per_rank"] is not None
     assert main(["bench", "rendezvous", "--ranks", "0"]) == 2 and "--ranks=[0]" in capsys.readouterr().err
     assert main(["bench", "rendezvous", "--ranks", "a"]) == 2 and "--ranks='a'" in capsys.readouterr().err
+
+
+def test_bench_control_plane_measures_waits_commands_and_a_lost_node(tmp_path, capsys):
+    """``liver bench control-plane``: a stage of simulated nodes on standing waits beside a real
+    job whose second node is scaled on and off: its waits counted, each command to a real node
+    timed from queued to taken, the silent node declared lost; bad counts refused, naming them."""
+    assert main(["bench", "control-plane", "--nodes", "6001", "--out", str(tmp_path / "x")]) == 2
+    assert "--nodes='6001' (each 0 to 5000)" in capsys.readouterr().err
+    out = tmp_path / "cp"
+    assert main(["bench", "control-plane", "--nodes", "3", "--seconds", "15", "--procs", "1",
+                 "--out", str(out)]) == 0
+    (row,) = json.loads((out / "control_plane.json").read_text())["rows"]
+    assert row["waits_per_s"] > 3 and not row["errors"]
+    assert row["command_delivery_s"] and all(0 <= d < 5 for d in row["command_delivery_s"])
+    assert row["lost_detected_s"] is not None and row["lost_detected_s"] >= row["lost_after_s"] - 0.5

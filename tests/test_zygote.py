@@ -46,6 +46,24 @@ def test_a_dead_template_is_a_clear_error_not_a_hang(tmp_path):
     z.close()
 
 
+def test_a_template_closed_twice_leaves_the_descriptor_that_took_its_number_alone(tmp_path):
+    """Closed by a starter that shared it and by its owner: the second close is nothing. (It once
+    closed whatever had taken the number since: a job store's event loop, whose owner then hung at
+    exit waiting for a thread that never woke.) A start after the close is refused in words."""
+    z = Zygote(CPU_PRELOAD, (DEFAULT_ENGINE,))
+    number = z._req_w
+    r, w = os.pipe()
+    z.close()
+    os.dup2(w, number)  # (another's descriptor now has that number)
+    z.close()
+    os.write(number, b"x")
+    assert os.read(r, 1) == b"x"
+    with pytest.raises(RuntimeError, match="was closed: it starts no more workers"):
+        z.start(str(tmp_path / "s.json"), {}, str(tmp_path / "w.log"), quiet=True, idle=False, entry=ENTRY)
+    for fd in (r, w, number):
+        os.close(fd)
+
+
 def test_closing_ends_the_template(tmp_path):
     """A ready template ends by itself when closed; one still importing (an idle-priority one on a
     busy node can be for long) is not waited for: the agent's shutdown never hangs on it."""

@@ -46,6 +46,7 @@ class Zygote:
         (the imports and warm-ups every worker shares; it must leave the template single-threaded); ``idle``:
         the template, and so each fork and every worker it makes, runs at idle CPU priority."""
         req_r, self._req_w = os.pipe()
+        self._req_lock = threading.Lock()
         self._reply_r, reply_w = os.pipe()
         self.process = subprocess.Popen([sys.executable, "-m", "liver.agent.zygote", str(req_r), str(reply_w),
                                          preload, *args],
@@ -104,15 +105,20 @@ class Zygote:
         """A new worker running ``entry`` (``module:function``, called with ``spec_path`` and its
         start times) : stderr (and stdout when ``quiet``) to ``log_path``, environment exactly
         ``env``, idle priority when ``idle``. Returns its pid."""
+        if self._req_w < 0:
+            raise RuntimeError(f"the zygote (pid {self.process.pid}) was closed: it starts no more workers")
         self.wait_ready()  # its imports first (the first fork waits for them, up to START_TIMEOUT_S)
         with self._cond:
             rid, self._next = self._next, self._next + 1
         line = json.dumps({"id": rid, "spec": spec_path, "env": env, "log": log_path, "quiet": quiet,
                            "idle": idle, "entry": entry}) + "\n"
-        try:
-            os.write(self._req_w, line.encode())
-        except BrokenPipeError:
-            raise RuntimeError(f"the zygote (pid {self.process.pid}) has ended: {self._why()}") from None
+        with self._req_lock:  # (never written after ``close``: the number may be another's by then)
+            if self._req_w < 0:
+                raise RuntimeError(f"the zygote (pid {self.process.pid}) was closed: it starts no more workers")
+            try:
+                os.write(self._req_w, line.encode())
+            except BrokenPipeError:
+                raise RuntimeError(f"the zygote (pid {self.process.pid}) has ended: {self._why()}") from None
         with self._cond:
             if not self._cond.wait_for(lambda: rid in self._pids or self._gone or self._interrupted,
                                        self.start_timeout_s):
@@ -152,10 +158,11 @@ class Zygote:
         """No more workers: the template exits (workers still running are not touched); one still
         importing (an idle-priority one on a busy node: for long) is stopped, its imports serve no
         one. ``wait``: until it has exited (else ``wait_closed``)."""
-        try:
-            os.close(self._req_w)
-        except OSError:
-            pass
+        with self._req_lock:  # closed once: a second close would close whatever took its number since
+            # (a store's event loop, once: its thread never woke to end, and its owner hung at exit)
+            fd, self._req_w = self._req_w, -1
+        if fd >= 0:
+            os.close(fd)
         with self._cond:
             ready = self._ready
         if not ready and self.process.poll() is None:
