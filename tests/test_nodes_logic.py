@@ -343,10 +343,13 @@ def test_a_node_new_to_a_resumed_controller_gets_commands_numbered_after_what_it
     and before its journal knew the node; the resumed one takes n for a new node with the same
     slots (its agent keeps counting). Its commands (stop process 2, start process 3) are numbered
     after the agent's last, so that none is taken for one already carried out (a fresh clone's
-    run: the new joiner was never started, and the scale-out waited out its groups' timeout)."""
+    run: the new joiner was never started, and the scale-out waited out its groups' timeout).
+    Process 2, of the withdrawn generation, is let end by itself (stopped at once, it held the
+    ranks in its group rendezvous until their timeout: another fresh clone's run); the node
+    settles, and no event begins, until it has, or until its grace runs out (then stopped)."""
     from types import SimpleNamespace
 
-    from liver.controller.membership import Membership
+    from liver.controller.membership import WITHDRAWN_GRACE_S, Membership
     from liver.protocol.agent import Register
 
     nodes = Nodes()
@@ -355,10 +358,21 @@ def test_a_node_new_to_a_resumed_controller_gets_commands_numbered_after_what_it
     Membership(reg, url=lambda: "?").register(Register(node="n", slots=1, host="vm", pid=5, done=1, workers=(
         Running(proc=2, slot=0, role="joiner", generation=1, pid=100),)))
     n = nodes.nodes["n"]
+    assert n.settling() and n.workers[2].returncode is None and not n.commands
     n.sync(Sync(node="n", done=1, exited=(Exited(proc=2, returncode=0),)))
+    n.reap(time.time())
+    assert not n.settling()
     nodes.start(nodes.new_proc_ids(1)[0], 0, "joiner", 2)
     sent = n.sync(Sync(node="n", done=1)).commands
-    assert [(c.op, c.proc) for c in sent] == [("kill", 2), ("start", 3)] and min(c.id for c in sent) > 1
+    assert [(c.op, c.proc) for c in sent] == [("start", 3)] and min(c.id for c in sent) > 1
+    # one that does not end by itself is stopped when its grace runs out
+    back = Nodes()
+    reg.nodes = back
+    Membership(reg, url=lambda: "?").register(Register(node="m", slots=1, host="vm", pid=6, workers=(
+        Running(proc=4, slot=0, role="joiner", generation=1, pid=101),)))
+    m = back.nodes["m"]
+    m.reap(time.time() + WITHDRAWN_GRACE_S + 1)
+    assert [(c.op, c.proc) for c in m.sync(Sync(node="m")).commands] == [("kill", 4)] and not m.settling()
 
 
 def test_a_standing_wait_is_answered_as_soon_as_a_command_is_queued_or_the_node_is_poked_or_lost():

@@ -135,10 +135,16 @@ class Membership:
                     self.host.state.noticed.discard(msg.node)  # (a notice to the old node is not the new one's)
                 node = self.host.nodes.add(lambda base: RemoteNode(msg.node, base, msg.slots, msg.host, agent_pid=msg.pid))
                 node.count_after(msg.done)
-                for r in msg.workers:  # processes of a generation it was declared lost from, or one
-                    # withdrawn (announced by a controller that died before its journal knew the node)
+                active = self.host.state.active.generation if self.host.state.active is not None else -1
+                for r in msg.workers:
                     node.workers[r.proc] = Worker(r.proc, r.slot, r.role, r.generation, r.pid, time.time())
-                    node.kill(r.proc)
+                    if r.generation > active:  # of a generation withdrawn (announced by a controller that
+                        # died before its journal knew the node): it ends by itself once it sees the
+                        # withdrawal; stopped now, it would hold its rendezvous' peers (the ranks) until
+                        # their groups' timeout, out of the next preparation (a fresh clone's four-node test)
+                        node.let_end(r.proc, WITHDRAWN_GRACE_S)
+                    else:  # of a generation it was declared lost from: stopped now
+                        node.kill(r.proc)
                     self.host.nodes.skip_proc(r.proc)  # (its number is never used again)
                 self.host.state.joined.append(node.name)
         self.host.phase_log("node", node=msg.node, host=msg.host, slots=list(range(node.slot_base, node.slot_base + node.slots)))
