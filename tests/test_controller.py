@@ -135,6 +135,28 @@ def test_a_joiner_that_dies_in_prepare_cancels_and_re_plans_on_the_slots_left(tm
     assert rec.outcome is Outcome.DONE and [a.get("cancelled") for a in rec["attempts"]][0].startswith("joiner 2")
 
 
+def test_a_preparation_a_process_failed_is_tried_once_more_then_cancelled(tmp_path):
+    """A process's report that it could not prepare (its groups timed out: ranks held by a withdrawn
+    generation's rendezvous, say) withdraws the generation and prepares the event once more, anew;
+    a second failure cancels it, and the job trains on in its Active World."""
+    from liver.controller.live import PREPARE_ATTEMPTS
+    from liver.protocol.messages import Failure, write
+
+    ctl, node, ranks = pending_scale_out(tmp_path)
+    for attempt in range(1, PREPARE_ATTEMPTS + 1):
+        g = ctl.state.pending.generation
+        write(ctl.store, Failure.key(g, 0), Failure(proc=0, generation=g, error="TimeoutError: processes [0, 1] "
+                                                                              "did not arrive within 45 s"))
+        ranks.step(3 + attempt)
+        ctl.once()
+        assert decided(ctl.store, g) == WITHDRAW
+        if attempt < PREPARE_ATTEMPTS:
+            assert ctl.state.phase is Phase.PREPARE and ctl.state.pending.generation == g + 1
+    rec = ctl.state.records[-1]
+    assert ctl.state.current is None and rec.outcome is Outcome.CANCELLED and len(rec["attempts"]) == PREPARE_ATTEMPTS
+    assert all("did not arrive" in a["cancelled"] for a in rec["attempts"])
+
+
 def test_a_joiner_that_cannot_be_started_cancels_its_handoff_and_the_job_trains_on(tmp_path, monkeypatch):
     def refuse(self, proc, slot, role, generation):
         if role == "joiner":
