@@ -88,7 +88,7 @@ def bench_control_plane(args: argparse.Namespace) -> int:
               f"median {(r['sync_rtt_median_s'] or 0) * 1e3:.1f} ms p99 {(r['sync_rtt_p99_s'] or 0) * 1e3:.1f} ms; "
               f"/status p99 {r['status_p99_s'] * 1e3:.1f} ms; steps x{r['steps_vs_no_nodes'] or 0:.2f}"
               + (f"; a silent node declared lost after {r['lost_detected_s']:.2f} s (promised "
-                 f"{r['lost_after_s']:.1f} s)" if r.get("lost_detected_s") is not None else
+                 f"{r['lost_after_s'] or 0:.1f} s)" if r.get("lost_detected_s") is not None else
                  "; a silent node not declared lost within the stage" if r["nodes"] else "")
               + (f"; commands to a real node taken after {', '.join(f'{d * 1e3:.0f}' for d in r['command_delivery_s'])} ms"
                  if r["command_delivery_s"] else "")

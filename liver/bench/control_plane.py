@@ -76,7 +76,7 @@ def simulate(url: str, token: str, first: int, count: int, seconds: float, silen
     waiters: list[threading.Thread] = []
 
     def waiting(name: str, interval: float, stop_at: float) -> None:
-        link, sent, last = Link(url, token, timeout_s=2 * interval + 10.0), [], 0.0
+        link, sent, given, last = Link(url, token, timeout_s=2 * interval + 10.0), [], [], 0.0
         try:
             while time.time() < stop_at and not over.is_set():
                 last = time.time()
@@ -84,6 +84,7 @@ def simulate(url: str, token: str, first: int, count: int, seconds: float, silen
                                                   "wait_s": min(2 * interval, max(0.0, stop_at - last))})
                 interval = float(reply.get("next_sync_s", interval))
                 sent.append(last)
+                given.append(interval)
         except Exception as e:  # (reported: a simulated node that could not keep up)
             with lock:
                 errors.append(f"wait: {type(e).__name__}: {e}"[:200])
@@ -91,6 +92,7 @@ def simulate(url: str, token: str, first: int, count: int, seconds: float, silen
             link.close()
             with lock:
                 waits.extend(sent)
+                intervals.extend(given)
                 if stop_at < end_at:
                     heard.append(last)
 
@@ -104,6 +106,7 @@ def simulate(url: str, token: str, first: int, count: int, seconds: float, silen
             t0, last = time.perf_counter(), time.time()
             reply = link.post("/agent/sync", {"node": name, "done": done})
             mine.append((last, time.perf_counter() - t0))
+            given.append(float(reply.get("next_sync_s", 0.1)))
             long_poll = bool(reply.get("waits"))
             if long_poll:
                 w = threading.Thread(target=waiting, args=(name, float(reply["next_sync_s"]), stop_at), daemon=True)
