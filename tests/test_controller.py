@@ -136,9 +136,9 @@ def test_a_joiner_that_dies_in_prepare_cancels_and_re_plans_on_the_slots_left(tm
 
 
 def test_a_preparation_a_process_failed_is_tried_once_more_then_cancelled(tmp_path):
-    """A process's report that it could not prepare (its groups timed out: ranks held by a withdrawn
-    generation's rendezvous, say) withdraws the generation and prepares the event once more, anew;
-    a second failure cancels it, and the job trains on in its Active World."""
+    """A process's report that its groups timed out (ranks held by a withdrawn generation's
+    rendezvous, say) withdraws the generation and prepares the event once more, anew; a second
+    such failure, or any other, cancels it, and the job trains on in its Active World."""
     from liver.controller.live import PREPARE_ATTEMPTS
     from liver.protocol.messages import Failure, write
 
@@ -155,6 +155,13 @@ def test_a_preparation_a_process_failed_is_tried_once_more_then_cancelled(tmp_pa
     rec = ctl.state.records[-1]
     assert ctl.state.current is None and rec.outcome is Outcome.CANCELLED and len(rec["attempts"]) == PREPARE_ATTEMPTS
     assert all("did not arrive" in a["cancelled"] for a in rec["attempts"])
+    # any other failure (a plan refused as not the job's, say) cancels at once
+    ctl, node, ranks = pending_scale_out(tmp_path / "again")
+    g = ctl.state.pending.generation
+    write(ctl.store, Failure.key(g, 0), Failure(proc=0, generation=g, error="ValueError: plan/1: not sealed"))
+    ranks.step(4)
+    ctl.once()
+    assert ctl.state.current is None and ctl.state.records[-1].outcome is Outcome.CANCELLED
 
 
 def test_a_joiner_that_cannot_be_started_cancels_its_handoff_and_the_job_trains_on(tmp_path, monkeypatch):

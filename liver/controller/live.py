@@ -36,7 +36,7 @@ if TYPE_CHECKING:
     from liver.controller.controller import Controller
 
 SILENT_S = 3.0  # a survivor's heartbeat this old during a heal: it will not report (six beats missed)
-PREPARE_ATTEMPTS = 2  # preparations of one event that a process failed (its groups, its state) before it is cancelled
+PREPARE_ATTEMPTS = 2  # preparations of one event whose groups timed out before it is cancelled
 
 
 class LiveMode(Mode):
@@ -432,9 +432,10 @@ class LiveMode(Mode):
             return self._cancel(f"the decision on generation {g} in the store was not the job's (refused)",
                                 replan=False)
         failure = self._failure(g)
-        if failure is not None:  # tried again once, anew: its ranks may have been held until their groups'
-            # timeout by a withdrawn generation's rendezvous (a resumed controller's first preparation)
-            again = len(rec.get("attempts", ())) < PREPARE_ATTEMPTS
+        if failure is not None:  # a group's rendezvous that timed out is tried again once, anew: its ranks
+            # may have been held until then by a withdrawn generation's (a resumed controller's first
+            # preparation); any other failure (a plan refused, a state that cannot be built) cancels
+            again = failure.error.startswith("TimeoutError") and len(rec.get("attempts", ())) < PREPARE_ATTEMPTS
             return self._withdraw_then(lambda: self._cancel(f"process {failure.proc} could not prepare generation "
                                                             f"{g}: {failure.error}", replan=again))
         if self.state.phase is Phase.PREPARE:
