@@ -103,10 +103,18 @@ def simulate(url: str, token: str, first: int, count: int, seconds: float, silen
             start.wait(30)
             stop_at = time.time() + SILENT_AFTER_S if silent and i == 0 else end_at
             mine, given = [], []
-            t0, last = time.perf_counter(), time.time()
-            reply = link.post("/agent/sync", {"node": name, "done": done})
-            mine.append((last, time.perf_counter() - t0))
-            given.append(float(reply.get("next_sync_s", 0.1)))
+
+            def sync() -> dict[str, Any]:
+                """One sync, its round trip and the interval given recorded."""
+                nonlocal last
+                last, t0 = time.time(), time.perf_counter()
+                reply = link.post("/agent/sync", {"node": name, "done": done})
+                mine.append((last, time.perf_counter() - t0))
+                given.append(float(reply.get("next_sync_s", 0.1)))
+                return reply
+
+            last = 0.0
+            reply = sync()
             long_poll = bool(reply.get("waits"))
             if long_poll:
                 w = threading.Thread(target=waiting, args=(name, float(reply["next_sync_s"]), stop_at), daemon=True)
@@ -115,14 +123,9 @@ def simulate(url: str, token: str, first: int, count: int, seconds: float, silen
                     waiters.append(w)
                 over.wait(random.uniform(0.0, QUIET_SYNC_S))  # (agents that did not all start together)
             while time.time() < stop_at and not over.is_set():
-                last = time.time()
-                t0 = time.perf_counter()
-                reply = link.post("/agent/sync", {"node": name, "done": done})
-                mine.append((last, time.perf_counter() - t0))
+                reply = sync()
                 done = max([done] + [c["id"] for c in reply.get("commands", ())])
-                wait = float(reply.get("next_sync_s", 0.1))
-                given.append(wait)
-                over.wait(min(QUIET_SYNC_S if long_poll else wait, max(0.0, stop_at - time.time())))
+                over.wait(min(QUIET_SYNC_S if long_poll else given[-1], max(0.0, stop_at - time.time())))
             with lock:
                 rtts.extend(mine)
                 intervals.extend(given)
