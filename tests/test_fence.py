@@ -95,21 +95,23 @@ GUARD = textwrap.dedent("""
     import sys, tempfile, time
     from pathlib import Path
     from liver.runtime.courier import Courier
+    from liver.host.process import ProcessRef
     from liver.runtime.fence import Guard
     from liver.world.world import connect_store
     connect = lambda: connect_store(sys.argv[1], timeout_s=5)
     courier = Courier(connect, int(sys.argv[2]), Path(tempfile.mkdtemp()) / "steps.jsonl")
     Guard(connect(), int(sys.argv[2]), lambda f: print("peer", list(f.procs), flush=True), float(sys.argv[3]),
-          lambda: courier.contact, lambda: print("silenced", flush=True))
+          lambda: courier.contact, lambda: print("silenced", flush=True),
+          agent=ProcessRef.parse(sys.argv[4]) if len(sys.argv) > 4 else None)
     print("watching", flush=True)
     time.sleep(60)
 """)
 
 
-def _guard(addr: str, proc: int, orphan_s: float, node=None) -> subprocess.Popen:
+def _guard(addr: str, proc: int, orphan_s: float, node=None, agent: str | None = None) -> subprocess.Popen:
     """A worker's guard and courier (its heartbeat) in a process of their own (``node``: in that
-    node's network namespace)."""
-    argv = [sys.executable, "-c", GUARD, addr, str(proc), str(orphan_s)]
+    node's network namespace; ``agent``: the process it watches as its agent's)."""
+    argv = [sys.executable, "-c", GUARD, addr, str(proc), str(orphan_s), *([agent] if agent else [])]
     p = subprocess.Popen(node.command(argv) if node else argv, stdout=subprocess.PIPE, text=True,
                          env=dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1])))
     assert p.stdout.readline().strip() == "watching"
@@ -170,6 +172,38 @@ def test_a_worker_that_loses_the_store_longer_than_its_timeout_stops_itself(how)
             net.close()
 
 
+def test_a_worker_whose_agent_is_killed_stops_itself_though_the_store_answers():
+    """Its agent killed (and its controller with it: no one fences it), while the job's store
+    lives on in a process of its own and answers its heartbeat: it ends once the agent has been
+    gone for its timeout (before this, such a worker trained on unobserved for as long as the
+    store lived). A stopped agent is still its agent: it may be continued."""
+    from liver.host.process import ProcessRef
+
+    port = _free_port()
+    server = dist.TCPStore("127.0.0.1", port, 1, True, timeout=timedelta(seconds=30), wait_for_workers=False)
+    agent = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    ref = None
+    while ref is None or not ref.alive():
+        ref = ProcessRef(agent.pid, int(Path(f"/proc/{agent.pid}/stat").read_text().rsplit(")", 1)[1].split()[19]))
+    p = _guard(f"127.0.0.1:{port}", 4, 2.0, agent=str(ref))
+    try:
+        os.kill(agent.pid, signal.SIGSTOP)
+        time.sleep(3.0)
+        assert p.poll() is None  # (stopped, not gone)
+        t0 = time.time()
+        agent.kill()
+        agent.wait()
+        assert p.wait(20) == ORPHANED
+        assert 1.5 <= time.time() - t0 < 6.0
+        out = p.stdout.read()
+        assert f"its agent (pid {agent.pid}) is gone" in out and "has been gone for" in out
+        assert server.check(["x"]) is False  # (the store answered throughout)
+    finally:
+        for q in (p, agent):
+            q.kill()
+            q.wait()
+
+
 @pytest.mark.timeout(300)
 def test_a_frozen_agents_node_is_fenced_its_peers_heal_and_it_comes_back_as_a_new_node(tmp_path):
     """The agent of the node holding rank 0 is stopped (SIGSTOP) past its timeout; its worker runs
@@ -209,3 +243,37 @@ def test_a_frozen_agents_node_is_fenced_its_peers_heal_and_it_comes_back_as_a_ne
     assert "was declared lost by the controller; it stops without another step" in logs
     steps = [s["step"] for s in rep["steps"]]
     assert steps == sorted(set(steps)) and steps[-1] >= heal["restored_step"] + 2  # (each step once)
+
+
+@pytest.mark.timeout(200)
+def test_workers_stop_themselves_once_their_agents_and_controller_are_killed(tmp_path):
+    """The controller and both agents SIGKILLed, the workers and the job's store left running (its
+    own process, made to outlive a controller for a resume): no one is left to fence the workers,
+    and the store answers their heartbeats. Each ends by itself once its agent has been gone for
+    the timeout (4 s; before this, one trained on for 16 minutes at 87% of a core, until killed)."""
+    from test_nodes import Job, ranks
+
+    job = Job(tmp_path / "run")
+    try:
+        for name in ("node0", "node1"):
+            job.agent(name)
+        job.wait(lambda s: s["step"] >= 3 and ranks(s) == 2, "the first generation")
+        pids = [w["pid"] for name in ("node0", "node1")
+                for w in json.loads((job.run_dir / f"procs-{name}.json").read_text()) if w["alive"]]
+        store = json.loads((job.run_dir / "store.json").read_text())["pid"]
+        assert len(pids) == 2
+        t0 = time.time()
+        for p in [job.proc, *job.agents.values()]:
+            os.kill(p.pid, signal.SIGKILL)  # (the process only: its workers live on)
+            p.wait()
+        alive = lambda pid: Path(f"/proc/{pid}").exists() and Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
+        while any(alive(p) for p in pids) and time.time() - t0 < 60:
+            time.sleep(0.2)
+        took = time.time() - t0
+        assert not any(alive(p) for p in pids), f"workers {pids} still train {took:.0f} s after their agents died"
+        assert 3.0 < took < 20.0
+        assert alive(store)  # (it answered them throughout)
+    finally:
+        job.close()
+    logs = "".join(p.read_text() for p in (job.run_dir / "logs").glob("proc*.log"))
+    assert logs.count("it stops rather than train where no one can stop it") == 2, logs[-2000:]

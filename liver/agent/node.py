@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 import liver.protocol.secret as job_secret
+from liver.host.process import ProcessRef
 
 KILL_WAIT_S = 10.0  # how long a kill waits for the starter's word of the exit
 
@@ -66,6 +67,7 @@ class NodeAgent:
         (run_dir / "specs").mkdir(parents=True, exist_ok=True)
         (run_dir / "logs").mkdir(parents=True, exist_ok=True)
         self.starter = starter
+        self.me = ProcessRef.me()  # (each worker watches it: gone, they stop themselves)
 
     def busy_slots(self) -> set[int]:
         return {w.slot for w in self.workers.values() if w.returncode is None}
@@ -82,7 +84,8 @@ class NodeAgent:
             raise RuntimeError(f"slot {slot} is not on node {self.name} (its slots: {self.slot_base} to "
                                f"{self.slot_base + self.slots - 1})")
         spec = dict(spec if spec is not None else self.base_spec, proc=proc, slot=local, role=role,
-                    generation=generation, cores=self.cores[local] if self.cores else None)
+                    generation=generation, cores=self.cores[local] if self.cores else None,
+                    agent=None if self.me is None else str(self.me))
         path = self.run_dir / "specs" / f"proc{proc}.json"
         path.write_text(json.dumps(spec))
         env = dict(os.environ, LOCAL_RANK=str(local), **(job_secret.env(self.secret) if self.secret else {}))

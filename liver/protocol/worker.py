@@ -48,7 +48,9 @@ class WorkerConfig:
 @dataclass(frozen=True, kw_only=True, slots=True)
 class WorkerSpec:
     """``role``: "start" (a rank of a generation started from a seed or a checkpoint) or "joiner"
-    (a cold process of a pending generation); ``cores``: the cores it is bound to, or None."""
+    (a cold process of a pending generation); ``cores``: the cores it is bound to, or None;
+    ``agent``: the process of the agent that started it, which it watches: a worker whose agent
+    is gone for ``orphan_after_s`` ends (no one could stop it, were its controller gone too)."""
 
     proc: int
     slot: int
@@ -58,6 +60,8 @@ class WorkerSpec:
     run_dir: str
     config: WorkerConfig
     cores: tuple[int, ...] | None = None
+    agent: str | None = None  # the agent that started it (``host.process.ProcessRef``): gone, it stops itself
+
 
     def __post_init__(self) -> None:
         if self.role not in ROLES:

@@ -32,6 +32,7 @@ import torch  # noqa: E402
 from liver.protocol.agent import IGNORE_SIGTERM  # noqa: E402
 from liver import logs  # noqa: E402
 from liver.host import cores, faults, priority, threads as host_threads  # noqa: E402
+from liver.host.process import ProcessRef  # noqa: E402
 from liver.checkpoint.periodic import PeriodicCheckpointer  # noqa: E402
 from liver.engine.digest import local_hashes, state_digest  # noqa: E402
 from liver.engine.interface import EngineAdapter, StepStats, TrainingEngine  # noqa: E402
@@ -103,7 +104,8 @@ class Member:
         self._guard_store = protocol.run_store(connect_store(spec.store_addr), self.secret)
         self._store_port = int(spec.store_addr.rsplit(":", 1)[1])
         self.guard = Guard(self._guard_store, self.proc, self._peer_fenced, cfg.orphan_after_s,
-                           lambda: self.courier.contact, self.courier.silence)
+                           lambda: self.courier.contact, self.courier.silence,
+                           agent=ProcessRef.parse(spec.agent) if spec.agent else None)
 
     def _preparation(self, spec: GenerationSpec, **kw: Any) -> Preparation:
         c = self.config
