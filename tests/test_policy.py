@@ -8,7 +8,7 @@ from hypothesis import assume, given, settings, strategies as st
 
 from liver.controller.admission import admit
 from liver.engine.reference import ADAPTER
-from liver.policy import target
+from liver.policy import moves, target
 from liver.policy.workload import Workload
 from liver.policy.events import Event, EventKind
 from liver.policy.profile import load
@@ -38,11 +38,12 @@ def test_the_controller_and_the_simulator_choose_the_same_configuration(job, gpu
     prof = prof.replace(memory_bytes=memory) if memory is not None else prof.replace(memory_bytes=float("inf"))
     hw = target.Hardware.of(prof)
     kind = EventKind.SCALE_OUT if gpus > before else EventKind.SCALE_IN
+    sim = engine.Sim(job, prof, engine.Live(), before, [], 1.0)
+    current = sim.layout.parallel if sim.layout is not None else None  # (both count the move from it)
     try:
-        chosen = admit(Event(kind=kind, gpus=gpus, source="test"), before, 64, ADAPTER, job, hw)
+        chosen = admit(Event(kind=kind, gpus=gpus, source="test"), before, 64, ADAPTER, job, hw, current)
     except ValueError:
         chosen = None  # the controller refuses: no configuration of exactly these GPUs fits
-    sim = engine.Sim(job, prof, engine.Live(), before, [], 1.0)
     projected = engine.Live().target(sim, gpus)
     if chosen is not None:
         assert projected is not None and projected.parallel == chosen
@@ -73,3 +74,34 @@ def test_the_reference_engines_largest_rank_is_counted_rank_by_rank_alike():
     for gpus in (1, 2, 4, 6, 8):
         for c in target.candidates(ADAPTER, job, gpus):
             assert ADAPTER.max_rank_bytes(job, c) == max(ADAPTER.rank_bytes(job, c, r) for r in range(c.size))
+
+
+@settings(max_examples=80, deadline=None)
+@given(job=jobs(), gpus=st.integers(2, 16), before=st.integers(1, 16), horizon=st.sampled_from([1.0, 60.0, 600.0, 1e5]),
+       move=st.sampled_from(["live", "restart", "restart-memory", "restart-saved"]),
+       profile=st.sampled_from(["h200", "cpu"]))
+def test_from_a_running_configuration_the_choice_trains_the_most_over_its_horizon(job, gpus, before, horizon,
+                                                                                  move, profile):
+    """Counting the move (``moves``): the chosen candidate minimises ``cost + horizon x step /
+    fastest step`` over every fitting candidate (the pruned search finds what the exhaustive one
+    does), so its move never costs more than the fastest candidate's, and its step is slower than
+    the fastest by no more than that move's cost spread over the horizon."""
+    hw = target.Hardware.named(profile)
+    work = Workload(ADAPTER, job)
+    olds, cands = target.candidates(ADAPTER, job, before), target.candidates(ADAPTER, job, gpus)
+    assume(olds and len(cands) > 1)
+    current = olds[0].parallel
+    m = {"live": moves.LiveMove(horizon), "restart": moves.RestartMove(horizon, save=False),
+         "restart-memory": moves.RestartMove(horizon, memory=True), "restart-saved": moves.RestartMove(horizon)}[move]
+    chosen = target.best(ADAPTER, job, gpus, hw, current, move=m)
+    step = {c: target.step_time(work, c, hw) for c in cands}
+    cost = {c: m.cost_s(work, current, c.parallel, hw.costs) for c in cands}
+    fastest = min(step.values())
+    total = {c: cost[c] + horizon * step[c] / fastest for c in cands}
+    assert total[chosen] <= min(total.values()) + 1e-6
+    quickest = min(cands, key=lambda c: (round(step[c], 12), cost[c]))
+    assert cost[chosen] <= cost[quickest] + 1e-6
+    assert step[chosen] <= fastest * (1 + cost[quickest] / horizon) + 1e-9
+    # without a current configuration, or counting nothing, the fastest wins as before
+    assert round(step[target.best(ADAPTER, job, gpus, hw, None, move=m)], 12) == round(fastest, 12)
+    assert round(step[target.best(ADAPTER, job, gpus, hw, current, move=moves.STEP_ONLY)], 12) == round(fastest, 12)

@@ -24,10 +24,12 @@ def hardware_of(cfg: RunConfig) -> target.Hardware:
 
 
 def admit(ev: Event, n_before: int, usable_slots: int, adapter: EngineAdapter, job: JobConfig,
-          hardware: target.Hardware) -> ParallelConfig | None:
+          hardware: target.Hardware, current: ParallelConfig | None = None) -> ParallelConfig | None:
     """The target of ``ev`` for a job that will have ``n_before`` GPUs when it comes (None for a
-    scale-in to 0: no configuration, the job waits on disk); EventError (a ValueError) naming the
-    source, the field and what is allowed."""
+    scale-in to 0: no configuration, the job waits on disk), chosen counting the live handoff from
+    ``current`` where the job runs it (an event queued behind others is checked without: its
+    target is chosen again when it runs); EventError (a ValueError) naming the source, the field
+    and what is allowed."""
     if n_before == 0 and ev.kind is not EventKind.SCALE_OUT:
         raise EventError(f"{ev.source}: {ev.describe()}: the job will have no GPU then; allowed a scale-out")
     if ev.kind is EventKind.SCALE_OUT and ev.gpus <= n_before:
@@ -49,7 +51,7 @@ def admit(ev: Event, n_before: int, usable_slots: int, adapter: EngineAdapter, j
         if ev.parallel is not None:
             adapter.layout(job, ev.parallel)
             return ev.parallel
-        return target.choose(adapter, job, ev.gpus, hardware)
+        return target.choose(adapter, job, ev.gpus, hardware, current)
     except ValueError as e:
         raise EventError(f"{ev.source}: {e}") from None
 

@@ -346,12 +346,13 @@ class Controller:
         """The slots the job can use now: those of its nodes that are up, less those lost."""
         return len([s for s in self.nodes.slots() if s not in self.state.lost_slots])
 
-    def validate(self, ev: Event, n_before: int) -> ParallelConfig:
-        """Refuse (ValueError naming the field) what cannot be done; returns the target. A
+    def validate(self, ev: Event, n_before: int, current: ParallelConfig | None = None) -> ParallelConfig:
+        """Refuse (ValueError naming the field) what cannot be done; returns the target (from
+        ``current``, the configuration the job runs: ``admit``). A
         scale-out reports capacity: the slots of processes lost earlier count (it begins by
         taking them back), else a slot lost once on a node that is up could never be used again."""
         capacity = len(self.nodes.slots()) if ev.kind is EventKind.SCALE_OUT else self.capacity()
-        return admit(ev, n_before, capacity, self.adapter, self.job, self.hardware)
+        return admit(ev, n_before, capacity, self.adapter, self.job, self.hardware, current)
 
     def _watch_progress(self) -> None:
         """Said and recorded once each (``watch.py``): a non-finite loss (ending the job there where
@@ -379,7 +380,7 @@ class Controller:
                 raise ValueError(f"{ev.source}: node {ev.node} holds no rank of the job any more")
             gpus = n_old - len(on_node)
             ev = replace(ev, gpus=gpus, parallel=ev.parallel if ev.parallel and ev.parallel.world_size == gpus else None)
-        tgt = self.validate(ev, n_old)
+        tgt = self.validate(ev, n_old, old.parallel)
         old_layout, new_layout = self.adapter.layout(self.job, old.parallel), self.adapter.layout(self.job, tgt)
         if ev.kind is EventKind.RESHAPE and (new_layout.tp, new_layout.pp, new_layout.dp, new_layout.layers_per_stage) \
                 == (old_layout.tp, old_layout.pp, old_layout.dp, old_layout.layers_per_stage):

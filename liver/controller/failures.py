@@ -23,12 +23,15 @@ from liver.controller.suspension import Suspension
 from liver.policy import target
 from liver.policy.decisions import EndState, job_finished
 from liver.policy.events import Event
+from liver.policy.moves import RestartMove
 from liver.policy.outcome import Outcome
 from liver.protocol.agent import NODE_LOST
 from liver.protocol.messages import beat_key
 from liver.topology import ParallelConfig
 
 FAILURE_GRACE_S = 0.2  # before a recovery from the checkpoint, the processes that end with the lost ones
+
+RESTART_FROM_CHECKPOINT = RestartMove(save=False)  # a recovery's move: the newest checkpoint loaded
 
 
 class ControllerError(RuntimeError):
@@ -231,7 +234,8 @@ class Failures:
         if named is not None and named.world_size == n:
             parallel = named
         else:
-            parallel = old if old.world_size == n else target.choose(h.adapter, h.job, n, h.hardware, current=old)
+            parallel = old if old.world_size == n else target.choose(h.adapter, h.job, n, h.hardware, current=old,
+                                                                     move=RESTART_FROM_CHECKPOINT)
             if named is not None:
                 not_honoured = (f"the event asked for {named.short()} ({named.world_size} GPUs); {n} survived, so "
                                 f"{parallel.short()}")

@@ -271,6 +271,22 @@ def _mirror(job: Workload, m: Work, step_s: float, link: float, copy_bw: float) 
 
 
 @functools.lru_cache(maxsize=4096)
+def _by_stage(job: Workload, lay: Layout) -> tuple[list[float], list[dict[int, float]]]:
+    """Each stage's bytes of tensors no rank cuts, and of those TP cuts, by the length of the
+    cut dimension (the tensors of one length are cut alike)."""
+    whole = [0.0] * lay.pp
+    cut: list[dict[int, float]] = [{} for _ in range(lay.pp)]
+    for s in job.specs():
+        st = lay.stage_of_layer(s.layer)
+        if s.shard_dim is None:
+            whole[st] += s.nbytes
+        else:
+            n = s.shape[s.shard_dim]
+            cut[st][n] = cut[st].get(n, 0.0) + s.nbytes
+    return whole, cut
+
+
+@functools.lru_cache(maxsize=4096)
 def dcp_bytes(job: Workload, old: ParallelConfig, new: ParallelConfig) -> tuple[float, float, float]:
     """What a DCP checkpoint of ``old`` loaded into ``new`` moves through storage: (the busiest
     old rank's bytes written, the busiest new rank's bytes read, all the new ranks' bytes read).
@@ -279,24 +295,21 @@ def dcp_bytes(job: Workload, old: ParallelConfig, new: ParallelConfig) -> tuple[
     it in memory (DCP's file system reader), so a rank whose TP slices cut across the saved ones
     reads more than it keeps, and every data-parallel replica reads its part."""
     lo, ln = layout(job, old), layout(job, new)
-    specs = job.specs()
+    whole_o, cut_o = _by_stage(job, lo)
+    whole_n, cut_n = _by_stage(job, ln)
+    write = max(whole_o[st] + sum(cut_o[st].values()) / lo.tp for st in range(lo.pp)) / lo.dp
 
-    def part(lay: Layout, stage: int, tp: int, saved_tp: int | None) -> float:
-        total = 0.0
-        for s in specs:
-            if lay.stage_of_layer(s.layer) != stage:
-                continue
-            if s.shard_dim is None or saved_tp is None:
-                total += s.nbytes / (1 if s.shard_dim is None else lay.tp)
-                continue
-            n = s.shape[s.shard_dim]
-            mine, theirs = n // lay.tp, n // saved_tp
+    def read(stage: int, tp: int) -> float:
+        """New rank (``stage``, ``tp``)'s bytes: its whole tensors, and of each cut one every saved
+        TP slice its own slice overlaps."""
+        total = whole_n[stage]
+        for n, nbytes in cut_n[stage].items():
+            mine, theirs = n // ln.tp, n // lo.tp
             first, last = tp * mine // theirs, ((tp + 1) * mine - 1) // theirs
-            total += (last - first + 1) * s.nbytes / saved_tp
+            total += (last - first + 1) * nbytes / lo.tp
         return total
 
-    write = max(part(lo, st, t, None) / lo.dp for st in range(lo.pp) for t in range(lo.tp))
-    reads = [part(ln, st, t, lo.tp) for st in range(ln.pp) for t in range(ln.tp)]
+    reads = [read(st, t) for st in range(ln.pp) for t in range(ln.tp)]
     return write, max(reads), sum(reads) * ln.dp
 
 

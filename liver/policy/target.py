@@ -8,8 +8,13 @@ validates the layout: the model's and the batch's divisibility). Those whose lar
 (``costs.step_time``: a roofline with the pipeline bubble and the TP and DP all-reduces, and on CPU
 processes the framework's per-layer time and the collectives' round trips) under the hardware's
 profile: "h200" for NCCL, "cpu" for gloo (``calibration.json``; ``liver bench target`` checks the
-choice against measurement). Ties go to the configuration closest to the current one, then to
-less pipelining, then to less tensor parallelism.
+choice against measurement). Where the job runs a configuration already (``current``), the cost of
+getting from it to each candidate is counted too (``moves``: the live pause by default, a restart
+for the simulator's baselines), weighed against the steps over the horizon the job expects on the
+target: between candidates whose steps differ by a fraction of a percent, the one reached in the
+shorter pause wins, so neighbouring GPU counts do not flip between configurations a move apart.
+Ties go to the configuration closest to the current one, then to less pipelining, then to less
+tensor parallelism.
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ from dataclasses import dataclass, replace
 
 from liver.engine.interface import EngineAdapter
 from liver.policy import costs
+from liver.policy.moves import LIVE, Move
 from liver.policy.profile import Profile, load
 from liver.policy.workload import Workload
 from liver.topology import JobConfig, Layout, ParallelConfig
@@ -100,28 +106,55 @@ def _rank(job: Workload, hw: Hardware, current: ParallelConfig | None):
 
 
 def best(adapter: EngineAdapter, job: JobConfig, gpus: int, hw: Hardware, current: ParallelConfig | None = None,
-         keep_tp_pp: tuple[int, int] | None = None) -> Layout | None:
-    """The fastest layout for ``gpus`` GPUs that fits (``keep_tp_pp``: only those of this TP and
-    PP, data-parallel-only resizing), or None."""
+         keep_tp_pp: tuple[int, int] | None = None, move: Move = LIVE) -> Layout | None:
+    """The best layout for ``gpus`` GPUs that fits (``keep_tp_pp``: only those of this TP and PP,
+    data-parallel-only resizing), or None: the fastest, or where the job runs ``current``, the one
+    that trains the most over ``move``'s horizon once the move to it is counted."""
     fit = [c for c in candidates(adapter, job, gpus)
            if (keep_tp_pp is None or (c.tp, c.pp) == keep_tp_pp) and fits(adapter, job, c, hw)]
-    return min(fit, key=_rank(Workload(adapter, job), hw, current), default=None)
+    work = Workload(adapter, job)
+    if current is None or type(move) is Move or len(fit) < 2:
+        return min(fit, key=_rank(work, hw, current), default=None)
+    return _cheapest_to_reach(work, fit, hw, current, move)
+
+
+def _cheapest_to_reach(work: Workload, fit: list[Layout], hw: Hardware, current: ParallelConfig,
+                       move: Move) -> Layout:
+    """The least ``cost + horizon * step / fastest step`` (``moves``), ties as ``_rank``'s. The
+    candidates are taken fastest first, and once a candidate's steps alone lose more over the
+    horizon than the best total so far, none after it can win (a move costs nothing or more):
+    the costs of the rest are never computed (a live handoff's plans them)."""
+    rank = _rank(work, hw, current)
+    fit = sorted(fit, key=rank)
+    fastest = step_time(work, fit[0], hw)
+    scale = move.horizon_s / fastest
+    best_key, best_lay = None, fit[0]
+    for c in fit:
+        steps = scale * step_time(work, c, hw)
+        if best_key is not None and steps >= best_key[0]:
+            break
+        key = (round(move.cost_s(work, current, c.parallel, hw.costs) + steps, 9), *rank(c)[1:])
+        if best_key is None or key < best_key:
+            best_key, best_lay = key, c
+    return best_lay
 
 
 @functools.lru_cache(maxsize=65536)
-def best_up_to(adapter: EngineAdapter, job: JobConfig, gpus: int, hw: Hardware) -> Layout | None:
-    """The best layout on the most of ``gpus`` that any layout can use (a count the batch or the
-    shapes do not divide leaves a few GPUs idle), or None."""
+def best_up_to(adapter: EngineAdapter, job: JobConfig, gpus: int, hw: Hardware,
+               current: ParallelConfig | None = None, move: Move = LIVE) -> Layout | None:
+    """The best layout (``best``) on the most of ``gpus`` that any layout can use (a count the
+    batch or the shapes do not divide leaves a few GPUs idle), or None."""
     for n in range(gpus, 0, -1):
-        lay = best(adapter, job, n, hw)
+        lay = best(adapter, job, n, hw, current, move=move)
         if lay is not None:
             return lay
     return None
 
 
 def choose(adapter: EngineAdapter, job: JobConfig, gpus: int, hw: Hardware,
-           current: ParallelConfig | None = None) -> ParallelConfig:
-    """The best valid configuration for exactly ``gpus`` GPUs; ValueError naming why none exists."""
+           current: ParallelConfig | None = None, move: Move = LIVE) -> ParallelConfig:
+    """The best valid configuration for exactly ``gpus`` GPUs (from ``current``: counting the
+    ``move`` to it, a live handoff by default); ValueError naming why none exists."""
     if gpus < 1:
         raise ValueError(f"gpus={gpus}: allowed a positive GPU count")
     cands = candidates(adapter, job, gpus)
@@ -129,7 +162,7 @@ def choose(adapter: EngineAdapter, job: JobConfig, gpus: int, hw: Hardware,
         raise ValueError(f"gpus={gpus}: no tp*pp*dp={gpus} is valid for this model and batch "
                          f"({adapter.facts(job).layers} layers, the engine's shapes, global batch "
                          f"{job.train.global_batch}, micro batch {job.train.micro_batch})")
-    lay = best(adapter, job, gpus, hw, current)
+    lay = best(adapter, job, gpus, hw, current, move=move)
     if lay is None:
         need = min(state_bytes(adapter, job, c) for c in cands) * ACTIVATIONS
         raise ValueError(f"gpus={gpus}: no configuration fits memory_bytes={hw.memory_bytes:.3g} per GPU "

@@ -29,6 +29,7 @@ from liver.policy.workload import Workload
 from liver.policy.decisions import NoticeAction, on_notice
 from liver.topology import ParallelConfig
 from liver.policy.events import EventKind
+from liver.policy.moves import LIVE, Move, RestartMove, STEP_ONLY
 from liver.policy.profile import Profile
 from liver.sim.sources import Change
 from liver.topology import JobConfig, Layout
@@ -83,9 +84,11 @@ class Sim:
     def step_s(self, lay: Layout) -> float:
         return target.step_time(self.work, lay, self.hw)
 
-    def best(self, gpus: int) -> Layout | None:
-        """What the controller would run on the most of ``gpus`` GPUs that any layout can use."""
-        return target.best_up_to(self.adapter, self.job, gpus, self.hw)
+    def best(self, gpus: int, move: Move = STEP_ONLY) -> Layout | None:
+        """What the controller would run on the most of ``gpus`` GPUs that any layout can use:
+        the fastest, or counting the ``move`` from the configuration the job runs (``moves``)."""
+        current = self.layout.parallel if type(move) is not Move and self.layout is not None else None
+        return target.best_up_to(self.adapter, self.job, gpus, self.hw, current, move)
 
     def train(self, env: simpy.Environment, dt: float, rate: float = 1.0) -> Iterator[Any]:
         """``dt`` of training (at ``rate`` of full speed: a preparation beside it), or idling when
@@ -180,12 +183,13 @@ class Sim:
 
 class Policy:
     name = "?"
+    move: Move = LIVE  # how it gets to a configuration, as its target choice counts it
 
     def first(self, sim: Sim, gpus: int) -> Layout | None:
         return sim.best(gpus)
 
     def target(self, sim: Sim, gpus: int) -> Layout | None:
-        return sim.best(gpus)
+        return sim.best(gpus, self.move)
 
     def handle(self, sim: Sim, env: simpy.Environment, c: Change) -> Iterator[Any]:
         """One change, from when the job learns of it (a loss with notice: the notice)."""
@@ -367,6 +371,7 @@ class Restart(Policy):
 
     name = "restart-storage"
     memory = False
+    move = RestartMove()
 
     def handle(self, sim: Sim, env: simpy.Environment, c: Change) -> Iterator[Any]:
         old, tgt = sim.layout, self.target(sim, c.gpus)
@@ -402,6 +407,7 @@ class Restart(Policy):
 class RestartMemory(Restart):
     name = "restart-memory"
     memory = True
+    move = RestartMove(memory=True)
 
 
 class RestartPeriodic(Restart):
@@ -410,6 +416,7 @@ class RestartPeriodic(Restart):
     left; GPUs that come are taken by a save and a restart (the job picks that moment)."""
 
     name = "restart-periodic"
+    move = RestartMove(save=False)  # (its losses: from the last periodic checkpoint)
 
     def handle(self, sim: Sim, env: simpy.Environment, c: Change) -> Iterator[Any]:
         old, tgt = sim.layout, self.target(sim, c.gpus)

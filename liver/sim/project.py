@@ -23,10 +23,12 @@ from typing import Any
 
 from liver.engine.reference import ADAPTER
 from liver.policy import costs, target
+from liver.policy.moves import LIVE, Move, RestartMove
 from liver.policy.workload import Workload
 from liver.policy.profile import PROFILES, load
 from liver.sim import engine, sources
 from liver.sim.models import sim_model
+from liver.topology import Layout
 
 MODELS = ("7b-cluster", "14b-cluster", "30b-cluster", "70b-cluster", "175b-cluster")
 SIZES = (64, 128, 256, 512, 1024)
@@ -40,17 +42,23 @@ def every_node_count(prof) -> list[int]:
     return list(range(-(-SIZES[0] // n) * n, SIZES[-1] + 1, n))
 
 
+def node_lost(job, gpus: int, prof, move: Move = LIVE) -> tuple[Layout | None, Layout | None]:
+    """The configurations before and after a node is lost (None where none fits): the fastest on
+    ``gpus``, then the target on the GPUs left as the policy chooses it, counting its ``move``."""
+    hw = target.Hardware.of(prof)
+    a = target.best_up_to(ADAPTER, job, gpus, hw)
+    return a, None if a is None else target.best_up_to(ADAPTER, job, gpus - prof.node_size, hw, a.parallel, move)
+
+
 def _cases(sizes=lambda prof: SIZES):
     """Every (profile name, profile, model name, job, GPUs, configuration before and after a node
-    is lost: None where none fits); ``sizes(profile)``: the GPU counts."""
+    is lost, live: ``node_lost``); ``sizes(profile)``: the GPU counts."""
     for pname in PROFILES:
         prof = load(pname)
-        hw = target.Hardware.of(prof)
         for m in MODELS:
             job = sim_model(m)
             for g in sizes(prof):
-                yield (pname, prof, m, job, g, target.best_up_to(ADAPTER, job, g, hw),
-                       target.best_up_to(ADAPTER, job, g - prof.node_size, hw))
+                yield (pname, prof, m, job, g, *node_lost(job, g, prof))
 
 
 def _spread(xs: list[float]) -> dict[str, float] | None:
@@ -58,6 +66,27 @@ def _spread(xs: list[float]) -> dict[str, float] | None:
         return None
     xs = sorted(xs)
     return {"min": xs[0], "median": xs[len(xs) // 2], "max": xs[-1]}
+
+
+def by_model_size(rows: list[dict[str, Any]], key: str) -> dict[str, Any]:
+    """Where, at one GPU count and profile, the next bigger model's ``key`` is shorter (each model
+    on its own chosen configurations: at the same ones the cost model never does this, a property
+    test), with the configurations of both."""
+    at: dict[tuple[str, int], dict[str, dict[str, Any]]] = {}
+    for r in rows:
+        if key in r:
+            at.setdefault((r["profile"], r["gpus"]), {})[r["model"]] = r
+    pairs, shorter = 0, []
+    for (pname, g), by in sorted(at.items()):
+        ms = [m for m in MODELS if m in by]
+        for small, big in zip(ms, ms[1:]):
+            pairs += 1
+            if by[big][key] < by[small][key]:
+                shorter.append({"profile": pname, "gpus": g, "smaller": small, "bigger": big,
+                                "smaller_s": by[small][key], "bigger_s": by[big][key],
+                                "smaller_configs": [by[small]["old"], by[small]["new"], by[small].get("restart_new")],
+                                "bigger_configs": [by[big]["old"], by[big]["new"], by[big].get("restart_new")]})
+    return {"pairs": pairs, "bigger_shorter": len(shorter), "cases": shorter}
 
 
 def downtime(out: Path) -> dict[str, Any]:
@@ -69,9 +98,11 @@ def downtime(out: Path) -> dict[str, Any]:
         if a is None or b is None:
             rows.append({"profile": pname, "model": m, "gpus": g, "fits": False})
             continue
+        br = node_lost(job, g, prof, RestartMove())[1]  # (a restart's own target: counting the restart)
         h = costs.live(Workload(ADAPTER, job), a.parallel, b.parallel, prof)
-        r = costs.restart(Workload(ADAPTER, job), a.parallel, b.parallel, prof)
+        r = costs.restart(Workload(ADAPTER, job), a.parallel, br.parallel, prof)
         rows.append({"profile": pname, "model": m, "gpus": g, "old": a.parallel.short(), "new": b.parallel.short(),
+                     "restart_new": br.parallel.short(),
                      "live_downtime_s": h.downtime_s, "live_transfer_s": h.transfer_s,
                      "restart_downtime_s": r.downtime_s, "ratio": r.downtime_s / h.downtime_s,
                      "restart_parts_s": {"save": r.save_s, "start": r.start_s, "init": r.init_s,
@@ -92,6 +123,7 @@ def downtime(out: Path) -> dict[str, Any]:
                                                "missed_at_gpus": missed,
                                                "worst_live_downtime_s": max((r["live_downtime_s"] for r in over),
                                                                             default=None)}}
+    result["by_model_size"] = {k: by_model_size(rows, k) for k in ("live_downtime_s", "restart_downtime_s")}
     _plot(out / "downtime.png", rows, "live_downtime_s", "restart_downtime_s", "downtime (s)")
     _write(out / "downtime.json", result)
     return result
@@ -166,10 +198,9 @@ def precopy(out: Path, gpus: int = 1024, seeds: int = 3, hours: float = 8.0) -> 
     rows, runs = [], []
     for pname in PROFILES:
         prof = load(pname)
-        hw = target.Hardware.of(prof)
         for m in ("70b-cluster", "175b-cluster"):
             job = sim_model(m)
-            a, b = target.best_up_to(ADAPTER, job, gpus, hw), target.best_up_to(ADAPTER, job, gpus - prof.node_size, hw)
+            a, b = node_lost(job, gpus, prof)
             if a is None or b is None:
                 continue
             w = Workload(ADAPTER, job)
@@ -243,21 +274,21 @@ def paper(out: Path, seeds: int = 5) -> dict[str, Any]:
     downtime, prepare = [], []
     for pname in PROFILES:
         prof = load(pname)
-        hw = target.Hardware.of(prof)
         d = PAPER["downtime"]
         job = sim_model(d["model"])
-        a, b = target.best_up_to(ADAPTER, job, d["gpus"], hw), target.best_up_to(ADAPTER, job, d["gpus"] - prof.node_size, hw)
+        a, b = node_lost(job, d["gpus"], prof)
+        _, br = node_lost(job, d["gpus"], prof, RestartMove())
         if a is None or b is None:
             continue
         w = Workload(ADAPTER, job)
-        h, r = costs.live(w, a.parallel, b.parallel, prof), costs.restart(w, a.parallel, b.parallel, prof)
+        h, r = costs.live(w, a.parallel, b.parallel, prof), costs.restart(w, a.parallel, br.parallel, prof)
         for what, got, parts in (
                 ("live", h.downtime_s, {"switch": h.switch_s, "transfer": h.transfer_s, "first_step": h.first_step_s}),
                 ("restart", r.downtime_s, {"save": r.save_s, "start": r.start_s, "init": r.init_s, "load": r.load_s,
                                            "rest": r.fixed_s})):
             want = d["published"][what]
-            row = {"profile": pname, "what": what, "old": a.parallel.short(), "new": b.parallel.short(),
-                   "published_s": want, "simulated_s": got, "ratio": got / want}
+            row = {"profile": pname, "what": what, "old": a.parallel.short(),
+                   "new": (b if what == "live" else br).parallel.short(), "published_s": want, "simulated_s": got, "ratio": got / want}
             if not 1 / WITHIN <= got / want <= WITHIN:
                 row["phases_s"] = parts
             downtime.append(row)
