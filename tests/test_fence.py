@@ -91,6 +91,65 @@ def test_cutting_connections_wakes_a_collective_blocked_on_a_frozen_peer():
                     pass
 
 
+def _sliced_rank(rank: int, port: int, q) -> None:
+    from liver.world.group import Group
+
+    store = dist.TCPStore("127.0.0.1", port, 3, False, timeout=timedelta(seconds=60))
+    g = Group.create(store, "g", [0, 1], rank, "gloo", torch.device("cpu"), timedelta(seconds=120))
+    t = torch.ones(4)
+    g.allreduce(t)
+    if rank == 1:
+        time.sleep(2.5)  # late: rank 0 waits through two slices, and must not take that for a failure
+        g.allreduce(t)
+        q.put(("ready", rank, os.getpid()))
+        time.sleep(600)  # (then stopped by the test)
+        return
+    g.allreduce(t)
+    assert t.tolist() == [4.0] * 4
+    q.put(("ready", rank, os.getpid()))
+    import threading
+
+    threading.Timer(1.5, g.comm.cut.set).start()  # the flag only: no socket is cut, gloo is never woken
+    t0 = time.time()
+    try:
+        g.allreduce(t)
+        q.put(("done", None, time.time() - t0))
+    except RuntimeError as e:
+        q.put(("raised", broken_group(e), time.time() - t0))
+
+
+def test_a_gloo_wait_ends_once_its_communicator_is_cut_even_where_gloo_is_not_woken():
+    """A survivor's all-reduce stayed blocked after its connections were cut, in about 2 of 80
+    runs of the fenced-node test (the heal never came). Its wait now looks every second whether
+    its communicator was cut (``World.interrupt`` marks it before cutting): with the mark alone
+    and no socket touched, the blocked all-reduce fails within a slice, as a broken group; a peer
+    merely late by more than a slice is waited for as before."""
+    port = _free_port()
+    server = dist.TCPStore("127.0.0.1", port, 3, True, timeout=timedelta(seconds=60), wait_for_workers=False)
+    ctx = mp.get_context("spawn")
+    qs = [ctx.Queue(), ctx.Queue()]
+    ps = [ctx.Process(target=_sliced_rank, args=(r, port, qs[r]), daemon=True) for r in (0, 1)]
+    for p in ps:
+        p.start()
+    try:
+        ready = {}
+        for q in qs:
+            what, rank, pid = q.get(timeout=120)
+            assert what == "ready"
+            ready[rank] = pid
+        os.kill(ready[1], signal.SIGSTOP)
+        what, broken, took = qs[0].get(timeout=60)
+        assert what == "raised" and broken and 1.4 < took < 4.0, (what, broken, took)
+    finally:
+        del server
+        for p in ps:
+            if p.pid:
+                try:
+                    os.kill(p.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+
+
 GUARD = textwrap.dedent("""
     import sys, tempfile, time
     from pathlib import Path

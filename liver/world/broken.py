@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import torch
 
-_SIGNS = ("Connection closed by peer", "Connection reset by peer", "Broken pipe", "gloo/transport",
+from liver.world.group import CUT
+
+_SIGNS = (CUT, "Connection closed by peer", "Connection reset by peer", "Broken pipe", "gloo/transport",
           "NCCL communicator was aborted", "ncclRemoteError")
 
 

@@ -380,6 +380,8 @@ class World:
         training thread then stalls on the error and ``abort`` follows there. Returns how many
         connections were cut."""
         for g in self.every_group():
+            if g.comm is not None:
+                g.comm.cut.set()  # (a gloo wait that the cut below does not wake ends within its slice)
             pg = g.pg
             if pg is not None and g.device.type == "cuda":
                 try:
