@@ -28,7 +28,10 @@ from liver.topology import ParallelConfig
 PEAK_BF16 = {"H200": 989e12, "H100": 989e12, "A100": 312e12, "A800": 312e12}
 # what two GPUs of one host cannot show, stated (README: "Simulator")
 STATED = {
-    "group_growth_s": (0.4, "stated setting: NCCL communicator set-up grows about 0.4 s per doubling of the ranks"),
+    "group_growth_s": (0.4, "stated setting: NCCL communicator set-up grows about 0.4 s per doubling of the ranks "
+                            "(not fitted to a source: the one published figure found, a 2.5-minute NCCL init on "
+                            "PyTorch's default path 'above certain K GPUs', github.com/NVIDIA/nccl/issues/1156, "
+                            "2024-01-23, states no GPU count; two GPUs cannot measure the growth)"),
     "cuda_init_s": (0.0, "measured together with process_start_s (a fresh interpreter's imports and CUDA)"),
     "inter_bw": (H200_CLUSTER["inter_bw"], "stated setting: 8 x 400 Gb/s NICs a node, 50 GB/s a GPU"),
     "storage_cap_bw": (H200_CLUSTER["storage_cap_bw"], "stated setting: a 100 GB/s parallel file system"),
