@@ -17,7 +17,7 @@ from liver.policy.events import EventError
 from liver.engine.reference import ADAPTER
 from liver.policy import costs, target
 from liver.policy.workload import Workload
-from liver.sim import calibrate, engine, sources, validate
+from liver.sim import calibrate, engine, results, sources, validate
 from liver.sim.models import SIM_MODELS, sim_model
 from liver.policy.profile import PROFILES, load
 from liver.topology import ParallelConfig
@@ -128,7 +128,7 @@ def test_calibration_on_the_fixture_reproduces_its_parameters():
     want = json.loads((FIXTURES / "sim-calibration.json").read_text())
     got = json.loads(json.dumps(calibrate.calibrate(FIXTURES / "sim-results"), sort_keys=True))
     assert calibrate.same_fit(got, want)  # (a fit's last bits differ between machines' BLAS)
-    events, steps, _ = calibrate.measurements(FIXTURES / "sim-results")
+    events, steps, _ = results.measurements(FIXTURES / "sim-results")
     # one rule by hand: the link's bandwidth, from the handoffs on the same processes that send
     # (the busiest process's bytes out and in, from the planner: here one rank's half of the state
     # each way)
@@ -154,7 +154,7 @@ def test_the_committed_calibration_is_what_bench_results_give():
 
 
 def test_validation_reports_every_quantity_and_the_noise_floor():
-    v = validate.validate(*calibrate.measurements(FIXTURES / "sim-results"))
+    v = validate.validate(*results.measurements(FIXTURES / "sim-results"))
     assert set(v["summary"]) == set(validate.QUANTITIES)
     for q in validate.QUANTITIES:
         s = v["summary"][q]
@@ -207,7 +207,7 @@ def test_a_first_step_pays_for_the_collectives_it_runs_over_new_process_sets():
     assert costs.first_uses(Workload.reference(job), par(dp=2), par()) == frozenset()               # one process: none
     # the run's history: a communicator keeps the kinds it ran (tp1 -> tp2 -> dp2 -> tp2: the last pays none)
     run = [(par(), par(tp=2)), (par(tp=2), par(dp=2)), (par(dp=2), par(tp=2)), (par(tp=2), par())]
-    assert calibrate.replay("7b", run) == [(frozenset({"tp"}), True), (frozenset({"dp"}), False),
+    assert results.replay("7b", run) == [(frozenset({"tp"}), True), (frozenset({"dp"}), False),
                                            (frozenset(), False), (frozenset(), False)]
     prof = load("h200")
     again = costs.live(Workload.reference(job), par(tp=2), par(dp=2), prof, kinds=frozenset())
@@ -439,20 +439,20 @@ def test_the_cpu_profile_fits_the_cpu_handoffs_and_is_checked_on_the_ones_it_did
     """The CPU profile's handoff and restart terms come from handoffs measured on CPU processes
     (``liver bench handoffs --backend gloo``, bench/results/cpu-handoffs-*), not from the H200's;
     leave-one-out over them scores every quantity (README: Simulator)."""
-    results = Path(__file__).parent.parent / "bench" / "results"
-    events = calibrate.cpu_events(results)
+    root = Path(__file__).parent.parent / "bench" / "results"
+    events = results.cpu_events(root)
     assert len(events) >= 10 and {e.kind for e in events} >= {"scale-out", "scale-in", "reshape"}
     cpu = load("cpu")
     for k in calibrate.HANDOFF_KEYS:
         assert "on CPU processes" in cpu.sources[k], k
     assert cpu.process_start_s != load("h200").process_start_s
-    target_json = results / "cpu-target-choice" / "target.json"
-    base = {**calibrate.fit(*calibrate.measurements(results))[0], **calibrate.fit_cpu(calibrate.cpu_samples(target_json))[0]}
+    target_json = root / "cpu-target-choice" / "target.json"
+    base = {**calibrate.fit(*results.measurements(root))[0], **calibrate.fit_cpu(results.cpu_samples(target_json))[0]}
     res = validate.validate_cpu_handoffs(events, base)
     assert set(res["summary"]) == set(validate.QUANTITIES)
     assert all(res["summary"][q]["events"] >= 3 for q in validate.QUANTITIES)
     # held out: every scenario of liver bench reconfig on the reference engine (never in the fit)
-    held = calibrate.cpu_reconfig_events(results)
+    held = results.cpu_reconfig_events(root)
     assert {e.kind for e in held} >= {"scale-out", "scale-in", "reshape"} and all(e.model == "tiny" for e in held)
     res = validate.validate_cpu_reconfig(held, events, base)
     assert all(res["summary"][q]["events"] == len(held) for q in validate.QUANTITIES)

@@ -6,7 +6,9 @@ calibrated from this project's own measured runs, to project LiveR beyond the ma
 - ``costs.py``: each phase of a live handoff and of a restart, and a step's time, as functions of
   the model, the configurations, the ranks and the profile (the bytes a rank moves come from the
   project's own planner);
-- ``calibrate.py``: the fit of a profile to the JSON under bench/results;
+- ``results.py``: the JSON under bench/results, read as measured handoffs, steps and direct
+  measurements;
+- ``calibrate.py``: the fit of a profile to them;
 - ``validate.py``: the fit against measurements it did not see (leave-one-out, a held-out run,
   held-out steps, DCP measured directly, the controller's choice on CPU);
 - ``sources.py``: event streams (a schedule, a spot trace, a synthetic volatility regime);

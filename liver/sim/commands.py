@@ -60,23 +60,23 @@ def _calibrate(args: argparse.Namespace) -> int:
 
 
 def _validate(args: argparse.Namespace) -> int:
-    from liver.sim import calibrate, validate
+    from liver.sim import calibrate, results, validate
 
-    measured = calibrate.measurements(Path(args.results))
+    measured = results.measurements(Path(args.results))
     v, _ = calibrate.fit(*measured)
     result = validate.validate(*measured, full=v)
     cpu = Path(args.results) / "cpu-target-choice" / "target.json"
     if cpu.exists():
         result["target_choice_cpu"] = validate.validate_choice(cpu)
-        base = {**v, **calibrate.fit_cpu(calibrate.cpu_samples(cpu))[0]}
-        fitted = calibrate.cpu_events(Path(args.results))
+        base = {**v, **calibrate.fit_cpu(results.cpu_samples(cpu))[0]}
+        fitted = results.cpu_events(Path(args.results))
         handoffs = validate.validate_cpu_handoffs(fitted, base)
         if handoffs:
             result["cpu_handoffs"] = handoffs
-        reconfig = validate.validate_cpu_reconfig(calibrate.cpu_reconfig_events(Path(args.results)), fitted, base)
+        reconfig = validate.validate_cpu_reconfig(results.cpu_reconfig_events(Path(args.results)), fitted, base)
         if reconfig:
             result["cpu_reconfig_held_out"] = reconfig
-    held = validate.validate_held_out(calibrate.held_out(Path(args.results)), v, measured[0])
+    held = validate.validate_held_out(results.held_out(Path(args.results)), v, measured[0])
     if held:
         result["held_out_live"] = held
     dcp = validate.held_out_dcp(Path(args.results))

@@ -17,7 +17,8 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-from liver.sim.calibrate import Event, Step, cpu_samples, fit, fit_cpu, profile_of
+from liver.sim.calibrate import fit, fit_cpu, profile_of
+from liver.sim.results import Event, Step, cpu_samples
 from liver.policy.profile import CALIBRATION
 from liver.policy.workload import Workload
 from liver.topology import ParallelConfig
@@ -109,7 +110,7 @@ def _score(pairs: list[tuple[Event, dict[str, float]]], quantities: tuple[str, .
 
 
 def validate_cpu_handoffs(events: list[Event], base: dict[str, float]) -> dict[str, Any] | None:
-    """Leave-one-out over the handoffs measured on CPU processes (``calibrate.cpu_events``): each
+    """Leave-one-out over the handoffs measured on CPU processes (``results.cpu_events``): each
     predicted by the CPU fit of the others (``calibrate.cpu_handoffs``) over ``base``, the CPU
     profile's other values (its steps' fit, the direct measurements and stated settings)."""
     from liver.sim.calibrate import cpu_handoffs
@@ -125,8 +126,8 @@ def validate_cpu_handoffs(events: list[Event], base: dict[str, float]) -> dict[s
 
 
 def validate_cpu_reconfig(events: list[Event], fitted: list[Event], base: dict[str, float]) -> dict[str, Any] | None:
-    """The CPU runs of ``liver bench reconfig`` (``calibrate.cpu_reconfig_events``), never in a fit,
-    each predicted by the CPU profile fitted to every handoff of ``fitted`` (``calibrate.cpu_events``)
+    """The CPU runs of ``liver bench reconfig`` (``results.cpu_reconfig_events``), never in a fit,
+    each predicted by the CPU profile fitted to every handoff of ``fitted`` (``results.cpu_events``)
     over ``base``: their live downtime, transfer, preparation and restart downtime."""
     from liver.sim.calibrate import cpu_handoffs
 

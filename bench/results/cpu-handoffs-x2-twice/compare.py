@@ -2,11 +2,11 @@
 CPU fit of all of them (in sample), and leave-one-out without the x8 run; the noise floor beside them."""
 from pathlib import Path
 
-from liver.sim import calibrate, validate
+from liver.sim import calibrate, results, validate
 
 r = Path("bench/results")
-ev = calibrate.cpu_events(r)
-base = {**calibrate.fit(*calibrate.measurements(r))[0], **calibrate.fit_cpu(calibrate.cpu_samples(r / "cpu-target-choice" / "target.json"))[0]}
+ev = results.cpu_events(r)
+base = {**calibrate.fit(*results.measurements(r))[0], **calibrate.fit_cpu(results.cpu_samples(r / "cpu-target-choice" / "target.json"))[0]}
 
 
 def med(summary):
