@@ -179,19 +179,34 @@ class Group:
         loop takes for a broken group (``CUT``; ``world.broken``), even where cutting the sockets
         did not wake gloo: in about 2 of 80 runs of the fenced-node test, a survivor's all-reduce
         stayed blocked after its connections were cut, and the heal waited for it in vain."""
+        # (``work`` is dropped before any error leaves: the error's traceback keeps this frame, and
+        # a handle kept alive keeps the communicator and its connections, which ``World.abort``
+        # closes so that the peers blocked on this rank wake: with the handle kept, a survivor
+        # waited on its stalled peer for the whole heal timeout)
         if self.backend != "gloo" or self.comm is None:
-            work.wait()
+            try:
+                work.wait()
+            except BaseException:
+                del work
+                raise
             return
         while True:
             try:
                 work.wait(WAIT_SLICE)
                 return
             except RuntimeError:
-                if work.is_completed():  # (it failed, or ended as the slice did: its own outcome)
+                pass
+            if work.is_completed():  # (it failed, or ended as the slice did: its own outcome)
+                try:
                     work.wait()
                     return
-                if self.comm.cut.is_set():
-                    raise RuntimeError(CUT) from None
+                except RuntimeError as e:
+                    failed = e
+                del work
+                raise failed
+            if self.comm.cut.is_set():
+                del work
+                raise RuntimeError(CUT) from None
 
     def allreduce(self, t: torch.Tensor, op: str = "sum") -> None:
         if self.size == 1:  # (itself: no launch, no wait)
