@@ -129,9 +129,11 @@ def test_bench_control_plane_measures_waits_commands_and_a_lost_node(tmp_path, c
     timed from queued to taken, the silent node declared lost; bad counts refused, naming them."""
     assert main(["bench", "control-plane", "--nodes", "6001", "--out", str(tmp_path / "x")]) == 2
     assert "--nodes='6001' (each 0 to 5000)" in capsys.readouterr().err
+    assert main(["bench", "control-plane", "--nodes", "3", "--agent-timeout-s", "0.5", "--out", str(tmp_path / "x")]) == 2
+    assert "--agent-timeout-s=0.5 (1 to 3600)" in capsys.readouterr().err
     out = tmp_path / "cp"
-    assert main(["bench", "control-plane", "--nodes", "3", "--seconds", "15", "--procs", "1",
-                 "--out", str(out)]) == 0
+    assert main(["bench", "control-plane", "--nodes", "3", "--seconds", "9", "--procs", "1",
+                 "--agent-timeout-s", "4", "--out", str(out)]) == 0
     (row,) = json.loads((out / "control_plane.json").read_text())["rows"]
     assert row["waits_per_s"] > 3 and not row["errors"]
     assert row["command_delivery_s"] and all(0 <= d < 5 for d in row["command_delivery_s"])

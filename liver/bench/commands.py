@@ -320,6 +320,8 @@ def add_parsers(sub) -> None:
     bc.add_argument("--long-poll", choices=("on", "off"), default="on",
                     help="the controller's controller.long_poll (off: syncs every interval, commands wait for them)")
     bc.add_argument("--procs", type=int, default=4, help="processes the simulated agents run in (threads each)")
+    bc.add_argument("--agent-timeout-s", type=float, default=10.0,
+                    help="the controller's controller.agent_timeout_s (the silent node is declared lost after it)")
     bc.add_argument("--out", required=True, help="results: control_plane.json, the run directory")
     bc.set_defaults(fn=bench_control_plane)
     bt = bsub.add_parser("transfer", help="the streaming executor alone on 2 GPUs: tp1 -> tp2 of a 0.6B and a 1.1B state")

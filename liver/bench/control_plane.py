@@ -226,9 +226,10 @@ def _stage(job: LocalJob, nodes: int, first: int, seconds: float, procs: int) ->
 
 def run(args) -> dict[str, Any]:
     counts = [int(x) for x in str(args.nodes).split(",")]
-    if any(not 0 <= n <= 5000 for n in counts) or args.seconds < 4 or args.procs < 1:
+    if any(not 0 <= n <= 5000 for n in counts) or args.seconds < 4 or args.procs < 1 \
+            or not 1 <= args.agent_timeout_s <= 3600:
         raise ValueError(f"--nodes={args.nodes!r} (each 0 to 5000), --seconds={args.seconds} (at least 4), "
-                         f"--procs={args.procs} (at least 1)")
+                         f"--procs={args.procs} (at least 1), --agent-timeout-s={args.agent_timeout_s:g} (1 to 3600)")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     run_dir = out / "run"
@@ -236,7 +237,8 @@ def run(args) -> dict[str, Any]:
     job = LocalJob(run_dir, ["--gpus", "1", "--steps", "100000000", "--end-after-events", "-1", "--ckpt-every", "0",
                              "--on-join", "never", "--companion-share", "0",
                              "--set", f"controller.syncs_per_s={args.syncs_per_s:g}",
-                             "--set", f"controller.long_poll={'true' if args.long_poll == 'on' else 'false'}"],
+                             "--set", f"controller.long_poll={'true' if args.long_poll == 'on' else 'false'}",
+                             "--set", f"controller.agent_timeout_s={args.agent_timeout_s:g}"],
                    network=False)
     rows, first = [], 0
     try:
