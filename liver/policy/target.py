@@ -113,7 +113,7 @@ def best(adapter: EngineAdapter, job: JobConfig, gpus: int, hw: Hardware, curren
     fit = [c for c in candidates(adapter, job, gpus)
            if (keep_tp_pp is None or (c.tp, c.pp) == keep_tp_pp) and fits(adapter, job, c, hw)]
     work = Workload(adapter, job)
-    if current is None or type(move) is Move or len(fit) < 2:
+    if current is None or len(fit) < 2:
         return min(fit, key=_rank(work, hw, current), default=None)
     return _cheapest_to_reach(work, fit, hw, current, move)
 

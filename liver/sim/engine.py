@@ -29,7 +29,7 @@ from liver.policy.workload import Workload
 from liver.policy.decisions import NoticeAction, on_notice
 from liver.topology import ParallelConfig
 from liver.policy.events import EventKind
-from liver.policy.moves import LIVE, Move, RestartMove, STEP_ONLY
+from liver.policy.moves import LIVE, Move, RestartMove
 from liver.policy.profile import Profile
 from liver.sim.sources import Change
 from liver.topology import JobConfig, Layout
@@ -84,11 +84,12 @@ class Sim:
     def step_s(self, lay: Layout) -> float:
         return target.step_time(self.work, lay, self.hw)
 
-    def best(self, gpus: int, move: Move = STEP_ONLY) -> Layout | None:
+    def best(self, gpus: int, move: Move | None = None) -> Layout | None:
         """What the controller would run on the most of ``gpus`` GPUs that any layout can use:
         the fastest, or counting the ``move`` from the configuration the job runs (``moves``)."""
-        current = self.layout.parallel if type(move) is not Move and self.layout is not None else None
-        return target.best_up_to(self.adapter, self.job, gpus, self.hw, current, move)
+        if move is None or self.layout is None:
+            return target.best_up_to(self.adapter, self.job, gpus, self.hw)
+        return target.best_up_to(self.adapter, self.job, gpus, self.hw, self.layout.parallel, move)
 
     def train(self, env: simpy.Environment, dt: float, rate: float = 1.0) -> Iterator[Any]:
         """``dt`` of training (at ``rate`` of full speed: a preparation beside it), or idling when
