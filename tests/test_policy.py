@@ -13,7 +13,7 @@ from liver.policy.workload import Workload
 from liver.policy.events import Event, EventKind
 from liver.policy.profile import load
 from liver.sim import engine
-from liver.topology import JobConfig, ModelConfig, TrainConfig
+from liver.topology import JobConfig, ModelConfig, ParallelConfig, TrainConfig
 
 
 @st.composite
@@ -105,3 +105,20 @@ def test_from_a_running_configuration_the_choice_trains_the_most_over_its_horizo
     # without a current configuration, or counting nothing, the fastest wins as before
     assert round(step[target.best(ADAPTER, job, gpus, hw, None, move=m)], 12) == round(fastest, 12)
     assert round(step[target.best(ADAPTER, job, gpus, hw, current, move=moves.STEP_ONLY)], 12) == round(fastest, 12)
+
+
+def test_a_target_chosen_for_its_move_over_the_fastest_is_explained_in_words():
+    """From tp1pp1dp4, for any candidate of 2 GPUs other than the fastest, ``target.why`` names
+    both, their steps and their moves (the controller's prepare record carries it where the
+    move made it choose so); for the fastest it says nothing."""
+    hw = target.Hardware.named("h200")
+    job = JobConfig(model=ModelConfig(num_layers=8, hidden_size=256, num_heads=8, ffn_size=1024, vocab_size=1000,
+                                      seq_len=2048), train=TrainConfig(global_batch=8, micro_batch=1))
+    current = ADAPTER.layout(job, ParallelConfig(tp=1, pp=1, dp=4)).parallel
+    fastest = target.choose(ADAPTER, job, 2, hw)
+    assert target.why(ADAPTER, job, hw, current, fastest) is None
+    for c in target.candidates(ADAPTER, job, 2):
+        if c.parallel != fastest:
+            text = target.why(ADAPTER, job, hw, current, c.parallel)
+            assert text.startswith(f"{c.parallel.short()} over the fastest {fastest.short()}: its step ")
+            assert "slower, its move" in text and "600 s horizon" in text

@@ -387,6 +387,8 @@ class Controller:
             raise ValueError(f"{ev.source}: reshape {tgt.short()}: the job already runs {tgt.short()}")
         h = Handling(event=ev, record=new_record(ev, self.events.arrival(ev), old.parallel, tgt, old.generation, self.step),
                      target=tgt)
+        if ev.parallel is None:  # (the choice's target, not one the event named)
+            h.choice = target.why(self.adapter, self.job, self.hardware, old.parallel, tgt)
         if ev.kind is EventKind.SCALE_OUT:
             free = [s for s in self.nodes.free_slots() if s not in self.state.lost_slots]
             if len(free) < ev.gpus - n_old:

@@ -416,7 +416,8 @@ class LiveMode(Mode):
             self.nodes.workers[p].leaving = True
         self.ctl.wish(wanted=self.state.gen, force=self.state.gen if h.forced else 0)
         self.ctl.phase_log("prepare", generation=self.state.gen, event=h.event.kind.value, old=rec["old"], new=rec["new"],
-                       joiners=h.joiners, leaving=h.leaving, bytes_moved=plan.bytes_moved)
+                       joiners=h.joiners, leaving=h.leaving, bytes_moved=plan.bytes_moved,
+                       **({"chosen": h.choice} if h.choice else {}))
         faults.at("announce", self.state.gen)  # (the fault-matrix tests' controller dies here, or later)
 
     # ---- while it prepares -----------------------------------------------------------------

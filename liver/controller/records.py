@@ -102,6 +102,7 @@ class Handling:
     joiners: list[int] = field(default_factory=list)   # cold processes it started
     join_slots: list[int] = field(default_factory=list)
     forced: bool = False                                # its deadline forced the preparation
+    choice: str | None = None  # why its target is not the fastest of its GPU count (``target.why``)
 
     @property
     def deadline_at(self) -> float | None:

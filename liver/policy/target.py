@@ -139,6 +139,22 @@ def _cheapest_to_reach(work: Workload, fit: list[Layout], hw: Hardware, current:
     return best_lay
 
 
+def why(adapter: EngineAdapter, job: JobConfig, hw: Hardware, current: ParallelConfig, chosen: ParallelConfig,
+        move: Move = LIVE) -> str | None:
+    """Where the move counted (``best`` from ``current``) chose another configuration than the
+    fastest of its GPU count: both, their steps and their moves, in words; None where it did not."""
+    work = Workload(adapter, job)
+    fit = [c for c in candidates(adapter, job, chosen.world_size) if fits(adapter, job, c, hw)]
+    fastest = min(fit, key=_rank(work, hw, current), default=None)
+    if fastest is None or fastest.parallel == chosen:
+        return None
+    lay = adapter.layout(job, chosen)
+    slower = step_time(work, lay, hw) / step_time(work, fastest, hw) - 1
+    return (f"{chosen.short()} over the fastest {fastest.parallel.short()}: its step {slower:.2%} slower, its move "
+            f"{move.cost_s(work, current, chosen, hw.costs):.3g} s against "
+            f"{move.cost_s(work, current, fastest.parallel, hw.costs):.3g} s (over a {move.horizon_s:g} s horizon)")
+
+
 @functools.lru_cache(maxsize=65536)
 def best_up_to(adapter: EngineAdapter, job: JobConfig, gpus: int, hw: Hardware,
                current: ParallelConfig | None = None, move: Move = LIVE) -> Layout | None:
