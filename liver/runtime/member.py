@@ -99,6 +99,7 @@ class Member:
         self._side = protocol.run_store(connect_store(spec.store_addr), self.secret)
         self._side_user: Companion | None = None  # the last companion that used it
         self._switching = False
+        self._stalled_in: int | None = None  # the generation it last stalled in (a later fence arms no watchdog)
         self._half_streamed = False  # a switch failed under it: its old state is no longer whole
         self._ends: collections.deque[tuple[int, float]] = collections.deque(maxlen=ENDS_KEPT)  # rank 0's (step, end)
         # fenced (its node declared lost), a fenced peer, or cut off from the store: its own thread
@@ -253,7 +254,8 @@ class Member:
             # the heal waits for this process, and where it is held says why (about 2 in 80 runs of the
             # fenced-node test it was, with no stack kept; in one, not even a Python timer ran after
             # the cut, so the watchdog is faulthandler's, which needs no GIL)
-            faulthandler.dump_traceback_later(STALL_EXPECTED_S, file=sys.stdout)
+            if self._stalled_in != e.world.generation:  # (stalled already: nothing to watch for)
+                faulthandler.dump_traceback_later(STALL_EXPECTED_S, file=sys.stdout)
 
     def stall(self, err: BaseException) -> None:
         """Stop where the last step completed (an engine changes its state only after the step's
@@ -264,6 +266,7 @@ class Member:
         faulthandler.cancel_dump_traceback_later()  # (armed by a peer's fence: it stalled)
         e = self.engine
         g = e.world.generation
+        self._stalled_in = g
         # a write in flight over the broken groups never becomes the latest; abandoned before they
         # break, so that its thread, failing on them, takes itself for abandoned (not a failed write)
         self.ckpt.abandon()
