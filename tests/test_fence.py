@@ -7,6 +7,7 @@ harness)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import multiprocessing as mp
 import os
@@ -17,6 +18,7 @@ import textwrap
 import time
 from datetime import timedelta
 from pathlib import Path
+from typing import Any, Iterator
 
 import pytest
 import torch
@@ -33,6 +35,38 @@ def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+@contextlib.contextmanager
+def _one_frozen(target) -> Iterator[Any]:
+    """Two ranks running ``target(rank, port, queue)`` over a store of the test's; once both said
+    ready, rank 1 is stopped (SIGSTOP: no FIN, no RST, ever). Yields rank 0's queue; both are
+    killed after."""
+    port = _free_port()
+    server = dist.TCPStore("127.0.0.1", port, 3, True, timeout=timedelta(seconds=60), wait_for_workers=False)
+    ctx = mp.get_context("spawn")
+    # a queue each: a queue's writers share a lock, and a rank stopped while its feeder thread
+    # held it (its "ready" sent, the lock not yet released) kept the other's words from coming
+    qs = [ctx.Queue(), ctx.Queue()]
+    ps = [ctx.Process(target=target, args=(r, port, qs[r]), daemon=True) for r in (0, 1)]
+    for p in ps:
+        p.start()
+    try:
+        ready = {}
+        for q in qs:
+            what, rank, pid = q.get(timeout=120)
+            assert what == "ready"
+            ready[rank] = pid
+        os.kill(ready[1], signal.SIGSTOP)
+        yield qs[0]
+    finally:
+        del server
+        for p in ps:
+            if p.pid:
+                try:
+                    os.kill(p.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
 
 
 def _blocked_rank(rank: int, port: int, q) -> None:
@@ -61,34 +95,11 @@ def test_cutting_connections_wakes_a_collective_blocked_on_a_frozen_peer():
     """Gloo's abort does not wake a blocked all-reduce (see ``world/sever.py``); shutting the
     connections down does, at once, with an error the loop takes for a broken group; the
     store's connection is kept."""
-    port = _free_port()
-    server = dist.TCPStore("127.0.0.1", port, 3, True, timeout=timedelta(seconds=60), wait_for_workers=False)
-    ctx = mp.get_context("spawn")
-    # a queue each: a queue's writers share a lock, and a rank stopped while its feeder thread
-    # held it (its "ready" sent, the lock not yet released) kept the other's words from coming
-    qs = [ctx.Queue(), ctx.Queue()]
-    ps = [ctx.Process(target=_blocked_rank, args=(r, port, qs[r]), daemon=True) for r in (0, 1)]
-    for p in ps:
-        p.start()
-    try:
-        ready = {}
-        for q in qs:
-            what, rank, pid = q.get(timeout=120)
-            assert what == "ready"
-            ready[rank] = pid
-        os.kill(ready[1], signal.SIGSTOP)  # frozen: no FIN, no RST, ever
-        got = {m[0]: m[1:] for m in (qs[0].get(timeout=60), qs[0].get(timeout=60))}
+    with _one_frozen(_blocked_rank) as q:
+        got = {m[0]: m[1:] for m in (q.get(timeout=60), q.get(timeout=60))}
         assert got["cut"][0] >= 1
         broken, took = got["raised"]
         assert broken and took < 10.0  # (the group's timeout is 120 s)
-    finally:
-        del server
-        for p in ps:
-            if p.pid:
-                try:
-                    os.kill(p.pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
 
 
 def _sliced_rank(rank: int, port: int, q) -> None:
@@ -124,30 +135,9 @@ def test_a_gloo_wait_ends_once_its_communicator_is_cut_even_where_gloo_is_not_wo
     its communicator was cut (``World.interrupt`` marks it before cutting): with the mark alone
     and no socket touched, the blocked all-reduce fails within a slice, as a broken group; a peer
     merely late by more than a slice is waited for as before."""
-    port = _free_port()
-    server = dist.TCPStore("127.0.0.1", port, 3, True, timeout=timedelta(seconds=60), wait_for_workers=False)
-    ctx = mp.get_context("spawn")
-    qs = [ctx.Queue(), ctx.Queue()]
-    ps = [ctx.Process(target=_sliced_rank, args=(r, port, qs[r]), daemon=True) for r in (0, 1)]
-    for p in ps:
-        p.start()
-    try:
-        ready = {}
-        for q in qs:
-            what, rank, pid = q.get(timeout=120)
-            assert what == "ready"
-            ready[rank] = pid
-        os.kill(ready[1], signal.SIGSTOP)
-        what, broken, took = qs[0].get(timeout=60)
+    with _one_frozen(_sliced_rank) as q:
+        what, broken, took = q.get(timeout=60)
         assert what == "raised" and broken and 1.1 < took < 4.0, (what, broken, took)
-    finally:
-        del server
-        for p in ps:
-            if p.pid:
-                try:
-                    os.kill(p.pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
 
 
 GUARD = textwrap.dedent("""
