@@ -97,6 +97,13 @@ def fits(adapter: EngineAdapter, job: JobConfig, layout: Layout, hw: Hardware) -
     return hw.memory_bytes is None or state_bytes(adapter, job, layout) * ACTIVATIONS <= hw.memory_bytes
 
 
+def fitting(adapter: EngineAdapter, job: JobConfig, gpus: int, hw: Hardware,
+            keep_tp_pp: tuple[int, int] | None = None) -> list[Layout]:
+    """The candidates of ``gpus`` GPUs that fit (``keep_tp_pp``: only those of this TP and PP)."""
+    return [c for c in candidates(adapter, job, gpus)
+            if (keep_tp_pp is None or (c.tp, c.pp) == keep_tp_pp) and fits(adapter, job, c, hw)]
+
+
 def _rank(job: Workload, hw: Hardware, current: ParallelConfig | None):
     def key(c: Layout):
         moved = 0 if current is None else sum(a != b for a, b in zip((c.tp, c.pp, c.dp),
@@ -110,8 +117,7 @@ def best(adapter: EngineAdapter, job: JobConfig, gpus: int, hw: Hardware, curren
     """The best layout for ``gpus`` GPUs that fits (``keep_tp_pp``: only those of this TP and PP,
     data-parallel-only resizing), or None: the fastest, or where the job runs ``current``, the one
     that trains the most over ``move``'s horizon once the move to it is counted."""
-    fit = [c for c in candidates(adapter, job, gpus)
-           if (keep_tp_pp is None or (c.tp, c.pp) == keep_tp_pp) and fits(adapter, job, c, hw)]
+    fit = fitting(adapter, job, gpus, hw, keep_tp_pp)
     work = Workload(adapter, job)
     if current is None or len(fit) < 2:
         return min(fit, key=_rank(work, hw, current), default=None)
@@ -144,8 +150,7 @@ def why(adapter: EngineAdapter, job: JobConfig, hw: Hardware, current: ParallelC
     """Where the move counted (``best`` from ``current``) chose another configuration than the
     fastest of its GPU count: both, their steps and their moves, in words; None where it did not."""
     work = Workload(adapter, job)
-    fit = [c for c in candidates(adapter, job, chosen.world_size) if fits(adapter, job, c, hw)]
-    fastest = min(fit, key=_rank(work, hw, current), default=None)
+    fastest = min(fitting(adapter, job, chosen.world_size, hw), key=_rank(work, hw, current), default=None)
     if fastest is None or fastest.parallel == chosen:
         return None
     lay = adapter.layout(job, chosen)
