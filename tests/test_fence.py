@@ -105,8 +105,10 @@ def test_cutting_connections_wakes_a_collective_blocked_on_a_frozen_peer():
 def _sliced_rank(rank: int, port: int, q) -> None:
     from liver.world.group import Group
 
+    from liver.world.group import parked
+
     store = dist.TCPStore("127.0.0.1", port, 3, False, timeout=timedelta(seconds=60))
-    g = Group.create(store, "g", [0, 1], rank, "gloo", torch.device("cpu"), timedelta(seconds=120))
+    g = Group.create(store, "g", [0, 1], rank, "gloo", torch.device("cpu"), timedelta(seconds=GLOO_TIMEOUT_S))
     t = torch.ones(4)
     g.allreduce(t)
     if rank == 1:
@@ -125,8 +127,15 @@ def _sliced_rank(rank: int, port: int, q) -> None:
     try:
         g.allreduce(t)
         q.put(("done", None, time.time() - t0))
+        return
     except RuntimeError as e:
         q.put(("raised", broken_group(e), time.time() - t0))
+    t1 = time.time()
+    g.abort()  # (as the stall does: gloo still runs the all-reduce until its timeout)
+    q.put(("aborted", time.time() - t1, parked()))
+    time.sleep(max(0.0, t0 + GLOO_TIMEOUT_S + 1.0 - time.time()))  # the all-reduce has timed out in gloo
+    t2 = time.time()
+    q.put(("released", time.time() - t2, parked()))
 
 
 def test_a_gloo_wait_ends_once_its_communicator_is_cut_even_where_gloo_is_not_woken():
@@ -134,10 +143,20 @@ def test_a_gloo_wait_ends_once_its_communicator_is_cut_even_where_gloo_is_not_wo
     runs of the fenced-node test (the heal never came). Its wait now looks every second whether
     its communicator was cut (``World.interrupt`` marks it before cutting): with the mark alone
     and no socket touched, the blocked all-reduce fails within a slice, as a broken group; a peer
-    merely late by more than a slice is waited for as before."""
+    merely late by more than a slice is waited for as before. The group then let go of (the
+    stall's abort) does not wait for gloo's all-reduce: it is parked until that ends (a group let
+    go of waited for it, to the group's timeout, and the stalled survivor never reported for the
+    heal), and let go of once it has."""
     with _one_frozen(_sliced_rank) as q:
         what, broken, took = q.get(timeout=60)
-        assert what == "raised" and broken and 1.1 < took < 4.0, (what, broken, took)
+        assert what == "raised" and broken and 1.1 < took < GLOO_TIMEOUT_S - 1.0, (what, broken, took)
+        what, took, count = q.get(timeout=60)
+        assert what == "aborted" and took < 1.0 and count == 1, (what, took, count)  # (was: the timeout)
+        what, took, count = q.get(timeout=60)
+        assert what == "released" and count == 0, (what, took, count)
+
+
+GLOO_TIMEOUT_S = 4.5  # the sliced test's group timeout: its cut comes at about 2.2 s
 
 
 GUARD = textwrap.dedent("""

@@ -252,8 +252,9 @@ class Member:
                   f"{e.world.generation} was fenced (node {fence.node} lost); {cut} connections cut", flush=True)
             # where the training thread has not stalled by then, every thread's stack goes to its log:
             # the heal waits for this process, and where it is held says why (about 2 in 80 runs of the
-            # fenced-node test it was, with no stack kept; in one, not even a Python timer ran after
-            # the cut, so the watchdog is faulthandler's, which needs no GIL)
+            # fenced-node test it was: a gloo all-reduce the cut did not wake, then the stall's abort
+            # waiting for it; ``Group.wait`` slices, ``group._park``); the watchdog is faulthandler's,
+            # which needs no GIL
             if self._stalled_in != e.world.generation:  # (stalled already: nothing to watch for)
                 faulthandler.dump_traceback_later(STALL_EXPECTED_S, file=sys.stdout)
 
@@ -263,10 +264,8 @@ class Member:
         the survivors' memory (``heal/{g}``), entered like a joiner enters one. No heal within the
         groups' timeout: the error stands (the controller stops everyone and recovers from the
         checkpoint)."""
-        faulthandler.cancel_dump_traceback_later()  # (armed by a peer's fence: it stalled)
         e = self.engine
         g = e.world.generation
-        self._stalled_in = g
         # a write in flight over the broken groups never becomes the latest; abandoned before they
         # break, so that its thread, failing on them, takes itself for abandoned (not a failed write)
         self.ckpt.abandon()
@@ -284,6 +283,10 @@ class Member:
         write(self.store, Stalled.key(g, self.proc),
               Stalled(proc=self.proc, generation=g, step=e.step, error=f"{type(err).__name__}: {err}"[:500],
                       hashes=hashes, scalars=e.scalars() if hashes is not None else None))
+        # reported: the watchdog a peer's fence armed is done (cancelled here, not on entering: in
+        # the heal that never came, the survivor had entered the stall and was held in its abort)
+        self._stalled_in = g
+        faulthandler.cancel_dump_traceback_later()
         print(f"[liver] proc {self.proc}: generation {g} broke after step {e.step} ({type(err).__name__}); "
               f"waiting to be healed", flush=True)
         end = time.time() + self.config.prepare.group_timeout_s

@@ -51,6 +51,7 @@ class _Comm:
         self.users = 1
         self._lock = threading.Lock()
         self.cut = threading.Event()  # (``World.interrupt``: a peer fenced; its waits end)
+        self.abandoned: Any = None  # a collective a wait gave up on at the cut, gloo still in it
 
     def take(self) -> None:
         with self._lock:
@@ -90,6 +91,30 @@ def arrive(store: dist.Store, name: str, members: list[int], me: int, pause: Cal
         pause()
         time.sleep(nap)
         nap = min(2 * nap, slice_s)
+
+
+_PARKED: list[_Comm] = []
+"""Communicators let go of while gloo was still in a collective on them (``Group.abort``)."""
+
+
+def _park(comm: _Comm) -> bool:
+    """Keep ``comm`` alive if a collective on it is still running in gloo, and let go of those
+    parked before whose collective has ended. Gloo's group, once nothing holds it, waits in its
+    destructor for the collectives its threads run: one that the cut did not wake runs to the
+    group's timeout, and the thread that let go (the training thread, stalling) with it, so it
+    never reported for the heal (about 2 in 80 runs of the fenced-node test). Parked, it ends in
+    gloo's threads; its connections are already cut (``World.interrupt``)."""
+    _PARKED[:] = [c for c in _PARKED if not c.abandoned.is_completed()]
+    if comm.abandoned is None or comm.abandoned.is_completed():
+        return False
+    _PARKED.append(comm)
+    return True
+
+
+def parked() -> int:
+    """How many communicators are parked (``_park``), those whose collective has ended let go of."""
+    _PARKED[:] = [c for c in _PARKED if not c.abandoned.is_completed()]
+    return len(_PARKED)
 
 
 class Group:
@@ -205,6 +230,7 @@ class Group:
                 del work
                 raise failed
             if self.comm.cut.is_set():
+                self.comm.abandoned = work  # (kept by the communicator, not by this frame: ``_park``)
                 del work
                 raise RuntimeError(CUT) from None
 
@@ -307,12 +333,15 @@ class Group:
                 backend.abort()
         except RuntimeError:  # already broken
             pass
+        if self.comm is not None:
+            _park(self.comm)
         self.pg = None
         self.comm = None
 
     def destroy(self) -> None:
         """Let go of the communicator (shut down when no other group shares it)."""
         if self.comm is not None:
+            _park(self.comm)
             self.comm.release()
             self.comm = None
         self.pg = None
