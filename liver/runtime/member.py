@@ -38,6 +38,7 @@ from liver.engine.digest import local_hashes, state_digest  # noqa: E402
 from liver.engine.interface import EngineAdapter, StepStats, TrainingEngine  # noqa: E402
 from liver.protocol import secret as job_secret, store as protocol  # noqa: E402
 from liver.protocol.cut import agree, confirm  # noqa: E402
+from liver.world import group  # noqa: E402
 from liver.protocol.messages import (Fence, GenerationSpec, Progress, Saved, Stalled, StartReport,  # noqa: E402
                                     StopReport, SwitchReport, write)
 from liver.protocol.store import COMMIT, WITHDRAW, decide as decide_key  # noqa: E402
@@ -270,6 +271,9 @@ class Member:
         # break, so that its thread, failing on them, takes itself for abandoned (not a failed write)
         self.ckpt.abandon()
         e.world.abort()  # peers blocked on a group with this rank fail now too, and stall as well
+        if group.parked():
+            print(f"[liver] proc {self.proc}: {group.parked()} communicator(s) of generation {g} parked: gloo was "
+                  f"still in a collective the cut did not wake (it ends at the groups' timeout)", flush=True)
         if getattr(e, "mirror", None) is not None:
             e.mirror.abort()  # (its copy may be blocked on the lost peer)
         if self.companion is not None:

@@ -107,7 +107,8 @@ def _park(comm: _Comm) -> bool:
     _PARKED[:] = [c for c in _PARKED if not c.abandoned.is_completed()]
     if comm.abandoned is None or comm.abandoned.is_completed():
         return False
-    _PARKED.append(comm)
+    if all(c is not comm for c in _PARKED):  # (groups sharing it park it once)
+        _PARKED.append(comm)
     return True
 
 
