@@ -24,10 +24,11 @@ from liver.sim.results import CPU_HANDOFFS, DIRECT, Event, Step, cpu_events, cpu
 
 # what two GPUs of one host cannot show, stated (README: "Simulator")
 STATED = {
-    "group_growth_s": (0.4, "stated setting: NCCL communicator set-up grows about 0.4 s per doubling of the ranks "
-                            "(not fitted to a source: the one published figure found, a 2.5-minute NCCL init on "
-                            "PyTorch's default path 'above certain K GPUs', github.com/NVIDIA/nccl/issues/1156, "
-                            "2024-01-23, states no GPU count; two GPUs cannot measure the growth)"),
+    "group_growth_s": (1.0, "published measurement: 2.04 s a communicator of 8 ranks and 4.06 s of 32 (NCCL "
+                            "on V100s over InfiniBand: 8 communicators of 8 ranks in 16.3 s, 32 of 32 in 130 s; "
+                            "github.com/NVIDIA/nccl/issues/534, 2021-07-19), +1.0 s per doubling of the ranks; "
+                            "two GPUs cannot measure the growth. (A 2.5-minute init on PyTorch's default path "
+                            "'above certain K GPUs', github.com/NVIDIA/nccl/issues/1156, states no GPU count.)"),
     "cuda_init_s": (0.0, "measured together with process_start_s (a fresh interpreter's imports and CUDA)"),
     "inter_bw": (H200_CLUSTER["inter_bw"], "stated setting: 8 x 400 Gb/s NICs a node, 50 GB/s a GPU"),
     "storage_cap_bw": (H200_CLUSTER["storage_cap_bw"], "stated setting: a 100 GB/s parallel file system"),
