@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import time
+from pathlib import Path
 
 import pytest
 
@@ -29,6 +30,29 @@ def _end(job: Job, cut_off: tuple[str, ...] = ()) -> dict:
     for name, a in job.agents.items():
         assert stop_agent(a, 30 if name not in cut_off else 0.1) == 0 or name in cut_off
     return json.loads((job.run_dir / "report.json").read_text())
+
+
+def _tcp_peers(pid: int) -> set[tuple[str, str]]:
+    """The (local, remote) addresses of process ``pid``'s network namespace's established TCP
+    connections (``/proc/PID/net/tcp``)."""
+    def ip(field: str) -> str:
+        return ".".join(str(b) for b in reversed(bytes.fromhex(field.split(":")[0])))
+    rows = [ln.split() for ln in (Path(f"/proc/{pid}/net/tcp").read_text().splitlines()[1:])]
+    return {(ip(r[1]), ip(r[2])) for r in rows if r[3] == "01"}
+
+
+def _workers_use_their_nodes_interface(job: Job) -> None:
+    """Each worker was given its node's interface for gloo and NCCL (``--iface``), and its node
+    holds connections from its own address to the other node's: the workers' groups cross the
+    bridge, not loopback."""
+    addr = {name: job.node(name).addr for name in ("node0", "node1")}
+    for name, other in (("node0", "node1"), ("node1", "node0")):
+        procs = [p for p in json.loads((job.run_dir / f"procs-{name}.json").read_text()) if p["alive"]]
+        assert procs, name
+        for p in procs:
+            env = dict(kv.split("=", 1) for kv in Path(f"/proc/{p['pid']}/environ").read_text().split("\0") if "=" in kv)
+            assert env.get("GLOO_SOCKET_IFNAME") == env.get("NCCL_SOCKET_IFNAME") == netns.IFACE, (name, p)
+            assert (addr[name], addr[other]) in _tcp_peers(p["pid"]), (name, addr, _tcp_peers(p["pid"]))
 
 
 def _steps_in_order(rep: dict) -> None:
@@ -55,6 +79,7 @@ def test_a_short_cut_loses_nothing_and_a_long_one_fences_the_node_which_comes_ba
         for name in ("node0", "node1"):
             job.agent(name)
         s = job.wait(lambda s: s["step"] >= 3 and ranks(s) == 2, "the first generation")
+        _workers_use_their_nodes_interface(job)
         link = job.node("node1")
         # shorter than the agent timeout: TCP retransmits across it; nothing fails
         link.cut()
