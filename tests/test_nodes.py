@@ -1,6 +1,7 @@
 """A job on several nodes, each a separate process tree (in a network namespace of its own on a
-bridge where this machine can make them, else on loopback): `liver controller` and one `liver agent` per node, real workers over gloo. Nodes join (scale-out onto them), one gets a
-preemption notice (scale-in of its rank within the deadline), one is SIGKILLed with its whole
+bridge where this machine can make them, else on loopback): `liver controller` and one `liver
+agent` per node, real workers over gloo. Nodes join (scale-out onto them), one gets a preemption
+notice (scale-in of its rank within the deadline), one is SIGKILLed with its whole
 tree (agent and workers: recovery), and the job that began on node0 and node1 ends on node2 and
 node3. Every switch keeps the state digest; the recovery loses at most the steps since the
 checkpoint. `/metrics` is scraped and `liver status` read while it runs."""
