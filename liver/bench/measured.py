@@ -273,8 +273,20 @@ def _sim_downtime(d: dict[str, Any]) -> list[str]:
         out.append(f"Over every count of whole nodes from 64 to 1,024 GPUs ({r['counts']} counts): " + "; ".join(lines)
                    + f". The goal's 1.5 s for 70B on H200-class GPUs: met at {r['met_at']} of {r['counts']} counts"
                    + (f"; missed at {', '.join(map(str, miss[:12]))}{' ...' if len(miss) > 12 else ''} GPUs (worst "
-                      f"{r['worst_live_downtime_s']:.2f} s)" if miss else "") + ".")
+                      f"{r['worst_live_downtime_s']:.2f} s)" if miss else "") + "."
+                   + _why_missed(r.get("why_missed") or {}))
     return out
+
+
+def _why_missed(why: dict[str, Any]) -> str:
+    """Where the goal's misses were a choice: a configuration under it existed, its step slower."""
+    under = [w["under_goal"] for w in why.values() if w["under_goal"] is not None]
+    if not why or len(under) < len(why):
+        return ""
+    pauses, slower = [u["pause_s"] for u in under], [u["step_slower"] for u in under]
+    return (f" At each miss a configuration under the goal existed (pauses {min(pauses):.2f}-{max(pauses):.2f} s),"
+            f" its step {100 * min(slower):.1f}-{100 * max(slower):.1f}% slower: over the choice's 10-minute horizon"
+            f" that costs more than the longer pause, so the target takes the pause.")
 
 
 def _sim_goodput(d: dict[str, Any]) -> list[str]:

@@ -89,6 +89,26 @@ def by_model_size(rows: list[dict[str, Any]], key: str) -> dict[str, Any]:
     return {"pairs": pairs, "bigger_shorter": len(shorter), "cases": shorter}
 
 
+def under_goal(job, a: Layout, b: Layout, prof, goal_s: float) -> dict[str, Any]:
+    """Where the live pause from ``a`` to the chosen ``b`` misses ``goal_s``: the fastest
+    candidate on ``b``'s GPUs whose pause meets it (None if none does), its step against the
+    chosen one's, and what that slower step costs over the choice's horizon (the choice trades
+    it against the longer pause: ``moves``)."""
+    w, hw = Workload(ADAPTER, job), target.Hardware.of(prof)
+    step = target.step_time(w, b, hw)
+    under = [(target.step_time(w, c, hw), costs.live(w, a.parallel, c.parallel, prof).downtime_s, c)
+             for c in target.fitting(ADAPTER, job, b.size, hw)]
+    under = [u for u in under if u[1] <= goal_s]
+    row: dict[str, Any] = {"old": a.parallel.short(), "chosen": b.parallel.short(),
+                           "chosen_pause_s": costs.live(w, a.parallel, b.parallel, prof).downtime_s,
+                           "under_goal": None}
+    if under:
+        s_, pause, c = min(under, key=lambda u: (u[0], u[1]))
+        row["under_goal"] = {"config": c.parallel.short(), "pause_s": pause, "step_slower": s_ / step - 1,
+                             "over_horizon_s": LIVE.horizon_s * (s_ / step - 1)}
+    return row
+
+
 def downtime(out: Path) -> dict[str, Any]:
     """A node lost with notice, at every GPU count of whole nodes from 64 to 1,024 (each count on
     its best configuration before and after): each row, the spread over the counts of each model
@@ -115,12 +135,15 @@ def downtime(out: Path) -> dict[str, Any]:
               for fit in [[r for r in rows if r["profile"] == p and r["model"] == m and "live_downtime_s" in r]]]
     over = [r for r in rows if r["profile"] == "h200" and r["model"] == "70b-cluster" and "live_downtime_s" in r]
     missed = [r["gpus"] for r in over if r["live_downtime_s"] > goal_s]
+    job70, h200 = sim_model("70b-cluster"), load("h200")
+    why_missed = {g: under_goal(job70, *node_lost(job70, g, h200), h200, goal_s) for g in missed}
     result = {"event": "a node (8 GPUs) lost with its notice, each side on its best configuration", "rows": rows,
               "gpu_counts": "every count of whole nodes from 64 to 1024", "spread": spread,
               "goal_70b_1024_h200": {"live_downtime_s": goal and goal.get("live_downtime_s"), "goal_s": goal_s,
                                      "met": bool(goal and goal.get("live_downtime_s", 1e9) <= goal_s)},
               "goal_70b_h200_over_the_range": {"counts": len(over), "met_at": len(over) - len(missed),
                                                "missed_at_gpus": missed,
+                                               "why_missed": why_missed,
                                                "worst_live_downtime_s": max((r["live_downtime_s"] for r in over),
                                                                             default=None)}}
     result["by_model_size"] = {k: by_model_size(rows, k) for k in ("live_downtime_s", "restart_downtime_s")}
