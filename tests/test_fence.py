@@ -308,7 +308,10 @@ def test_a_frozen_agents_node_is_fenced_its_peers_heal_and_it_comes_back_as_a_ne
     late = [s for s in rep["steps"] if s["generation"] == heal["old_generation"] and s["step"] > heal["restored_step"]]
     assert not late, late
     logs = "".join(p.read_text() for p in (job.run_dir / "logs").glob("proc*.log"))
-    assert "was declared lost by the controller; it stops without another step" in logs
+    # (it reads its fence, or its generation breaks first, the survivor having cut it, and it finds
+    # itself left out of the heal: both stop it without another step)
+    assert ("was declared lost by the controller; it stops without another step" in logs
+            or "(its node was declared lost); it stops without another step" in logs), logs[-2000:]
     steps = [s["step"] for s in rep["steps"]]
     assert steps == sorted(set(steps)) and steps[-1] >= heal["restored_step"] + 2  # (each step once)
 
