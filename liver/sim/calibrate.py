@@ -30,7 +30,11 @@ STATED = {
                             "two GPUs cannot measure the growth. (A 2.5-minute init on PyTorch's default path "
                             "'above certain K GPUs', github.com/NVIDIA/nccl/issues/1156, states no GPU count.)"),
     "cuda_init_s": (0.0, "measured together with process_start_s (a fresh interpreter's imports and CUDA)"),
-    "inter_bw": (H200_CLUSTER["inter_bw"], "stated setting: 8 x 400 Gb/s NICs a node, 50 GB/s a GPU"),
+    "inter_bw": (H200_CLUSTER["inter_bw"], "published system description: 400 Gb/s InfiniBand NICs, ten a host of "
+                                            "eight H200s (NVIDIA's MLPerf Inference v4.1 H200-SXM-141GBx8 system, "
+                                            "raw.githubusercontent.com/mlcommons/inference_results_v4.1/main/closed/"
+                                            "NVIDIA/systems/H200-SXM-141GBx8_TRT_MaxQ.json); counted one a GPU for "
+                                            "training, 50 GB/s a GPU (the other two not counted)"),
     "storage_cap_bw": (H200_CLUSTER["storage_cap_bw"], "stated setting: a 100 GB/s parallel file system"),
     "dp_overlap": (0.5, "stated setting: half of the gradient all-reduce hidden behind the backward pass"),
     "node_size": (8, "stated setting: 8 GPUs a node"),
