@@ -32,15 +32,6 @@ def _end(job: Job, cut_off: tuple[str, ...] = ()) -> dict:
     return json.loads((job.run_dir / "report.json").read_text())
 
 
-def _tcp_peers(pid: int) -> set[tuple[str, str]]:
-    """The (local, remote) addresses of process ``pid``'s network namespace's established TCP
-    connections (``/proc/PID/net/tcp``)."""
-    def ip(field: str) -> str:
-        return ".".join(str(b) for b in reversed(bytes.fromhex(field.split(":")[0])))
-    rows = [ln.split() for ln in (Path(f"/proc/{pid}/net/tcp").read_text().splitlines()[1:])]
-    return {(ip(r[1]), ip(r[2])) for r in rows if r[3] == "01"}
-
-
 def _workers_use_their_nodes_interface(job: Job) -> None:
     """Each worker was given its node's interface for gloo and NCCL (``--iface``), and its node
     holds connections from its own address to the other node's: the workers' groups cross the
@@ -52,7 +43,7 @@ def _workers_use_their_nodes_interface(job: Job) -> None:
         for p in procs:
             env = dict(kv.split("=", 1) for kv in Path(f"/proc/{p['pid']}/environ").read_text().split("\0") if "=" in kv)
             assert env.get("GLOO_SOCKET_IFNAME") == env.get("NCCL_SOCKET_IFNAME") == netns.IFACE, (name, p)
-            assert (addr[name], addr[other]) in _tcp_peers(p["pid"]), (name, addr, _tcp_peers(p["pid"]))
+            assert (addr[name], addr[other]) in netns.tcp_peers(p["pid"]), (name, addr, netns.tcp_peers(p["pid"]))
 
 
 def _steps_in_order(rep: dict) -> None:

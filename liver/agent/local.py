@@ -29,12 +29,14 @@ def node_devices(index: int, slots: int, visible: str | None = None) -> str:
 
 def start_agent(run_dir: Path, node: str, slots: int, token: str | None = None,
                 extra: tuple[str, ...] = (), devices: str | None = None,
-                wrap: Callable[[list[str]], list[str]] | None = None) -> subprocess.Popen:
+                wrap: Callable[[list[str]], list[str]] | None = None,
+                env: dict[str, str] | None = None) -> subprocess.Popen:
     """One ``liver agent`` in a session of its own (so its whole tree can be signalled at once),
     logging to ``agent-NODE.log`` in the run directory. ``devices``: its GPUs (CUDA_VISIBLE_DEVICES);
-    ``wrap``: its command line as run elsewhere (a network namespace: ``liver.host.netns``)."""
+    ``wrap``: its command line as run elsewhere (a network namespace: ``liver.host.netns``);
+    ``env``: added to its environment (and its workers')."""
     env = dict(os.environ, **({"LIVER_TOKEN": token} if token else {}),
-               **({"CUDA_VISIBLE_DEVICES": devices} if devices is not None else {}))
+               **({"CUDA_VISIBLE_DEVICES": devices} if devices is not None else {}), **(env or {}))
     log = open(run_dir / f"agent-{node}.log", "ab")
     try:
         argv = [sys.executable, "-m", "liver.cli", "agent", "--run-dir", str(run_dir), "--slots", str(slots),

@@ -81,12 +81,17 @@ class LocalJob:
         return self.net.node(name) if self.net else None
 
     def agent(self, name: str, *extra: str, index: int | None = None) -> None:
-        """Agent ``name`` of one slot; ``index``: on NCCL, its GPU is this machine's ``index``-th."""
+        """Agent ``name`` of one slot; ``index``: on NCCL, its GPU is this machine's ``index``-th.
+        On NCCL each node is a host of its own to NCCL (``NCCL_HOSTID``: its name), as the machine
+        it stands for would be: NCCL joins its ranks over the network, not by the peer-to-peer
+        and shared-memory paths of one host, and two nodes may share one GPU (a correctness run:
+        NCCL refuses two ranks of one host on one GPU)."""
         devices = node_devices(index, 1, os.environ.get("CUDA_VISIBLE_DEVICES")) \
             if index is not None and self.backend == "nccl" else None
         where = self.node(name)
         self.agents[name] = start_agent(self.run_dir, name, 1, extra=(*extra, *(("--iface", netns.IFACE) if where else ())),
-                                        devices=devices, wrap=where.command if where else None)
+                                        devices=devices, wrap=where.command if where else None,
+                                        env={"NCCL_HOSTID": name} if self.backend == "nccl" else None)
 
     def status(self) -> dict:
         try:

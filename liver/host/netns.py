@@ -42,6 +42,16 @@ def unavailable() -> str | None:
     return None
 
 
+def tcp_peers(pid: int) -> set[tuple[str, str]]:
+    """The (local, remote) IPv4 addresses of the established TCP connections in process ``pid``'s
+    network namespace (``/proc/PID/net/tcp``): which links a node's processes talk over."""
+    def ip(field: str) -> str:
+        return ".".join(str(b) for b in reversed(bytes.fromhex(field.split(":")[0])))
+    with open(f"/proc/{pid}/net/tcp") as f:
+        rows = [line.split() for line in f.read().splitlines()[1:]]
+    return {(ip(r[1]), ip(r[2])) for r in rows if r[3] == "01"}
+
+
 class Node:
     """One node's namespace: its address on the bridge, the host side of its link."""
 
@@ -126,4 +136,4 @@ class Network:
             pass
 
 
-__all__ = ["IFACE", "Network", "Node", "unavailable"]
+__all__ = ["IFACE", "Network", "Node", "tcp_peers", "unavailable"]
