@@ -28,7 +28,7 @@ from liver.policy.workload import Workload
 from liver.policy.profile import PROFILES, load
 from liver.sim import engine, sources
 from liver.sim.models import sim_model
-from liver.topology import Layout
+from liver.topology import Layout, ParallelConfig
 
 MODELS = ("7b-cluster", "14b-cluster", "30b-cluster", "70b-cluster", "175b-cluster")
 SIZES = (64, 128, 256, 512, 1024)
@@ -89,6 +89,24 @@ def by_model_size(rows: list[dict[str, Any]], key: str) -> dict[str, Any]:
     return {"pairs": pairs, "bigger_shorter": len(shorter), "cases": shorter}
 
 
+def at_bigger_configs(case: dict[str, Any], key: str) -> dict[str, Any]:
+    """A case of ``by_model_size``: the smaller model's ``key`` on the bigger one's configurations
+    (None where they do not hold it), and its step there against its own choice's: whether the
+    inversion is the choice's (the smaller model could pause or restart as briefly, at a slower
+    step) or the cost model's."""
+    prof, job = load(case["profile"]), sim_model(case["smaller"])
+    w, hw = Workload(ADAPTER, job), target.Hardware.of(prof)
+    old, new, restart_new = (ParallelConfig.from_short(c) if c else None for c in case["bigger_configs"])
+    mine = ParallelConfig.from_short(case["smaller_configs"][1 if key == "live_downtime_s" else 2])
+    try:
+        to = new if key == "live_downtime_s" else restart_new
+        there = (costs.live(w, old, to, prof) if key == "live_downtime_s" else costs.restart(w, old, to, prof)).downtime_s
+        step = target.step_time(w, ADAPTER.layout(job, to), hw) / target.step_time(w, ADAPTER.layout(job, mine), hw) - 1
+    except ValueError:  # (the bigger model's configuration does not split the smaller one)
+        return {"smaller_at_bigger_configs_s": None, "its_step_slower": None}
+    return {"smaller_at_bigger_configs_s": there, "its_step_slower": step}
+
+
 def under_goal(job, a: Layout, b: Layout, prof, goal_s: float) -> dict[str, Any]:
     """Where the live pause from ``a`` to the chosen ``b`` misses ``goal_s``: the fastest
     candidate on ``b``'s GPUs whose pause meets it (None if none does), its step against the
@@ -147,6 +165,14 @@ def downtime(out: Path) -> dict[str, Any]:
                                                "worst_live_downtime_s": max((r["live_downtime_s"] for r in over),
                                                                             default=None)}}
     result["by_model_size"] = {k: by_model_size(rows, k) for k in ("live_downtime_s", "restart_downtime_s")}
+    for k, v in result["by_model_size"].items():
+        for case in v["cases"]:
+            case.update(at_bigger_configs(case, k))
+        held = [c for c in v["cases"] if c["smaller_at_bigger_configs_s"] is not None]
+        v["on_the_bigger_models_configs"] = {
+            "cases_it_splits": len(held),
+            "smaller_no_longer": sum(c["smaller_at_bigger_configs_s"] <= c["bigger_s"] * (1 + 1e-9) for c in held),
+            "its_step_slower": _spread([c["its_step_slower"] for c in held])}
     _plot(out / "downtime.png", rows, "live_downtime_s", "restart_downtime_s", "downtime (s)")
     _write(out / "downtime.json", result)
     return result
