@@ -811,3 +811,19 @@ def test_a_model_of_its_own_configuration_reshapes_live_into_stages_equal_to_res
     assert restart["rc"] == 0
     assert [(s["step"], s["parallel"], s["loss"], s["digest"]) for s in live["steps"]] == \
         [(s["step"], s["parallel"], s["loss"], s["digest"]) for s in restart["steps"]]
+
+
+def test_the_last_pipeline_stages_outputs_are_left_to_the_loss():
+    """torch 2.11 checked a last stage's outputs against the float32 metadata worked out on the
+    meta device, and refused a user's bf16 logits under its loop's autocast after a scale-out on
+    NCCL (bench/results/gpu-1x-netns-nccl-two-nodes); LiveR's stage leaves them to the loss, as
+    later torch does; a stage that sends its outputs is checked as torch checks it."""
+    from types import SimpleNamespace
+
+    from torch.distributed.pipelining import PipelineStage
+
+    from liver.engine.native.engine import _stage_class
+
+    Stage = _stage_class()
+    assert issubclass(Stage, PipelineStage) and _stage_class() is Stage
+    assert Stage._validate_fwd_outputs(SimpleNamespace(is_last=True), (torch.zeros(2, dtype=torch.bfloat16),)) is None

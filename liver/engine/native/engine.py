@@ -14,6 +14,7 @@ recipe's ``criterion`` on the last stage), over the mesh's "pp" group.
 
 from __future__ import annotations
 
+import functools
 import inspect
 import time
 from typing import Any
@@ -165,6 +166,26 @@ def stage_activations(recipe: Recipe, job: JobConfig, layout, stage: int,
         with torch.no_grad():
             x = part(x_in)
     return x_in, x
+
+
+@functools.cache
+def _stage_class() -> type:
+    """torch's ``PipelineStage`` whose last stage's outputs are not checked against the metadata
+    LiveR gives it. They go to the loss, not over the wire, and their dtype is what the user's loop
+    makes it: under its autocast, bfloat16 logits, where the meta device (no autocast) works out
+    float32. torch 2.11 checks them and refused a user's bf16 pipeline after a scale-out on NCCL
+    (``PipeliningShapeError: Stage 1 forward outputs ... expected torch.float32 actual
+    torch.bfloat16``, bench/results/gpu-1x-netns-nccl-two-nodes); later torch checks only the
+    outputs it sends (and those only under TORCH_DISTRIBUTED_DEBUG=DETAIL), as this does."""
+    from torch.distributed.pipelining import PipelineStage
+
+    class Stage(PipelineStage):
+        def _validate_fwd_outputs(self, outputs, *args, **kwargs):
+            if not self.is_last:
+                return super()._validate_fwd_outputs(outputs, *args, **kwargs)
+            return None
+
+    return Stage
 
 
 def _local(t: torch.Tensor) -> torch.Tensor:
@@ -438,7 +459,7 @@ class NativeEngine:
         """This stage's input example (its activations' shapes, worked out on the meta device:
         no shape inference over the wire) and, on a real World, its schedule: GPipe over the
         layout's micro-batches, the recipe's ``criterion`` on the last stage."""
-        from torch.distributed.pipelining import PipelineStage, ScheduleGPipe
+        from torch.distributed.pipelining import ScheduleGPipe
 
         lay, c = self.layout, self.world.coord
         first, last = c.pp == 0, c.pp == lay.pp - 1
@@ -451,8 +472,9 @@ class NativeEngine:
         if not isinstance(self.world, FakeWorld):
             meta = {"input_args": x, "output_args": y,  # (the gradients' too where torch takes them)
                     "output_grads": (None if last else y,), "input_grads": (None if first else x,)}
-            takes = inspect.signature(PipelineStage).parameters
-            stage = PipelineStage(self.model, c.pp, lay.pp, self.device, group=self.world.mesh()["pp"].get_group(),
+            Stage = _stage_class()
+            takes = inspect.signature(Stage).parameters
+            stage = Stage(self.model, c.pp, lay.pp, self.device, group=self.world.mesh()["pp"].get_group(),
                                   **{k: v for k, v in meta.items() if k in takes})
             self._schedule = ScheduleGPipe(stage, n_microbatches=lay.num_micro_batches, loss_fn=self.recipe.criterion)
         self._stage_input = x
