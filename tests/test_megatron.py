@@ -4,6 +4,8 @@ process groups, one process, up to 64 ranks), and the distributed optimizer's fl
 boxes. Megatron-Core is the optional extra ``liver[megatron]`` (``make env`` installs it)."""
 
 import random
+import subprocess
+import sys
 import warnings
 from math import prod
 from pathlib import Path
@@ -435,3 +437,16 @@ def test_a_plan_between_emulated_layouts_made_from_megatrons_own_records_is_live
         check_range_plan(moves, *theirs)
 
 
+
+
+def test_a_job_naming_megatron_where_it_is_not_installed_is_refused_in_words(tmp_path):
+    """On a machine without megatron-core (the lent GPU image had none), a job file naming the
+    engine is refused before anything starts, saying how to install it: no traceback."""
+    code = ("import sys; sys.modules['megatron'] = None\n"  # (any import of megatron... fails)
+            "from liver.cli import main\n"
+            f"sys.exit(main(['run', '--config', 'configs/megatron.toml', '--steps', '1', '--run-dir', {str(tmp_path)!r}]))")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                       cwd=Path(__file__).resolve().parents[1])
+    assert r.returncode == 2, r.stderr[-2000:]
+    assert "liver: error: the Megatron-Core engine needs megatron-core" in r.stderr and "Traceback" not in r.stderr
+    assert not (tmp_path / "logs").exists()

@@ -23,9 +23,14 @@ VERSION = "0.16.1"
 """The Megatron-Core this engine is written and tested against (``liver[megatron]``)."""
 
 
+class MegatronMissing(ImportError, ValueError):
+    """Megatron-Core is not installed: an import error, and a user's error the commands report in
+    words (``liver: error: ...``, exit 2), as a job file naming this engine without it is."""
+
+
 @functools.cache
 def megatron() -> types.SimpleNamespace:
-    """Megatron-Core's names this engine uses; ImportError saying how to install it."""
+    """Megatron-Core's names this engine uses; ``MegatronMissing`` saying how to install it."""
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
@@ -35,7 +40,7 @@ def megatron() -> types.SimpleNamespace:
             from megatron.core.process_groups_config import ProcessGroupCollection
             from megatron.core.transformer.transformer_config import TransformerConfig
     except ImportError as e:
-        raise ImportError(f"the Megatron-Core engine needs megatron-core {VERSION}: pip install 'liver[megatron]' "
+        raise MegatronMissing(f"the Megatron-Core engine needs megatron-core {VERSION}: pip install 'liver[megatron]' "
                           f"({e})") from None
     return types.SimpleNamespace(GPTModel=GPTModel, TransformerConfig=TransformerConfig,
                                  ProcessGroupCollection=ProcessGroupCollection, layer_spec=get_gpt_layer_local_spec,
