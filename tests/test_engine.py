@@ -90,7 +90,7 @@ def test_replicas_that_differ_are_an_error_of_the_digest_never_averaged_away():
     spec = TensorSpec("w", (4,), "float32", layer=0, shard_dim=None)
     same = [[[0, [[0, 4]], [1, 2]]], [[0, [[0, 4]], [1, 2]]]]
     assert combine([spec], same, {}) == combine([spec], same[:1], {})  # replicas count once
-    with pytest.raises(RuntimeError, match=r"box \[\[0, 4\]\]: the replica of rank 1 differs"):
+    with pytest.raises(RuntimeError, match=r"tensor 'w', box \[\[0, 4\]\]: the replica of rank 1 differs"):
         combine([spec], [same[0], [[0, [[0, 4]], [1, 3]]]], {})
 
 

@@ -93,7 +93,7 @@ def _local(engine: Engine) -> list[tuple[int, Box, tuple[int, int]]]:
             for i, s in enumerate(engine.specs) if s.name in engine.boxes]
 
 
-def _distinct(parts: list[list[tuple]], same=lambda a, b: a == b) -> dict[int, dict[Box, Any]]:
+def _distinct(parts: list[list[tuple]], same=lambda a, b: a == b, specs=None) -> dict[int, dict[Box, Any]]:
     """Per tensor, each distinct box once (the lowest rank's). Replicas must agree (``same``): a
     replica whose bits differ from its peer's is an error, never averaged away (after any
     failure and handoff, every replica ends with equal state: torchft's promise)."""
@@ -103,7 +103,8 @@ def _distinct(parts: list[list[tuple]], same=lambda a, b: a == b) -> dict[int, d
             key = tuple(map(tuple, box))
             seen = out.setdefault(i, {}).setdefault(key, value)
             if seen is not value and not same(seen, value):
-                raise RuntimeError(f"digest: tensor #{i}, box {list(map(list, key))}: the replica of rank {rank} "
+                name = f"{specs[i].name!r}" if specs is not None else f"#{i}"
+                raise RuntimeError(f"digest: tensor {name}, box {list(map(list, key))}: the replica of rank {rank} "
                                    f"differs from the one before it")
     return out
 
@@ -128,7 +129,7 @@ def local_hashes(engine: Engine) -> list[list]:
 def combine(specs, parts: list[list], scalars: dict[str, Any]) -> str:
     """The digest from the ranks' parts (``local_hashes``, or gathered ``_local``) and the scalars."""
     parts = [[(i, tuple(tuple(b) for b in box), tuple(v)) for i, box, v in part] for part in parts]
-    by_tensor = _distinct(parts)
+    by_tensor = _distinct(parts, specs=specs)
     h = hashlib.sha256()
     for i, spec in sorted(enumerate(specs), key=lambda x: x[1].name):  # (by name: the specs' order is a layout's)
         boxes = by_tensor.get(i, {})
@@ -165,7 +166,7 @@ def gather_full_state(engine: Engine) -> dict[str, Any] | None:
             for i, s in enumerate(engine.specs) if s.name in engine.boxes]
     parts = [[(i, tuple(map(tuple, box)), _json_tensor(*t)) for i, box, *t in part]
              for part in engine.world.all.all_gather_json(mine)]
-    by_tensor = _distinct(parts, same=torch.equal)
+    by_tensor = _distinct(parts, same=torch.equal, specs=engine.specs)
     if engine.world.rank != 0:
         return None
     full: dict[str, Any] = {}
