@@ -182,3 +182,23 @@ def test_a_leaving_replica_that_dies_while_its_scale_in_prepares_is_healed_and_t
         assert heal["lost_steps"] == 0 and heal["digest_equal"] is True, heal
     assert done["digest_equal"] is True and rep["steps"][-1]["parallel"].endswith("dp2")
     check_continuous(rep, rep["steps"][-1]["step"])
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("digest", ["step", "switch"])
+def test_replicas_that_drift_apart_are_reported_by_the_digest_and_the_job_goes_on(tmp_path, monkeypatch, digest):
+    """A framework may let replicas drift (Megatron's TP copies of a norm weight did on GPUs):
+    the digest, asked for at every step or at the handoffs only, finds it, says it in the log and
+    in the handoff's ``digest_error`` (the summary: NO DIGEST, the exit status 1), and the job
+    trains on and hands off as it would have."""
+    monkeypatch.setenv(faults.ENV, "drift:1:3")
+    events = tmp_path / "events.txt"
+    events.write_text("at step 6: scale-in 1\n")
+    rep = liver(tmp_path / "run", "--parallel", "1,1,2", "--gpus", "2", "--events", str(events), "--steps", "12",
+                "--end-after-events", "-1", "--ckpt-every", "0", *(("--digest", "switch") if digest == "switch" else ()))
+    assert rep["rc"] == 1
+    (ev,) = rep["events"]
+    assert ev["outcome"] == "done" and ev.get("digest_equal") is None, ev
+    assert "'layers.0.attn_norm.weight', box [[0, 64]]: the replica of rank 1 differs" in ev["digest_error"], ev
+    assert rep["steps"][-1]["step"] == 12
+    assert ("digest before: " in ev["digest_error"]) == (digest == "switch")  # (else the step's, at the cut)

@@ -85,7 +85,7 @@ def _resume(args: argparse.Namespace) -> int:
     report = run_job(cfg, [], run_dir, {"model": cfg.preset, "events_source": "resumed", "nodes": 0},
                      local_node=False, resume=state)
     print("\n" + rep.summary(report))
-    return 1 if [e for e in report["events"] if e.get("digest_equal") is False] else 0
+    return 1 if [e for e in report["events"] if e.get("digest_equal") is False or e.get("digest_error")] else 0
 
 
 def run_command(args: argparse.Namespace) -> int:
@@ -158,7 +158,7 @@ def run_command(args: argparse.Namespace) -> int:
         print(f"liver: interrupted (Ctrl-C) at step {report['steps'][-1]['step'] if report['steps'] else 0}; "
               f"every process stopped, report written", file=sys.stderr)
         return 130
-    bad = [e for e in report["events"] if e.get("digest_equal") is False]
+    bad = [e for e in report["events"] if e.get("digest_equal") is False or e.get("digest_error")]
     return 1 if bad else 0
 
 

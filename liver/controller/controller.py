@@ -45,7 +45,7 @@ from liver.controller.leaving import choose_leaving
 from liver.policy.events import Event, EventKind
 from liver.policy.outcome import Outcome
 from liver.controller.phases import Phase, Trigger, advance
-from liver.controller.records import EventRecord, Handling, first, least, new_record
+from liver.controller.records import EventRecord, Handling, first, least, new_record, said
 from liver.controller.state import ControllerState
 from liver.protocol import secret, store as protocol
 from liver.protocol.messages import (M, GenerationSpec, Progress, StartReport, Wish, read,
@@ -311,6 +311,7 @@ class Controller:
                 starts = self.collect(rec["generation"], procs, StartReport) or {}
                 rec["digest_after"] = first(starts.values(), "digest_after")
                 rec["digest_after_s"] = least(starts.values(), "digest_after_s")
+                rec["digest_error"] = said(starts.values(), "digest_error")
 
     # ---- events --------------------------------------------------------------------------
     def end_after(self, steps: int) -> dict[str, Any]:

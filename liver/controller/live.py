@@ -27,7 +27,7 @@ from liver import logs
 from liver.controller import heal
 from liver.policy import costs, target
 from liver.policy.workload import Workload
-from liver.controller.records import first
+from liver.controller.records import first, said
 from liver.engine.digest import combine
 from liver.protocol.messages import Failure, GenerationSpec, Stalled, SwitchReport, beat_key, read_if
 from liver.protocol.store import COMMIT, WITHDRAW, decide, decided, get, publish_plan
@@ -270,6 +270,7 @@ class LiveMode(Mode):
             stopped_behind=sorted(set(survivors) - set(givers)),
             heal_s=time.time() - t0, bytes_moved=plan.bytes_moved,
             digest_before=before, digest_after=first(switched.values(), "digest_after"),
+            digest_error=said(switched.values(), "digest_error"),
             last_words={w.proc: self.nodes.log_tail(w.proc, 2000).strip().splitlines()[-1:] for w in dead},
             **({"named_not_honoured": not_honoured} if not_honoured else {}))
         self.ctl.phase_log("healed", restored_step=step, lost_steps=rec["lost_steps"], heal_s=round(rec["heal_s"], 3))

@@ -24,6 +24,13 @@ def first(reports, key: str):
     return next((v for r in reports if (v := getattr(r, key)) is not None), None)
 
 
+def said(reports, key: str) -> str | None:
+    """Every distinct text the ranks gave for ``key`` (a digest's error: the same on the ranks of
+    one collective, another on the new generation's), in one line; None where none did."""
+    texts = list(dict.fromkeys(part for r in reports if (v := getattr(r, key)) for part in v.split("; ")))
+    return "; ".join(texts) or None
+
+
 @dataclass(slots=True)
 class EventRecord:
     """What became of one event, as the controller keeps it: the event in its report form
@@ -149,6 +156,7 @@ def switch_metrics(done: dict[int, SwitchReport], leavers: dict[int, SwitchRepor
         "digest_after_s": least(done.values(), "digest_after_s"),
         "digest_before": first(allrec.values(), "digest_before"),
         "digest_before_s": least(allrec.values(), "digest_before_s"),
+        "digest_error": said(allrec.values(), "digest_error"),
         "mock_warmup_s": max((r.prepare.mock_warmup_s for r in done.values()), default=0.0),
         "joiner_cpu_s": max((r.prepare.joiner_cpu_s for r in done.values()), default=0.0),
         "groups_s": max((r.prepare.groups_s for r in allrec.values()), default=0.0),

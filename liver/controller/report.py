@@ -76,6 +76,10 @@ def _digests(rec: dict[str, Any], before: dict[str, Any]) -> dict[str, Any]:
     out = {"digest_before": rec.get("digest_before") or before.get("digest"), "digest_after": rec.get("digest_after")}
     if out["digest_before"] is not None and out["digest_after"] is not None:
         out["digest_equal"] = out["digest_before"] == out["digest_after"]
+    # (the state could not be digested as it stood: the check's finding, the switch's or the step's)
+    err = rec.get("digest_error") or (before.get("digest_error") if not rec.get("digest_before") else None)
+    if err:
+        out["digest_error"] = err
     return out
 
 
@@ -258,6 +262,8 @@ def summary(report: dict[str, Any]) -> str:
             status += f" (rolled back {e['lost_steps']} steps to step {e['restored_step']})"
         if e.get("digest_equal") is not None:
             status += ", digest " + ("equal" if e["digest_equal"] else "DIFFERENT")
+        elif e.get("digest_error"):
+            status += ", NO DIGEST (see digest_error)"
         if e.get("deadline_met") is not None:
             status += ", deadline " + ("met" if e["deadline_met"] else "MISSED")
         # the step the event arrived after, and the last step on the old generation (switched after)

@@ -14,7 +14,7 @@ from liver.controller.mode import Mode, forked_workers
 from liver.policy.events import Event
 from liver.policy.outcome import Outcome
 from liver.controller.phases import Phase, Trigger
-from liver.controller.records import first, least
+from liver.controller.records import first, least, said
 from liver.protocol.messages import Saved, StartReport, StopReport, read_if
 from liver.runtime import preload
 
@@ -73,6 +73,7 @@ class RestartMode(Mode):
         rec["save_s"] = max((r.save_s for r in stops.values()), default=0.0)
         rec["digest_before"] = first(stops.values(), "digest_before")
         rec["digest_before_s"] = least(stops.values(), "digest_before_s")
+        rec["digest_error"] = said(stops.values(), "digest_error")
         rec["stopped_at"] = time.time()
         rec["checkpoint"], rec["checkpoint_format"] = saved.path, self.ctl.adapter.restart_format
         slots = [self.state.slot_of[p] for p in self.state.active.procs if p not in h.leaving] + h.join_slots
@@ -88,6 +89,7 @@ class RestartMode(Mode):
         rec = h.record
         rec["digest_after"] = first(done.values(), "digest_after")
         rec["digest_after_s"] = least(done.values(), "digest_after_s")
+        rec["digest_error"] = "; ".join(x for x in (rec.get("digest_error"), said(done.values(), "digest_error")) if x) or None
         rec["process_start_s"] = max(r.imported for r in done.values()) - rec["stopped_at"]
         rec["group_init_s"] = max(r.timings["group_init_s"] for r in done.values())
         rec["load_s"] = max(r.timings.get("load_s", 0.0) + r.timings["build_s"] for r in done.values())

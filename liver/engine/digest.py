@@ -38,6 +38,13 @@ _MIX = tuple(c - _M if c >= 1 << 63 else c for c in (0x9F3D5B79A2C4E687, 0x5851F
                                                      0x94D049BB133111EB))  # as signed int64
 
 
+
+class DigestError(RuntimeError):
+    """The state cannot be digested as it stands (replicas that differ, a tensor outside the
+    state, a gradient held at a boundary): a finding of the check, not a broken group. The
+    runtime records it and the job goes on (a broken group during the digest's gather is a
+    plain RuntimeError, which stops the generation as any collective's would)."""
+
 def _weights(flat: torch.Tensor) -> torch.Tensor:
     """[2, n] odd int64 weights from flat indices (wrapping arithmetic: a fixed mix, any device)."""
     out = []
@@ -87,7 +94,7 @@ def box_hash(t: torch.Tensor, box: Box, shape: tuple[int, ...]) -> tuple[int, in
 def _local(engine: Engine) -> list[tuple[int, Box, tuple[int, int]]]:
     outside = engine.unaccounted()
     if outside:
-        raise RuntimeError(f"digest: {len(outside)} tensor(s) influence the next step but are not part of the "
+        raise DigestError(f"digest: {len(outside)} tensor(s) influence the next step but are not part of the "
                            f"engine's state (neither moved nor digested): {', '.join(outside[:4])}")
     return [(i, engine.boxes[s.name], box_hash(engine.state[s.name], engine.boxes[s.name], s.shape))
             for i, s in enumerate(engine.specs) if s.name in engine.boxes]
@@ -104,7 +111,7 @@ def _distinct(parts: list[list[tuple]], same=lambda a, b: a == b, specs=None) ->
             seen = out.setdefault(i, {}).setdefault(key, value)
             if seen is not value and not same(seen, value):
                 name = f"{specs[i].name!r}" if specs is not None else f"#{i}"
-                raise RuntimeError(f"digest: tensor {name}, box {list(map(list, key))}: the replica of rank {rank} "
+                raise DigestError(f"digest: tensor {name}, box {list(map(list, key))}: the replica of rank {rank} "
                                    f"differs from the one before it")
     return out
 
@@ -114,7 +121,7 @@ def state_digest(engine: Engine) -> str:
     boundary only: no gradient may be held there (a step's outcome would depend on it)."""
     held = engine.held_grads()
     if held:
-        raise RuntimeError(f"digest: {len(held)} parameter(s) hold a gradient at an iteration boundary "
+        raise DigestError(f"digest: {len(held)} parameter(s) hold a gradient at an iteration boundary "
                            f"({', '.join(held[:4])}); the next step would add to it")
     return combine(engine.specs, engine.world.all.all_gather_json(_local(engine)), engine.scalars())
 
@@ -138,7 +145,7 @@ def combine(specs, parts: list[list], scalars: dict[str, Any]) -> str:
             continue
         covered = sum(box_numel(b) for b in boxes)
         if covered != max(1, spec.numel) or not boxes:
-            raise RuntimeError(f"digest of {spec.name}: the ranks' distinct boxes hold {covered} elements of its "
+            raise DigestError(f"digest of {spec.name}: the ranks' distinct boxes hold {covered} elements of its "
                                f"{spec.numel}; they must tile it")
         s1 = sum(v[0] for v in boxes.values()) % _M
         s2 = sum(v[1] for v in boxes.values()) % _M

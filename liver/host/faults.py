@@ -20,6 +20,10 @@ that lasts long enough for an event to arrive during it, a disk that fills under
 - ``disk-full:PROC[:STEP]``   every periodic checkpoint write of the steps from STEP on fails as a
   full disk fails (``OSError(ENOSPC)`` from the storage layer once this process's files are
   written, before DCP's metadata is): the disk stays full;
+- ``drift:PROC[:STEP]``        after step STEP the process moves one element of its first replicated
+  parameter by one unit in the last place, once: a framework that lets its replicas drift apart
+  (Megatron's tensor-parallel copies of a norm weight were seen to, bench/results/gpu-1x-netns-
+  nccl-two-nodes), for the digest's check to find;
 - ``announce:GEN[:S]``        the controller (here the number is a generation, not a process) kills
   itself (SIGKILL) once it has announced generation GEN (its spec and plan published, its joiners
   asked for, the ranks told), before its journal's next write, as a controller that dies there does;
@@ -36,7 +40,7 @@ import signal
 import time
 
 ENV = "LIVER_FAULT"
-POINTS = ("transfer", "slow-transfer", "disk-full", "mid-step", "reduced", "precopy", "announce")
+POINTS = ("transfer", "slow-transfer", "disk-full", "mid-step", "reduced", "precopy", "drift", "announce")
 _me: list[int] = [-1]  # this process's id, for points reached where it is not known (an engine's step)
 
 
@@ -64,6 +68,15 @@ def arm(text: str) -> None:
 
 def armed(point: str, proc: int) -> bool:
     return (point, proc) in _armed
+
+
+def once(point: str, proc: int, index: int) -> bool:
+    """Whether ``point``, armed for ``proc``, fires now (``index`` reached its ARG): once."""
+    arg = _armed.get((point, proc)) if _armed else None
+    if arg is None or index < float(arg or 0):
+        return False
+    del _armed[(point, proc)]
+    return True
 
 
 def identify(proc: int) -> None:

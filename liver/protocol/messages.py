@@ -120,6 +120,7 @@ class Progress:
     memory_gib: float | None = None        # the device's peak reserved memory (GPU)
     digest: str | None = None
     digest_s: float = 0.0
+    digest_error: str | None = None        # why the step's digest could not be taken (``DigestError``)
     checkpoint_step: int | None = None     # the newest checkpoint published whole (None: none stands)
     checkpoint_failures: int = 0           # periodic checkpoints failed in a row since the last good one
     checkpoint_error: str | None = None    # the latest failure's cause, while failures > 0
@@ -246,6 +247,7 @@ class SwitchReport:
     digest_before_s: float | None = None
     digest_after: str | None = None
     digest_after_s: float | None = None
+    digest_error: str | None = None  # (``DigestError``: why a digest of this handoff could not be taken)
     mem_before_bytes: int | None = None
     mem_peak_bytes: int | None = None
     mem_after_bytes: int | None = None
@@ -274,6 +276,7 @@ class StartReport:
     cores: tuple[int, ...] | None = None
     digest_after: str | None = None
     digest_after_s: float | None = None
+    digest_error: str | None = None
 
     @staticmethod
     def key(generation: int, proc: int) -> str:
@@ -291,6 +294,7 @@ class StopReport:
     saved_at: float
     digest_before: str | None = None
     digest_before_s: float | None = None
+    digest_error: str | None = None
 
     @staticmethod
     def key(generation: int, proc: int) -> str:

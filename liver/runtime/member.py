@@ -34,7 +34,7 @@ from liver import logs  # noqa: E402
 from liver.host import cores, faults, priority, threads as host_threads  # noqa: E402
 from liver.host.process import ProcessRef  # noqa: E402
 from liver.checkpoint.periodic import PeriodicCheckpointer  # noqa: E402
-from liver.engine.digest import local_hashes, state_digest  # noqa: E402
+from liver.engine.digest import DigestError, local_hashes, state_digest  # noqa: E402
 from liver.engine.interface import EngineAdapter, StepStats, TrainingEngine  # noqa: E402
 from liver.protocol import secret as job_secret, store as protocol  # noqa: E402
 from liver.protocol.cut import agree, confirm  # noqa: E402
@@ -100,6 +100,7 @@ class Member:
         self._side = protocol.run_store(connect_store(spec.store_addr), self.secret)
         self._side_user: Companion | None = None  # the last companion that used it
         self._switching = False
+        self._digest_failed_in: int | None = None  # the generation whose step digests failed (said once)
         self._stalled_in: int | None = None  # the generation it last stalled in (a later fence arms no watchdog)
         self._half_streamed = False  # a switch failed under it: its old state is no longer whole
         self._ends: collections.deque[tuple[int, float]] = collections.deque(maxlen=ENDS_KEPT)  # rank 0's (step, end)
@@ -139,9 +140,7 @@ class Member:
         rec = {"proc": self.proc, "generation": g, "timings": timings, **self.boot, "ready": time.time(),
                "step": self.engine.step, "cores": cores.available()}
         if self.digest:
-            t0 = time.perf_counter()
-            rec["digest_after"] = state_digest(self.engine)
-            rec["digest_after_s"] = time.perf_counter() - t0
+            self._digest_into(rec, self.engine, "digest_after")
         write(self.store, StartReport.key(g, self.proc), from_dict(StartReport, rec, "start report"))
 
     def join(self) -> bool:
@@ -207,11 +206,19 @@ class Member:
         """A step's record (and digest), then the boundary after it."""
         e = self.engine
         end = time.time()
-        digest, digest_s, broke = None, 0.0, None
+        digest, digest_s, digest_error, broke = None, 0.0, None, None
+        if faults.once("drift", self.proc, st.step):
+            _drift(e)
         if self.digest == "step":  # a check, timed apart from the step
             t0 = time.perf_counter()
             try:
                 digest = state_digest(e)
+            except DigestError as err:  # (the check's finding: said once a generation, training goes on)
+                digest_error = str(err)[:500]
+                if self._digest_failed_in != e.world.generation:
+                    self._digest_failed_in = e.world.generation
+                    print(f"[liver] proc {self.proc}: no digest after step {st.step} (and none said again in "
+                          f"generation {e.world.generation}): {err}", flush=True)
             except RuntimeError as err:  # the step is done (its state moved on): it is logged first
                 broke = err
             digest_s = time.perf_counter() - t0
@@ -222,7 +229,7 @@ class Member:
             rec = Progress(step=st.step, generation=e.world.generation, loss=st.loss, step_s=st.step_s,
                            time=end, parallel=e.layout.parallel.short(), preparing=self.companion is not None,
                            tokens_per_s=st.tokens_per_s, grad_norm=st.grad_norm, mfu=st.mfu,
-                           digest=digest, digest_s=digest_s,
+                           digest=digest, digest_s=digest_s, digest_error=digest_error,
                            **(self.ckpt.standing() if e.world.rank == 0 and self.ckpt.every else {}),
                            ends=None)
             who = f"[rank {e.world.rank}] " if self.config.log_rank == -1 else ""
@@ -416,6 +423,19 @@ class Member:
         finally:
             self._switching = False
 
+    def _digest_into(self, rec: dict[str, Any], engine: TrainingEngine, key: str) -> None:
+        """``rec[key]``: the state's digest (collective), and its time; where the state cannot be
+        digested as it stands (``DigestError``: replicas that differ, say), ``rec["digest_error"]``
+        says why, the log too, and the handoff goes on: the check reports, it does not stop the
+        job (the summary and the command's exit status say so)."""
+        t0 = time.perf_counter()
+        try:
+            rec[key] = state_digest(engine)
+        except DigestError as e:
+            rec["digest_error"] = "; ".join(x for x in (rec.get("digest_error"), f"{key.replace('_', ' ')}: {e}") if x)
+            print(f"[liver] proc {self.proc}: no {key.replace('_', ' ')}: {e}", flush=True)
+        rec[f"{key}_s"] = time.perf_counter() - t0
+
     def _switch_now(self, prep: Preparation, extra: dict[str, Any], old_alive: bool) -> None:
         old = self.engine
         self.courier.drain()  # this generation's records out before the next's rank 0 writes
@@ -427,9 +447,7 @@ class Member:
         if old is not None:
             rec["old_step"] = old.step
             if self.digest == "switch" and old_alive:
-                t0 = time.perf_counter()
-                rec["digest_before"] = state_digest(old)
-                rec["digest_before_s"] = time.perf_counter() - t0
+                self._digest_into(rec, old, "digest_before")
         base = torch.cuda.memory_allocated(self.device) if self.device.type == "cuda" else 0
         if self.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(self.device)
@@ -480,9 +498,7 @@ class Member:
             rec["cores"] = cores.available()
             rec["step"] = new.step
             if self.digest:
-                t0 = time.perf_counter()
-                rec["digest_after"] = state_digest(new)
-                rec["digest_after_s"] = time.perf_counter() - t0
+                self._digest_into(rec, new, "digest_after")
         write(self.store, SwitchReport.key(g, self.proc), from_dict(SwitchReport, rec, "switch report"))
 
     def _stop_for_restart(self) -> None:
@@ -494,9 +510,7 @@ class Member:
         path = self.run_dir / "restart" / f"gen{g}-step{e.step:08d}"
         rec: dict[str, Any] = {"proc": self.proc, "generation": g, "step": e.step}
         if self.digest == "switch":
-            t0 = time.perf_counter()
-            rec["digest_before"] = state_digest(e)
-            rec["digest_before_s"] = time.perf_counter() - t0
+            self._digest_into(rec, e, "digest_before")
         rec["save_s"] = self.adapter.save_for_restart(e, str(path))
         rec["saved_at"] = time.time()
         write(self.store, StopReport.key(g, self.proc), from_dict(StopReport, rec, "stop report"))
@@ -529,6 +543,17 @@ def rehearse_process(adapter: EngineAdapter, cpu_step: bool = False) -> None:
     gc.collect()
     gc.freeze()
 
+
+
+def _drift(e: TrainingEngine) -> None:
+    """(Fault ``drift``.) One element of the first replicated parameter this process holds, one
+    unit in the last place up: its replicas no longer agree."""
+    spec = next(s for s in e.specs if s.kind == "param" and s.shard_dim is None and s.name in e.state)
+    t = e.state[spec.name]
+    flat = (t.to_local() if hasattr(t, "to_local") else t).data.view(-1)
+    with torch.no_grad():
+        flat[0] = torch.nextafter(flat[0], torch.tensor(float("inf"), dtype=flat.dtype, device=flat.device))
+    print(f"[liver] fault drift: {spec.name}[0] moved by one unit in the last place", file=sys.stderr, flush=True)
 
 def main(spec_path: str | None = None, boot: dict[str, float] | None = None) -> None:
     """``boot``: when the process started and finished its imports, given by the zygote that
