@@ -95,6 +95,7 @@ def arrive(store: dist.Store, name: str, members: list[int], me: int, pause: Cal
 
 _PARKED: list[_Comm] = []
 """Communicators let go of while gloo was still in a collective on them (``Group.abort``)."""
+_PARKED_LOCK = threading.Lock()  # (a generation's clean-up thread destroys groups beside the training thread)
 
 
 def _park(comm: _Comm) -> bool:
@@ -104,18 +105,20 @@ def _park(comm: _Comm) -> bool:
     group's timeout, and the thread that let go (the training thread, stalling) with it, so it
     never reported for the heal (about 2 in 80 runs of the fenced-node test). Parked, it ends in
     gloo's threads; its connections are already cut (``World.interrupt``)."""
-    _PARKED[:] = [c for c in _PARKED if not c.abandoned.is_completed()]
-    if comm.abandoned is None or comm.abandoned.is_completed():
-        return False
-    if all(c is not comm for c in _PARKED):  # (groups sharing it park it once)
-        _PARKED.append(comm)
-    return True
+    with _PARKED_LOCK:
+        _PARKED[:] = [c for c in _PARKED if not c.abandoned.is_completed()]
+        if comm.abandoned is None or comm.abandoned.is_completed():
+            return False
+        if all(c is not comm for c in _PARKED):  # (groups sharing it park it once)
+            _PARKED.append(comm)
+        return True
 
 
 def parked() -> int:
     """How many communicators are parked (``_park``), those whose collective has ended let go of."""
-    _PARKED[:] = [c for c in _PARKED if not c.abandoned.is_completed()]
-    return len(_PARKED)
+    with _PARKED_LOCK:
+        _PARKED[:] = [c for c in _PARKED if not c.abandoned.is_completed()]
+        return len(_PARKED)
 
 
 class Group:
