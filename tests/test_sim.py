@@ -478,3 +478,19 @@ def test_a_live_pause_over_the_goal_is_chosen_for_a_faster_step_where_one_under_
     total = {lay.parallel.short(): LIVE.cost_s(w, a.parallel, lay.parallel, hw.costs)
              + LIVE.horizon_s * target.step_time(w, lay, hw) / fastest for lay in (b, other)}
     assert total[why["chosen"]] <= total[u["config"]]
+
+
+def test_a_model_size_inversion_is_evaluated_on_the_bigger_models_configurations():
+    """``project.at_bigger_configs``: the smaller model's pause on the bigger one's (old, new)
+    configurations, its step there against its own choice's; None where they do not split it."""
+    from liver.sim.project import at_bigger_configs
+
+    case = {"profile": "h200", "gpus": 328, "smaller": "30b-cluster", "bigger": "70b-cluster",
+            "smaller_configs": ["tp1pp41dp8", "tp1pp10dp32", "tp1pp40dp8"],
+            "bigger_configs": ["tp1pp41dp8", "tp1pp40dp8", "tp1pp80dp4"]}
+    got = at_bigger_configs(case, "live_downtime_s")
+    w, prof = Workload(ADAPTER, sim_model("30b-cluster")), load("h200")
+    want = costs.live(w, ParallelConfig.from_short("tp1pp41dp8"), ParallelConfig.from_short("tp1pp40dp8"), prof)
+    assert got["smaller_at_bigger_configs_s"] == want.downtime_s and got["its_step_slower"] > 0
+    # 80 stages do not split the 30B's 60 layers: nothing to compare
+    assert at_bigger_configs(case, "restart_downtime_s") == {"smaller_at_bigger_configs_s": None, "its_step_slower": None}
