@@ -38,12 +38,12 @@ _MIX = tuple(c - _M if c >= 1 << 63 else c for c in (0x9F3D5B79A2C4E687, 0x5851F
                                                      0x94D049BB133111EB))  # as signed int64
 
 
-
 class DigestError(RuntimeError):
     """The state cannot be digested as it stands (replicas that differ, a tensor outside the
     state, a gradient held at a boundary): a finding of the check, not a broken group. The
     runtime records it and the job goes on (a broken group during the digest's gather is a
     plain RuntimeError, which stops the generation as any collective's would)."""
+
 
 def _weights(flat: torch.Tensor) -> torch.Tensor:
     """[2, n] odd int64 weights from flat indices (wrapping arithmetic: a fixed mix, any device)."""
@@ -95,7 +95,7 @@ def _local(engine: Engine) -> list[tuple[int, Box, tuple[int, int]]]:
     outside = engine.unaccounted()
     if outside:
         raise DigestError(f"digest: {len(outside)} tensor(s) influence the next step but are not part of the "
-                           f"engine's state (neither moved nor digested): {', '.join(outside[:4])}")
+                          f"engine's state (neither moved nor digested): {', '.join(outside[:4])}")
     return [(i, engine.boxes[s.name], box_hash(engine.state[s.name], engine.boxes[s.name], s.shape))
             for i, s in enumerate(engine.specs) if s.name in engine.boxes]
 
@@ -112,7 +112,7 @@ def _distinct(parts: list[list[tuple]], same=lambda a, b: a == b, specs=None) ->
             if seen is not value and not same(seen, value):
                 name = f"{specs[i].name!r}" if specs is not None else f"#{i}"
                 raise DigestError(f"digest: tensor {name}, box {list(map(list, key))}: the replica of rank {rank} "
-                                   f"differs from the one before it")
+                                  f"differs from the one before it")
     return out
 
 
@@ -122,7 +122,7 @@ def state_digest(engine: Engine) -> str:
     held = engine.held_grads()
     if held:
         raise DigestError(f"digest: {len(held)} parameter(s) hold a gradient at an iteration boundary "
-                           f"({', '.join(held[:4])}); the next step would add to it")
+                          f"({', '.join(held[:4])}); the next step would add to it")
     return combine(engine.specs, engine.world.all.all_gather_json(_local(engine)), engine.scalars())
 
 
@@ -146,7 +146,7 @@ def combine(specs, parts: list[list], scalars: dict[str, Any]) -> str:
         covered = sum(box_numel(b) for b in boxes)
         if covered != max(1, spec.numel) or not boxes:
             raise DigestError(f"digest of {spec.name}: the ranks' distinct boxes hold {covered} elements of its "
-                               f"{spec.numel}; they must tile it")
+                              f"{spec.numel}; they must tile it")
         s1 = sum(v[0] for v in boxes.values()) % _M
         s2 = sum(v[1] for v in boxes.values()) % _M
         h.update(f"{spec.name}:{list(spec.shape)}:{s1:016x}{s2:016x}\n".encode())  # the same bytes for any layout

@@ -72,11 +72,16 @@ def armed(point: str, proc: int) -> bool:
 
 def once(point: str, proc: int, index: int) -> bool:
     """Whether ``point``, armed for ``proc``, fires now (``index`` reached its ARG): once."""
-    arg = _armed.get((point, proc)) if _armed else None
-    if arg is None or index < float(arg or 0):
+    if _reached(point, proc, index) is None:
         return False
     del _armed[(point, proc)]
     return True
+
+
+def _reached(point: str, proc: int, index: int) -> str | None:
+    """The ARG of ``point`` armed for ``proc`` once ``index`` has reached it, else None."""
+    arg = _armed.get((point, proc)) if _armed else None
+    return None if arg is None or index < (float(arg or 0) if point != "slow-transfer" else 0) else arg
 
 
 def identify(proc: int) -> None:
@@ -93,10 +98,8 @@ def here(point: str, index: int = 0) -> None:
 def at(point: str, proc: int, index: int = 0) -> None:
     """The fault armed at ``point`` for ``proc``, if any, once ``index`` (a layer, a step) reaches
     its ARG; a kill or a stall fires once, a full disk at every write."""
-    if not _armed:
-        return
-    arg = _armed.get((point, proc))
-    if arg is None or index < (float(arg or 0) if point != "slow-transfer" else 0):
+    arg = _reached(point, proc, index)
+    if arg is None:
         return
     if point in ("transfer", "mid-step", "reduced", "precopy", "announce"):
         del _armed[(point, proc)]

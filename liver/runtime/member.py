@@ -278,8 +278,9 @@ class Member:
         # break, so that its thread, failing on them, takes itself for abandoned (not a failed write)
         self.ckpt.abandon()
         e.world.abort()  # peers blocked on a group with this rank fail now too, and stall as well
-        if group.parked():
-            print(f"[liver] proc {self.proc}: {group.parked()} communicator(s) of generation {g} parked: gloo was "
+        parked = group.parked()
+        if parked:
+            print(f"[liver] proc {self.proc}: {parked} communicator(s) of generation {g} parked: gloo was "
                   f"still in a collective the cut did not wake (it ends at the groups' timeout)", flush=True)
         if getattr(e, "mirror", None) is not None:
             e.mirror.abort()  # (its copy may be blocked on the lost peer)
@@ -544,7 +545,6 @@ def rehearse_process(adapter: EngineAdapter, cpu_step: bool = False) -> None:
     gc.freeze()
 
 
-
 def _drift(e: TrainingEngine) -> None:
     """(Fault ``drift``.) One element of the first replicated parameter this process holds, one
     unit in the last place up: its replicas no longer agree."""
@@ -554,6 +554,7 @@ def _drift(e: TrainingEngine) -> None:
     with torch.no_grad():
         flat[0] = torch.nextafter(flat[0], torch.tensor(float("inf"), dtype=flat.dtype, device=flat.device))
     print(f"[liver] fault drift: {spec.name}[0] moved by one unit in the last place", file=sys.stderr, flush=True)
+
 
 def main(spec_path: str | None = None, boot: dict[str, float] | None = None) -> None:
     """``boot``: when the process started and finished its imports, given by the zygote that

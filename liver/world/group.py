@@ -106,7 +106,7 @@ def _park(comm: _Comm) -> bool:
     never reported for the heal (about 2 in 80 runs of the fenced-node test). Parked, it ends in
     gloo's threads; its connections are already cut (``World.interrupt``)."""
     with _PARKED_LOCK:
-        _PARKED[:] = [c for c in _PARKED if not c.abandoned.is_completed()]
+        _sweep()
         if comm.abandoned is None or comm.abandoned.is_completed():
             return False
         if all(c is not comm for c in _PARKED):  # (groups sharing it park it once)
@@ -117,8 +117,13 @@ def _park(comm: _Comm) -> bool:
 def parked() -> int:
     """How many communicators are parked (``_park``), those whose collective has ended let go of."""
     with _PARKED_LOCK:
-        _PARKED[:] = [c for c in _PARKED if not c.abandoned.is_completed()]
+        _sweep()
         return len(_PARKED)
+
+
+def _sweep() -> None:
+    """(Under ``_PARKED_LOCK``.) Let go of the parked communicators whose collective has ended."""
+    _PARKED[:] = [c for c in _PARKED if not c.abandoned.is_completed()]
 
 
 class Group:

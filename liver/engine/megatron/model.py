@@ -40,8 +40,8 @@ def megatron() -> types.SimpleNamespace:
             from megatron.core.process_groups_config import ProcessGroupCollection
             from megatron.core.transformer.transformer_config import TransformerConfig
     except ImportError as e:
-        raise MegatronMissing(f"the Megatron-Core engine needs megatron-core {VERSION}: pip install 'liver[megatron]' "
-                          f"({e})") from None
+        raise MegatronMissing(f"the Megatron-Core engine needs megatron-core {VERSION}: "
+                              f"pip install 'liver[megatron]' ({e})") from None
     return types.SimpleNamespace(GPTModel=GPTModel, TransformerConfig=TransformerConfig,
                                  ProcessGroupCollection=ProcessGroupCollection, layer_spec=get_gpt_layer_local_spec,
                                  ShardedTensor=ShardedTensor, ShardedTensorFactory=ShardedTensorFactory,
