@@ -45,7 +45,7 @@ def _run(size: str, change: str, precopy: bool, cycles: int, gap: int, calm: int
     name, first, action, back = CHANGES[change]
     sc = back_and_forth(name, first, action, back, calm, gap, cycles)
     cfg = build({"preset": "tiny"}, {
-        "steps": calm + 2 * cycles * gap + 1000, "gpus": sc.gpus, "parallel": first, "digest": "switch",
+        "steps": sc.step_budget(10), "gpus": sc.gpus, "parallel": first, "digest": "switch",
         "job": {"model": model_of(size)}, "agent": {"slots": sc.slots, "quiet": True},
         "checkpoint": {"every": 0}, "prepare": {"precopy": precopy, "companion_share": 0.0, "mock_steps": 0},
         "controller": {"mode": "live", "endpoint": False, "end_after_events": 10}})

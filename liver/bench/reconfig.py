@@ -87,7 +87,7 @@ def _once(name: str, first: str, action: str, mode: str, steps: int, calm: int, 
     sc = back_and_forth(name, first, action, back, calm, gap, cycles)
     events = sc.parsed()
     # as many slots as its largest world: a core each, where the machine has them (liver/host/cores.py)
-    cfg = build(base or {"preset": "tiny"}, {"steps": calm + 2 * cycles * gap + steps + 1000, "gpus": sc.gpus,
+    cfg = build(base or {"preset": "tiny"}, {"steps": sc.step_budget(steps), "gpus": sc.gpus,
                  "parallel": first, "agent": {"slots": sc.slots, "quiet": True}, "checkpoint": {"every": 0},
                  "controller": {"mode": mode, "endpoint": False, "end_after_events": steps}})
     rep = run_job(cfg, events, run_dir, {"scenario": name})
