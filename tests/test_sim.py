@@ -245,10 +245,14 @@ def test_dcp_reads_every_saved_chunk_it_overlaps_whole(data):
 
 
 def test_the_plans_work_counts_each_processs_bytes_copies_and_tasks():
+    """A process's sends and receives count together (they share its copy engines and SMs): a
+    two-way exchange of half the state each way counts twice a one-way send of that half."""
     job, par = sim_model("1b-cluster"), ParallelConfig
     half = costs.plan_work(Workload.reference(job), par(tp=2), par(dp=2))  # each rank: its half out, the other in, its half copied
     state = sim_model("1b-cluster").model.num_params() * 12
     assert half.io_bytes == pytest.approx(state, rel=1e-3) and half.copy_bytes == pytest.approx(state / 2, rel=1e-3)
+    one_way = costs.plan_work(Workload.reference(job), par(tp=2), par(tp=2, dp=2))  # a joiner gets each rank's half
+    assert one_way.io_bytes == pytest.approx(state / 2, rel=1e-3) and one_way.moved == pytest.approx(state, rel=1e-3)
     local = costs.plan_work(Workload.reference(job), par(dp=2), par(tp=2))  # every rank has all it needs: copies only
     assert local.io_bytes == 0 and local.copy_bytes == pytest.approx(state / 2, rel=1e-3) and local.moved == 0
     same = costs.plan_work(Workload.reference(job), par(dp=2), par())  # the survivor keeps its whole replica in place

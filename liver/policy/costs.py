@@ -34,6 +34,13 @@ def spans_nodes(ranks: int, prof: Profile) -> bool:
     return ranks > prof.node_size
 
 
+def crowding(cores: int | None, procs: int) -> float:
+    """How much slower a process's own work runs where ``procs`` processes share a host's
+    ``cores`` (CPU processes, a profile's ``cores``: each gets its share of them; None, a GPU
+    each: 1)."""
+    return 1.0 if cores is None else max(1.0, procs / cores)
+
+
 def sustained(prof: Profile, width: float) -> float:
     """The share of the peak a GPU sustains on matrix multiplies ``width`` wide (a TP rank's share
     of the hidden size): narrower ones do less work per byte they read."""
@@ -52,8 +59,7 @@ def step_time(job: Workload, lay: Layout, prof: Profile) -> float:
     micro = lay.num_micro_batches
     bubble = (micro + lay.pp - 1) / micro
     path = (micro + lay.pp - 1) * m.layers / lay.pp  # layer micro-steps on the critical path
-    share = 1.0 if prof.cores is None else max(1.0, lay.size / prof.cores)
-    rounds = share * (prof.layer_op_s * path + prof.tp_latency_s * 4 * path * (lay.tp - 1)
+    rounds = crowding(prof.cores, lay.size) * (prof.layer_op_s * path + prof.tp_latency_s * 4 * path * (lay.tp - 1)
                       + prof.dp_latency_s * (lay.dp - 1) * (m.layers / lay.pp + 2) + prof.p2p_latency_s * 2 * (micro + lay.pp - 1) * (lay.pp > 1)
                       + prof.step_fixed_s)
     act = t.micro_batch * m.seq_len * m.width * 2
@@ -75,8 +81,9 @@ def rank_state_bytes(job: Workload, lay: Layout) -> float:
 class Work:
     """What a transfer plan asks of its busiest processes."""
 
-    io_bytes: int    # the most bytes one process sends and receives, together (NCCL's sends and
-                     # receives of one process share its copy engines and SMs)
+    io_bytes: int    # the most bytes one process sends and receives, together: NCCL's sends and
+                     # receives of one process share its copy engines and SMs (measured on a pair of
+                     # H200s: 6.17 GB each way at once took 1.7x as long as 6.17 GB one way)
     copy_bytes: int  # the most bytes one process copies within its own memory (a shard that stays
                      # on the process in another box)
     tasks: int       # the most tasks one process takes part in (its companion's paced work: which
@@ -162,6 +169,12 @@ def connect_s(prof: Profile, kinds: frozenset[str]) -> float:
     return (prof.connect_tp_s if kinds & {"tp", "pp"} else 0.0) + (prof.connect_dp_s if "dp" in kinds else 0.0)
 
 
+def transfer_link(prof: Profile, procs: int) -> float:
+    """The rate a handoff's transfer moves at over its processes' link (between nodes where they
+    span several), each way: its share of the link."""
+    return (prof.inter_bw if spans_nodes(procs, prof) else prof.intra_bw) * prof.transfer_share
+
+
 def transfer_s(w: Work, link: float, copy_bw: float, connect: float = 0.0) -> float:
     """The busiest process's sends and receives over its link, its local copies beside them (the
     executor overlaps the two), and ``connect``: a joiner's first send over its new communicator."""
@@ -226,12 +239,14 @@ def live(job: Workload, old: ParallelConfig, new: ParallelConfig, prof: Profile,
     joiners too: they follow the steps), a slice of ``PrepareConfig().precopy_slice_mib`` a step beside training,
     and kept current by sending each step the gradients of those boxes (the parameters' share of
     the state) and replaying the update (a pass over the copies at the device's copy bandwidth,
-    reading and writing each byte: twice); the switch moves the rest."""
+    reading and writing each byte: twice); the switch moves the rest. Where processes share
+    cores (``crowding``), the build, the switch, the transfer and the first step take longer."""
     joiners = new.world_size > old.world_size
+    c = crowding(prof.cores, max(old.world_size, new.world_size))
     w = plan or plan_work(job, old, new)
     if kinds is None:
         kinds = first_uses(job, old, new)
-    link = prof.inter_bw if spans_nodes(max(old.world_size, new.world_size), prof) else prof.intra_bw
+    link = transfer_link(prof, max(old.world_size, new.world_size))
     state_gb = rank_state_bytes(job, layout(job, new)) / GB
     params_per_rank = job.facts.params / new.world_size / 1e9
     paced = prof.prepare_cpu_s_per_task * w.tasks / share if share > 0 else 0.0
@@ -247,9 +262,9 @@ def live(job: Workload, old: ParallelConfig, new: ParallelConfig, prof: Profile,
                 mock_s=prof.mock_s_per_gparam * params_per_rank if joiners else 0.0,
                 groups_s=groups_s(prof, new.world_size, joiners),
                 plan_s=prof.plan_s_per_krank * max(old.world_size, new.world_size) / 1000,
-                build_s=max(0.0, build), switch_s=prof.switch_fixed_s + prof.switch_s_per_gb * state_gb,
-                transfer_s=transfer_s(w, link, prof.copy_bw, prof.connect_p2p_s if joiners else 0.0),
-                first_step_s=prof.first_step_s + connect_s(prof, kinds) + (prof.nccl_first_s if first_nccl else 0.0))
+                build_s=c * max(0.0, build), switch_s=c * (prof.switch_fixed_s + prof.switch_s_per_gb * state_gb),
+                transfer_s=c * transfer_s(w, link, prof.copy_bw, prof.connect_p2p_s if joiners else 0.0),
+                first_step_s=c * (prof.first_step_s + connect_s(prof, kinds) + (prof.nccl_first_s if first_nccl else 0.0)))
 
 
 def _mirror(job: Workload, m: Work, step_s: float, link: float, copy_bw: float) -> dict[str, float]:
@@ -313,6 +328,13 @@ def dcp_bytes(job: Workload, old: ParallelConfig, new: ParallelConfig) -> tuple[
     return write, max(reads), sum(reads) * ln.dp
 
 
+def shared_storage_s(prof: Profile, nbytes: float, gpus: int) -> float:
+    """``nbytes`` through the file system the nodes of a job of ``gpus`` share, at its share of
+    it (``storage_bw_per_gpu`` a GPU); a job on one host uses its own storage (0 here: its rate
+    is the host's, ``host_read_bw``, and its ranks' own)."""
+    return nbytes / (prof.storage_bw_per_gpu * gpus) if spans_nodes(gpus, prof) else 0.0
+
+
 @dataclass(frozen=True)
 class Restart:
     save_s: float
@@ -333,22 +355,28 @@ def restart(job: Workload, old: ParallelConfig, new: ParallelConfig, prof: Profi
     (``dcp_bytes``), the first step. ``memory``: the checkpoint is in host memory (the snapshot
     taken beside training, the load from host memory, the reshard over the network). A host's new
     processes start together and read from its storage together (``host_start_growth``,
-    ``host_read_bw``, measured by ``liver bench host-start``)."""
+    ``host_read_bw``, measured by ``liver bench host-start``); where processes share cores
+    (``crowding``), each part takes longer (the save by the old processes, the rest by the new)."""
     total = job.facts.params * 12
     n_old, n_new = old.world_size, new.world_size
     host = min(prof.node_size, n_new)  # the new processes of one host, starting and reading together
     if memory:
         save_s = total / n_old / prof.host_bw if save else 0.0
-        reshard = plan_work(job, old, new).io_bytes / (prof.inter_bw if spans_nodes(max(n_old, n_new), prof) else prof.intra_bw)
+        reshard = plan_work(job, old, new).io_bytes / transfer_link(prof, max(n_old, n_new))
         load_s = total / n_new / prof.host_bw + reshard
     else:
         write, read, read_all = dcp_bytes(job, old, new)
-        save_s = prof.save_fixed_s + max(write / prof.save_bw_per_rank, total / prof.storage_cap_bw) if save else 0.0
-        # a rank's own rate, its host's storage shared by its processes, the file system's
+        # a rank's own rate, its host's storage shared by its processes, and for a job of several nodes
+        # (its checkpoint on the file system they share) the job's share of that file system's
+        save_s = prof.save_fixed_s + max(write / prof.save_bw_per_rank, shared_storage_s(prof, total, n_old)) \
+            if save else 0.0
         host_read = host * read / prof.host_read_bw if prof.host_read_bw > 0 else 0.0
-        load_s = prof.load_fixed_s + max(read / prof.load_bw_per_rank, host_read, read_all / prof.storage_cap_bw)
+        load_s = prof.load_fixed_s + max(read / prof.load_bw_per_rank, host_read,
+                                         shared_storage_s(prof, read_all, n_new))
     start_s = (prof.process_start_s * (1 + prof.host_start_growth * max(0, host - 2)) if fresh
                else prof.cuda_context_s) + prof.cuda_init_s
     init_s = 0.0 if n_new == 1 else prof.rendezvous_s_per_rank * n_new + prof.group_init_s + growth_s(prof, n_new)
     fixed = prof.restart_fixed_s + prof.restart_s_per_gb * rank_state_bytes(job, layout(job, new)) / GB
-    return Restart(save_s=save_s, start_s=start_s, init_s=init_s, load_s=load_s, fixed_s=fixed)
+    c = crowding(prof.cores, n_new)
+    return Restart(save_s=crowding(prof.cores, n_old) * save_s, start_s=c * start_s, init_s=c * init_s, load_s=c * load_s,
+                   fixed_s=c * fixed)

@@ -34,8 +34,12 @@ STATED = {
                                             "eight H200s (NVIDIA's MLPerf Inference v4.1 H200-SXM-141GBx8 system, "
                                             "raw.githubusercontent.com/mlcommons/inference_results_v4.1/main/closed/"
                                             "NVIDIA/systems/H200-SXM-141GBx8_TRT_MaxQ.json); counted one a GPU for "
-                                            "training, 50 GB/s a GPU (the other two not counted)"),
-    "storage_cap_bw": (H200_CLUSTER["storage_cap_bw"], "stated setting: a 100 GB/s parallel file system"),
+                                            "training, 50 GB/s a GPU each way (the other two not counted)"),
+    "storage_bw_per_gpu": (H200_CLUSTER["storage_bw_per_gpu"], "published system description: Meta's Tectonic file "
+                                                                "system sustains 2 TB/s (7 TB/s peak) for the training "
+                                                                "of Llama 3 on up to 16,384 H100s (The Llama 3 Herd of "
+                                                                "Models, arXiv:2407.21783, section 3.3.1 'Storage'): a "
+                                                                "job's share, 122 MB/s a GPU it holds"),
     "dp_overlap": (0.5, "stated setting: half of the gradient all-reduce hidden behind the backward pass"),
     "node_size": (8, "stated setting: 8 GPUs a node"),
     "memory_bytes": (141e9, "the H200's memory"),
@@ -44,8 +48,8 @@ STATED = {
 
 
 #: what ``fit_handoffs`` fits (the rest of a profile: direct measurements, stated settings, steps)
-HANDOFF_KEYS = ("intra_bw", "connect_p2p_s", "switch_fixed_s", "switch_s_per_gb", "first_step_s", "connect_tp_s",
-                "connect_dp_s", "nccl_first_s", "group_init_s", "mock_s_per_gparam", "prepare_base_s",
+HANDOFF_KEYS = ("intra_bw", "transfer_share", "connect_p2p_s", "switch_fixed_s", "switch_s_per_gb", "first_step_s",
+                "connect_tp_s", "connect_dp_s", "nccl_first_s", "group_init_s", "mock_s_per_gparam", "prepare_base_s",
                 "prepare_joiner_s", "prepare_cpu_s_per_task", "prepare_stall_s", "prepare_stall_joiner_s",
                 "save_fixed_s", "save_bw_per_rank", "load_fixed_s", "load_bw_per_rank", "process_start_s",
                 "restart_fixed_s", "restart_s_per_gb")
@@ -130,27 +134,44 @@ def fit_handoffs(events: list[Event], v: dict[str, float], src: dict[str, str]) 
 
     # live and restart quantities from every run: what differs between the code versions they ran
     # (the companion share each preparation was paced at, the run's history of communicators) is modelled
+    # where processes share cores (CPU processes: v["cores"]), each phase measured is its work times
+    # the crowding of its processes (costs.crowding): the fit is of the work, each time over it
     works = {e: costs.plan_work(e.job, e.old, e.new) for e in events}
-    v["intra_bw"] = _median([works[e].io_bytes / e.transfer_s for e in events
-                             if not e.joiners and works[e].io_bytes and e.transfer_s > 0], "a transfer")
-    src["intra_bw"] = ("median of the busiest process's bytes sent and received / the measured transfer time, "
-                       "over the handoffs on the events processes that send")
-    v["connect_p2p_s"] = max(0.0, _median([e.transfer_s - costs.transfer_s(works[e], v["intra_bw"], v["copy_bw"])
+    crowd = {e: costs.crowding(v.get("cores"), max(e.old.world_size, e.new.world_size)) for e in events}
+    rate = _median([works[e].io_bytes * crowd[e] / e.transfer_s for e in events
+                    if not e.joiners and works[e].io_bytes and e.transfer_s > 0], "a transfer")
+    how = ("the busiest process's bytes sent and received together (they share its copy engines and SMs: on a "
+           "pair of H200s a TP2->DP2 exchange of 6.17 GB each way took 0.033 s, a TP2->TP1 scale-in's 6.17 GB one "
+           "way 0.0195 s, bench/results/gpu-1b-live-vs-restart and gpu-1b-overhead-16-events: 1.7x, not the 1x "
+           "of two independent directions nor quite the 2x counted) / the measured transfer time, median over the "
+           "handoffs whose processes all survive")
+    links = [e.link_bw for e in events if e.link_bw]
+    if links:  # the link measured in the runs: the transfer moves at a share of it
+        v["intra_bw"], v["transfer_share"] = statistics.median(links), rate / statistics.median(links)
+        src["intra_bw"] = ("measured: a GPU's one-way sends to the other in each run before its handoffs (median "
+                           "of the runs' p2p_GBps): the step's collectives' link (NVLink's published 450 GB/s "
+                           "each way, 900 GB/s both)")
+        src["transfer_share"] = how + ", over the link's measured one-way rate"
+    else:  # gloo over loopback: no link measured apart from the transfers
+        v["intra_bw"], v["transfer_share"] = rate, 1.0
+        src["intra_bw"], src["transfer_share"] = how, "the transfers' own rate is the link's"
+    v["connect_p2p_s"] = max(0.0, _median([e.transfer_s / crowd[e] - costs.transfer_s(works[e], rate, v["copy_bw"])
                                            for e in events if e.joiners and works[e].io_bytes], "a joiner's transfer"))
     src["connect_p2p_s"] = "median of a scale-out's transfer less its bytes' time (the model's, with the fitted link)"
     v["switch_fixed_s"], v["switch_s_per_gb"] = _nnls([[1.0, state_gb(e)] for e in events],
-                                                      [e.switch_s - e.transfer_s for e in events])
+                                                      [(e.switch_s - e.transfer_s) / crowd[e] for e in events])
     src["switch_fixed_s"] = src["switch_s_per_gb"] = (
         "least squares (coefficients 0 or more): switch time less transfer time against a rank's new state (GB)")
     extra = _nnls([[1.0, float(bool(e.kinds & {"tp", "pp"})), float("dp" in e.kinds), float(e.first_nccl)]
-                   for e in events], [e.downtime_live_s - e.switch_s for e in events])
+                   for e in events], [(e.downtime_live_s - e.switch_s) / crowd[e] for e in events])
     v["first_step_s"], v["connect_tp_s"], v["connect_dp_s"], v["nccl_first_s"] = extra
     src["first_step_s"] = src["connect_tp_s"] = src["connect_dp_s"] = src["nccl_first_s"] = (
         "least squares (coefficients 0 or more): downtime less switch time (the boundary and the first step "
         "beyond a normal one) against the kinds of collective the first step runs over a new process set (the "
         "run's history: results.replay) and whether they are its processes' first NCCL collectives")
     grouped = [e for e in events if e.new.world_size > 1]
-    v["group_init_s"] = _median([e.init_s - v["rendezvous_s_per_rank"] * e.new.world_size for e in grouped],
+    v["group_init_s"] = _median([e.init_s / costs.crowding(v.get("cores"), e.new.world_size)
+                                 - v["rendezvous_s_per_rank"] * e.new.world_size for e in grouped],
                                 "a restart's groups")
     src["group_init_s"] = ("median of a restart's group set-up less its rendezvous (2 ranks): new processes' "
                            "communicators, as a live handoff's joiners build theirs")
@@ -162,7 +183,7 @@ def fit_handoffs(events: list[Event], v: dict[str, float], src: dict[str, str]) 
         unpaced = v["plan_s_per_krank"] * max(e.old.world_size, e.new.world_size) / 1000 + (
             v["joiner_boot_s"] + e.mock_s + v["group_init_s"] if e.joiners else costs.SHARED_GROUPS_S)
         rows.append([float(not e.joiners), float(e.joiners), works[e].tasks / e.share])
-        ys.append(e.prepare_s - unpaced)
+        ys.append((e.prepare_s - unpaced) / crowd[e])
     v["prepare_base_s"], v["prepare_joiner_s"], v["prepare_cpu_s_per_task"] = _nnls(rows, ys)
     src["prepare_base_s"] = src["prepare_joiner_s"] = src["prepare_cpu_s_per_task"] = (
         "least squares (coefficients 0 or more): a handoff's preparation less its plan, groups (and a joiner's "
@@ -174,17 +195,23 @@ def fit_handoffs(events: list[Event], v: dict[str, float], src: dict[str, str]) 
         "median of the training time a handoff's preparation stalled (its steps beyond their normal time, measured "
         "per event), without joiners and with them")
     dcp = [costs.dcp_bytes(e.job, e.old, e.new) for e in events]
-    v["save_fixed_s"], v["save_bw_per_rank"] = _fixed_and_rate([w for w, _, _ in dcp], [e.save_s for e in events])
+    old_crowd = [costs.crowding(v.get("cores"), e.old.world_size) for e in events]
+    new_crowd = [costs.crowding(v.get("cores"), e.new.world_size) for e in events]
+    v["save_fixed_s"], v["save_bw_per_rank"] = _fixed_and_rate([w for w, _, _ in dcp],
+                                                               [e.save_s / c for e, c in zip(events, old_crowd)])
     src["save_fixed_s"] = src["save_bw_per_rank"] = \
         "least squares: save time against the busiest rank's bytes written (DCP, replicas deduplicated)" + UNRESOLVED
-    v["load_fixed_s"], v["load_bw_per_rank"] = _fixed_and_rate([r for _, r, _ in dcp], [e.load_s for e in events])
+    v["load_fixed_s"], v["load_bw_per_rank"] = _fixed_and_rate([r for _, r, _ in dcp],
+                                                               [e.load_s / c for e, c in zip(events, new_crowd)])
     src["load_fixed_s"] = src["load_bw_per_rank"] = (
         "least squares: load time (with the model's build) against the busiest rank's bytes read (DCP reads "
         "every saved chunk that overlaps a rank's shard whole: costs.dcp_bytes)" + UNRESOLVED)
     fresh = [e for e in events if e.fresh]
-    v["process_start_s"] = _median([e.start_s for e in fresh], "a fresh process start")
+    v["process_start_s"] = _median([e.start_s / costs.crowding(v.get("cores"), e.new.world_size)
+                                    / (1 + v.get("host_start_growth", 0.0) * max(0, min(v["node_size"], e.new.world_size) - 2))
+                                    for e in fresh], "a fresh process start")
     src["process_start_s"] = "median of the restart's process start (fresh interpreters: imports, CUDA)"
-    rest = [e.downtime_restart_s - e.save_s - e.load_s - e.start_s - e.init_s for e in events]
+    rest = [(e.downtime_restart_s - e.save_s - e.load_s - e.start_s - e.init_s) / c for e, c in zip(events, new_crowd)]
     v["restart_fixed_s"], v["restart_s_per_gb"] = _nnls([[1.0, state_gb(e)] for e in events], rest)
     src["restart_fixed_s"] = src["restart_s_per_gb"] = (
         "least squares (coefficients 0 or more): the restart downtime less its save, load, start and group "
@@ -199,10 +226,12 @@ CPU_CORES = 2  # the machine the target benchmark ran on (bench/results/cpu-targ
 def _cpu_features(job, lay, cores: int) -> list[float]:
     """The step-time model's terms for CPU processes (``costs.step_time``), each with a unit
     coefficient: the fit finds the coefficients."""
+    from liver.policy import costs
+
     m, t = job.facts, job.train
     micro = lay.num_micro_batches
     path = (micro + lay.pp - 1) * m.layers / lay.pp
-    share = max(1.0, lay.size / cores)
+    share = costs.crowding(cores, lay.size)
     compute = 6 * m.params * t.global_batch * m.seq_len / min(lay.size, cores) * (micro + lay.pp - 1) / micro
     return [compute, share * path, share * 4 * path * (lay.tp - 1), share * (lay.dp - 1) * (m.layers / lay.pp + 2),
             share * 2 * (micro + lay.pp - 1) * (lay.pp > 1), share]
@@ -251,7 +280,7 @@ def calibrate(results: Path) -> dict[str, Any]:
         cv, cs = fit_cpu(cpu_samples(cpu))
         handoffs = cpu_events(results)
         if handoffs:  # the CPU processes' own handoffs and restarts (gloo over loopback)
-            hv, hs = cpu_handoffs(values, sources, handoffs)
+            hv, hs = cpu_handoffs({**values, **cv}, {**sources, **cs}, handoffs)
             cv, cs = {**cv, **hv}, {**cs, **hs}
         out["profiles"]["cpu"] = {"values": cv, "sources": cs,
                                   **({"measured_events": [e.source for e in handoffs]} if handoffs else {})}

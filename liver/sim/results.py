@@ -83,6 +83,7 @@ class Event:
     kinds: frozenset[str] = frozenset()  # the collectives its first step ran over a new process set
     first_nccl: bool = False             # ... and whether they were the processes' first NCCL ones
     share: float = 0.0015                # the companion share its preparation was paced at
+    link_bw: float | None = None         # the GPUs' link one way, measured in the run before its handoffs
 
     @property
     def joiners(self) -> bool:
@@ -202,7 +203,8 @@ def _events(f: Path, d: dict[str, Any]) -> list[Event]:
                             max_rank_bytes=e["max_rank_bytes"], downtime_restart_s=e["downtime_restart_s"],
                             save_s=e["restart_save_s"], load_s=e["restart_load_s"],
                             start_s=e["restart_process_start_s"], init_s=e["restart_group_init_s"], fresh=fresh,
-                            stall_s=e.get("prepare_stall_s") or 0.0))
+                            stall_s=e.get("prepare_stall_s") or 0.0,
+                            link_bw=d["p2p_GBps"] * 1e9 if d.get("p2p_GBps") else None))
     return events
 
 
