@@ -12,6 +12,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 from hypothesis import given, settings, strategies as st
 
 from liver.engine.megatron.ranges import range_boxes, shifted
@@ -74,6 +75,30 @@ def test_megatrons_boxes_tile_every_tensor_exactly_once_at_emulated_sizes(config
         holders = {lay.coord(r).pp for r in range(lay.size) if tab.box(s, r) is not None}
         want = {0} if s.layer < 0 else {lay.pp - 1} if s.layer >= config.num_layers else {lay.stage_of_layer(s.layer)}
         assert holders == want, s.name
+
+
+def test_a_model_built_to_be_loaded_carries_the_tensor_parallel_marks_megatrons_initialisation_gives():
+    """Megatron marks the weights it cuts over TP (``tensor_model_parallel``: what its gradient
+    norm, its optimizer and its checkpoints read) only where it initialises them; every engine
+    after a handoff or a restart is built to be loaded, and without the marks its gradient norm
+    counted a TP-cut weight on TP rank 0 only, and its TP-cut weights passed for replicas."""
+    from liver.engine.megatron.model import collection, gpt
+    from liver.world.fake import FakeWorld, fake_pg
+
+    config, lay = GQA, layout(2, 2, 1)
+    for rank in range(lay.size):
+        marks = []
+        for initialise in (True, False):
+            world = FakeWorld.build_fake(0, lay, rank, "gloo", torch.device("cpu"))
+            with world.registered_here(), torch.device("meta"):
+                pgs = collection(world.tp.pg, world.pp.pg, world.dp.pg, fake_pg(f"solo-{rank}-{initialise}", 0, 1))
+                model = gpt(config, lay.parallel, list(lay.layers_per_stage), lay.coord(rank).pp, pgs,
+                            perform_initialization=initialise)
+            marks.append({n: (p.tensor_model_parallel, p.partition_dim, p.partition_stride)
+                          for n, p in model.named_parameters()})
+        assert marks[0] == marks[1], rank
+        assert {n for n, (cut, _, _) in marks[1].items() if not cut} == \
+            {n for n in marks[1] if "norm" in n}, rank  # (only the norms are replicated)
 
 
 def test_the_models_facts_are_counted_on_megatrons_own_model():
@@ -246,6 +271,35 @@ def test_live_reshapes_of_a_megatron_model_equal_restart(tmp_path):
     assert {e["checkpoint_format"] for e in restart["events"]} == {"megatron-dist-checkpointing"}
     assert [(s["step"], s["parallel"], s["loss"], s["digest"]) for s in live["steps"]] == \
         [(s["step"], s["parallel"], s["loss"], s["digest"]) for s in restart["steps"]]
+
+
+@pytest.mark.timeout(600)
+def test_tp_replicas_that_megatron_let_drift_apart_are_handed_off_as_its_checkpoint_saves_them(tmp_path, monkeypatch):
+    """Megatron lets its TP ranks' copies of a norm weight drift apart (seen on GPUs; here TP rank
+    1's copy moved by one unit in the last place after step 2, fault ``drift``). A live TP2 -> DP2
+    handoff carries TP rank 0's copy to both ranks, as Megatron's checkpoint saves it and a restart
+    loads it: the handoff's digests agree, and every step after is bit-equal to the same change
+    made by stop-and-restart through Megatron's checkpoint (before the alignment, rank 1 kept its
+    own copy: the digest after the switch found two replicas, and the losses parted)."""
+    from liver.host import faults
+    from test_run import liver
+    monkeypatch.setenv(faults.ENV, "drift:1:2")
+    events = tmp_path / "events.txt"
+    events.write_text("at step 3: reshape 1,1,2\n")
+    common = ("--config", str(MEGATRON_JOB), "--parallel", "2,1,1", "--gpus", "2", "--digest", "switch",
+              "--set", "checkpoint.every=0", "--steps", "9")
+    live = liver(tmp_path / "live", *common, "--events", str(events))
+    (ev,) = live["events"]
+    assert live["rc"] == 0 and ev["status"] == "done" and ev["digest_equal"] is True, ev
+    cut = tmp_path / "cut.txt"  # the restart stops where the live run switched
+    cut.write_text(f"at step {ev['last_old_step']}: reshape 1,1,2\n")
+    restart = liver(tmp_path / "restart", *common, "--events", str(cut), "--mode", "restart-forked")
+    (rv,) = restart["events"]
+    assert rv["status"] == "done" and rv["last_old_step"] == ev["last_old_step"] < 9, rv
+    assert "the replica of rank 1 differs" in rv["digest_error"]  # (its save: the replicas as they drifted)
+    assert [(s["step"], s["parallel"], s["loss"]) for s in live["steps"]] == \
+        [(s["step"], s["parallel"], s["loss"]) for s in restart["steps"]]
+    assert ev["digest_after"] == rv["digest_after"]
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])

@@ -106,6 +106,13 @@ class TrainingEngine(Protocol):
         that DCP records their global offsets; ``cpu``: over the World's CPU groups."""
         ...
 
+    def align_replicas(self) -> None:
+        """At a boundary, before the state leaves (collective over the World's groups): where the
+        framework lets ranks' copies of one box drift apart, make each the copy its checkpoint
+        saves, so that a live handoff carries what a restart would load; nothing where the
+        framework keeps its copies equal."""
+        ...
+
     def release_compute(self) -> None:
         """Before the state streams away: let go of every copy that is not state (compute-dtype
         weights, caches), so that a handoff needs no memory beyond its staging budget."""

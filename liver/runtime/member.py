@@ -447,6 +447,8 @@ class Member:
             torch.cuda.synchronize()  # drain
         if old is not None:
             rec["old_step"] = old.step
+            if old_alive:  # (every old rank is at this boundary: a collective over its groups)
+                old.align_replicas()
             if self.digest == "switch" and old_alive:
                 self._digest_into(rec, old, "digest_before")
         base = torch.cuda.memory_allocated(self.device) if self.device.type == "cuda" else 0

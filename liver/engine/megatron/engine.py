@@ -117,7 +117,7 @@ class MegatronEngine:
                     t.copy_(given)
             self.refresh()
         # a parameter split over TP counts on every TP rank in the gradient's norm, a replicated one once
-        self._counted = [bool(getattr(p, "tensor_model_parallel", False)) or world.tp.rank == 0 for p in self.params]
+        self._counted = [p.tensor_model_parallel or world.tp.rank == 0 for p in self.params]
         self._decay = [p.dim() > 1 for p in self.params]
         self._mask = cpu.causal_mask(cfg.seq_length, device)
         self.step = 0
@@ -147,6 +147,31 @@ class MegatronEngine:
 
     def release_compute(self) -> None:
         """The parameters are the model's (its modules hold them): they go with the old engine."""
+
+    @torch.no_grad()
+    def align_replicas(self) -> None:
+        """Megatron does not keep its TP ranks' copies of a replicated parameter (a norm's weight)
+        equal: each rank computes its gradient apart (only with sequence parallelism are they
+        all-reduced), and on GPUs the copies were seen to differ after one step
+        (bench/results/gpu-1x-netns-nccl-two-nodes). Its checkpoint saves TP rank 0's copy (the main
+        replica) and a restart loads it on every rank; this does the same at a boundary, so that a
+        live handoff carries what a restart would: TP rank 0's main weight and moments of every
+        replicated parameter, to each rank of its TP group in one broadcast, the compute copies
+        re-derived."""
+        tp = self.world.tp
+        if tp.size == 1:
+            return
+        mine = [t for i, p in enumerate(self.params) if not p.tensor_model_parallel
+                for t in (self.main[i], *(self.moments[kind][i] for kind in OPTIMIZER_KINDS))]
+        if not mine:
+            return
+        flat = torch.cat([t.reshape(-1) for t in mine])
+        tp.broadcast(flat, src=0)
+        offset = 0
+        for t in mine:
+            t.copy_(flat[offset:offset + t.numel()].view_as(t))
+            offset += t.numel()
+        self.refresh()
 
     @torch.no_grad()
     def refresh(self) -> None:

@@ -79,8 +79,32 @@ def gpt(config: GPTConfig, parallel: ParallelConfig, split: list[int], stage: in
     tc = config.transformer_config(parallel, split, dtype, **extra)
     with warnings.catch_warnings():  # (its layer spec's own deprecations, once a module)
         warnings.simplefilter("ignore", DeprecationWarning)
-        return m.GPTModel(tc, m.layer_spec(normalization="RMSNorm"), vocab_size=config.vocab_size,
-                          max_sequence_length=config.seq_length, pre_process=stage == 0,
-                          post_process=stage == parallel.pp - 1, position_embedding_type="rope",
-                          share_embeddings_and_output_weights=False, pg_collection=pgs,
-                          parallel_output=False)
+        model = m.GPTModel(tc, m.layer_spec(normalization="RMSNorm"), vocab_size=config.vocab_size,
+                           max_sequence_length=config.seq_length, pre_process=stage == 0,
+                           post_process=stage == parallel.pp - 1, position_embedding_type="rope",
+                           share_embeddings_and_output_weights=False, pg_collection=pgs,
+                           parallel_output=False)
+    mark_tensor_parallel(model)
+    return model
+
+
+def mark_tensor_parallel(model: torch.nn.Module) -> None:
+    """Megatron marks a weight it cuts over TP (``tensor_model_parallel``, its dimension and
+    stride: what its gradient norm, its optimizer and its checkpoints read) only where it
+    initialises it (``perform_initialization``); a model built to be loaded, as every engine after
+    a handoff or a restart is, gets the marks its initialisation would have given, and every other
+    parameter Megatron's defaults (not cut)."""
+    from megatron.core.tensor_parallel import layers
+    from megatron.core.transformer.mlp import MLP
+
+    # a gated MLP's first weight holds each rank's [gate, up] halves: stride 2 (megatron/core/transformer/mlp.py)
+    strided = {id(m.linear_fc1.weight) for m in model.modules()
+               if isinstance(m, MLP) and m.config.gated_linear_unit and not m.config.use_kitchen}
+    for mod in model.modules():
+        dim = 0 if isinstance(mod, (layers.ColumnParallelLinear, layers.VocabParallelEmbedding)) else \
+            1 if isinstance(mod, layers.RowParallelLinear) else None
+        w = getattr(mod, "weight", None)
+        if dim is not None and isinstance(w, torch.nn.Parameter) and not hasattr(w, "tensor_model_parallel"):
+            layers.set_tensor_model_parallel_attributes(w, True, dim, 2 if id(w) in strided else 1)
+    for p in model.parameters():
+        layers.set_defaults_if_not_set_tensor_model_parallel_attributes(p)

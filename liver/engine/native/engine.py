@@ -339,6 +339,10 @@ class NativeEngine:
     def refresh(self) -> None:
         """The parameters are the state (no compute copies): nothing to re-derive."""
 
+    def align_replicas(self) -> None:
+        """DTensor keeps a replicated parameter's copies equal (its gradient is reduced to a
+        replicated one before the update): nothing to align."""
+
     def release_compute(self) -> None:
         """Gradients and FSDP's unsharded parameters are gone at a boundary: nothing to let go."""
         self.drop_grads()

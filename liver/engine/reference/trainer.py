@@ -100,6 +100,10 @@ class Engine:
         """The state is every parameter and both AdamW moments; nothing else carries over a step."""
         return []
 
+    def align_replicas(self) -> None:
+        """Replicas never drift here: a TP group's copies of a norm weight get the same all-reduced
+        gradient, data-parallel replicas the same averaged one, and the same update."""
+
     def release_compute(self) -> None:
         """The compute-dtype copies go before the state is streamed away (its shards go layer by
         layer as they are sent: bounded extra memory, invariant I2)."""
