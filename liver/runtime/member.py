@@ -512,6 +512,7 @@ class Member:
         g = e.world.generation
         path = self.run_dir / "restart" / f"gen{g}-step{e.step:08d}"
         rec: dict[str, Any] = {"proc": self.proc, "generation": g, "step": e.step}
+        e.align_replicas()  # (what the checkpoint saves of replicas that drifted: nothing else changes)
         if self.digest == "switch":
             self._digest_into(rec, e, "digest_before")
         rec["save_s"] = self.adapter.save_for_restart(e, str(path))
