@@ -114,11 +114,20 @@ def _sliced_rank(rank: int, port: int, q) -> None:
     if rank == 1:
         time.sleep(1.6)  # late: rank 0 waits through a slice, and must not take that for a failure
         g.allreduce(t)
+        time.sleep(1.6)  # late again, to a receive (a pipeline stage behind a slow one)
+        g.send(torch.full((4,), 7.0), 0)
         q.put(("ready", rank, os.getpid()))
         time.sleep(600)  # (then stopped by the test)
         return
     g.allreduce(t)
     assert t.tolist() == [4.0] * 4
+    got = torch.zeros(4)
+    try:
+        g.recv(got, 1)  # (a timed wait that expires on a gloo receive closes its pair: never sliced)
+    except RuntimeError as e:
+        q.put(("receive failed", str(e)[:200], None))
+        return
+    assert got.tolist() == [7.0] * 4
     q.put(("ready", rank, os.getpid()))
     import threading
 
@@ -146,7 +155,9 @@ def test_a_gloo_wait_ends_once_its_communicator_is_cut_even_where_gloo_is_not_wo
     merely late by more than a slice is waited for as before. The group then let go of (the
     stall's abort) does not wait for gloo's all-reduce: it is parked until that ends (a group let
     go of waited for it, to the group's timeout, and the stalled survivor never reported for the
-    heal), and let go of once it has."""
+    heal), and let go of once it has. A receive is never sliced: a timed wait that expires on a
+    gloo receive closes its pair, and a stage that waited more than a slice for a slow peer broke
+    its generation (bench/results/cpu-fence-repeats/recv_slice.py)."""
     with _one_frozen(_sliced_rank) as q:
         what, broken, took = q.get(timeout=60)
         assert what == "raised" and broken and 1.1 < took < GLOO_TIMEOUT_S - 1.0, (what, broken, took)

@@ -8,8 +8,10 @@ import torch
 
 from liver.world.group import CUT
 
+# ("Application timeout caused pair closure": gloo closed a pair when one of its operations outlived the
+# group's timeout, a peer that stopped answering; every later operation on the group says so)
 _SIGNS = (CUT, "Connection closed by peer", "Connection reset by peer", "Broken pipe", "gloo/transport",
-          "NCCL communicator was aborted", "ncclRemoteError")
+          "NCCL communicator was aborted", "ncclRemoteError", "Application timeout caused pair closure")
 
 
 def broken_group(e: BaseException) -> bool:

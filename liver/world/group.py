@@ -208,7 +208,7 @@ class Group:
 
     # ---- collectives (in place) ----------------------------------------------------------
     def wait(self, work: Any) -> None:
-        """Until ``work`` is done. On gloo in slices of ``WAIT_SLICE``, so that a communicator cut
+        """Until a collective's ``work`` is done. On gloo in slices of ``WAIT_SLICE``, so that a communicator cut
         from another thread (``World.interrupt``: a peer fenced) ends the wait with an error the
         loop takes for a broken group (``CUT``; ``world.broken``), even where cutting the sockets
         did not wake gloo: in about 2 of 80 runs of the fenced-node test, a survivor's all-reduce
@@ -218,12 +218,7 @@ class Group:
         # closes so that the peers blocked on this rank wake: with the handle kept, a survivor
         # waited on its stalled peer for the whole heal timeout)
         if self.backend != "gloo" or self.comm is None:
-            try:
-                work.wait()
-            except BaseException:
-                del work
-                raise
-            return
+            return self._wait_whole(work)
         while True:
             try:
                 work.wait(WAIT_SLICE)
@@ -267,11 +262,24 @@ class Group:
     def irecv(self, t: torch.Tensor, src: int, tag: int = 0) -> Any:
         return self.pg.recv([t], src, tag)
 
+    @staticmethod
+    def _wait_whole(work: Any) -> None:
+        """Until ``work`` is done, in one wait: on NCCL, and a point-to-point operation's on gloo. A
+        timed wait on a gloo send or receive that expires closes its pair ("Application timeout caused
+        pair closure"; the peer's next operation: "Connection closed by peer"): sliced, a receive
+        that waited more than a slice for its peer broke the generation (a pipeline stage behind a
+        slow one). A cut peer's sockets end it."""
+        try:
+            work.wait()
+        except BaseException:
+            del work
+            raise
+
     def send(self, t: torch.Tensor, dst: int, tag: int = 0) -> None:
-        self.wait(self.isend(t, dst, tag))
+        self._wait_whole(self.isend(t, dst, tag))
 
     def recv(self, t: torch.Tensor, src: int, tag: int = 0) -> None:
-        self.wait(self.irecv(t, src, tag))
+        self._wait_whole(self.irecv(t, src, tag))
 
     def exchange(self, sends: list[tuple[torch.Tensor, int]], recvs: list[tuple[torch.Tensor, int]],
                  tag: int = 0) -> None:
@@ -281,7 +289,7 @@ class Group:
         receive cannot deadlock on in-order streams.
         """
         for w in self.post(sends, recvs, tag):
-            self.wait(w)
+            self._wait_whole(w)
 
     def post(self, sends: list[tuple[torch.Tensor, int]], recvs: list[tuple[torch.Tensor, int]],
              tag: int = 0) -> list[Any]:
