@@ -59,9 +59,10 @@ def step_time(job: Workload, lay: Layout, prof: Profile) -> float:
     micro = lay.num_micro_batches
     bubble = (micro + lay.pp - 1) / micro
     path = (micro + lay.pp - 1) * m.layers / lay.pp  # layer micro-steps on the critical path
-    rounds = crowding(prof.cores, lay.size) * (prof.layer_op_s * path + prof.tp_latency_s * 4 * path * (lay.tp - 1)
-                      + prof.dp_latency_s * (lay.dp - 1) * (m.layers / lay.pp + 2) + prof.p2p_latency_s * 2 * (micro + lay.pp - 1) * (lay.pp > 1)
-                      + prof.step_fixed_s)
+    rounds = crowding(prof.cores, lay.size) * (
+        prof.layer_op_s * path + prof.tp_latency_s * 4 * path * (lay.tp - 1)
+        + prof.dp_latency_s * (lay.dp - 1) * (m.layers / lay.pp + 2)
+        + prof.p2p_latency_s * 2 * (micro + lay.pp - 1) * (lay.pp > 1) + prof.step_fixed_s)
     act = t.micro_batch * m.seq_len * m.width * 2
     tp_bytes = 0.0 if lay.tp == 1 else 4 * m.layers / lay.pp * micro * act * 2 * (lay.tp - 1) / lay.tp
     tp_bw = prof.intra_bw if lay.tp <= prof.node_size else prof.inter_bw
@@ -170,8 +171,9 @@ def connect_s(prof: Profile, kinds: frozenset[str]) -> float:
 
 
 def transfer_link(prof: Profile, procs: int) -> float:
-    """The rate a handoff's transfer moves at over its processes' link (between nodes where they
-    span several), each way: its share of the link."""
+    """The rate a handoff's transfer moves its busiest process's bytes at, sent and received
+    together, over its processes' link (between nodes where they span several): its share of the
+    link's one-way rate."""
     return (prof.inter_bw if spans_nodes(procs, prof) else prof.intra_bw) * prof.transfer_share
 
 
