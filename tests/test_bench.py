@@ -32,6 +32,9 @@ def test_the_gpu_scenario_script_dry_runs_on_cpu(tmp_path):
     for e in result["events"]:
         assert e["status"] == "done" and e["digest_equal"], e
         assert e["downtime_s"] > 0 and e["prepare_s"] > 0
+        sim = e["simulated"]  # the simulator's figures beside it (issue 35 item 4), the CPU profile's on gloo
+        assert sim["profile"] == "cpu" and sim["downtime_live_s"] > 0 and sim["prepare_s"] > 0, sim
+        assert sim["downtime_restart_s"] > sim["downtime_live_s"]
     assert result["live_only"] is True and result["digests_equal"] is True and result["companion_share"] == 0
     assert (tmp_path / "timeline-live.png").exists() and (tmp_path / "report-live.json").exists()
 

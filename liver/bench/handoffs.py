@@ -84,6 +84,23 @@ def job_layers(args) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     return base, [override(t) for t in getattr(args, "set", None) or ()]
 
 
+def _simulated(cfg, backend: str, events: list[dict[str, Any]]) -> list[dict[str, float] | None]:
+    """The simulator's figures beside each handoff the live run made (``validate.beside``: the
+    profile of its backend, its companion share, its history), None for one it did not make."""
+    from liver.policy.workload import Workload
+    from liver.sim.results import parallel_of
+    from liver.sim.validate import beside
+
+    done = [(i, parallel_of(e["old"]), parallel_of(e["new"])) for i, e in enumerate(events)
+            if e.get("old") and e.get("new")]
+    figures = beside(Workload(cfg.adapter, cfg.job), [(o, n) for _, o, n in done],
+                     "h200" if backend == "nccl" else "cpu", cfg.prepare.companion_share, backend == "nccl")
+    out: list[dict[str, float] | None] = [None] * len(events)
+    for (i, _, _), f in zip(done, figures):
+        out[i] = f
+    return out
+
+
 def _run(mode: str, schedule: str, steps: int, end_after: int | None, args, first: str, gpus: int, slots: int,
          out: Path) -> dict[str, Any]:
     d = Path(args.run_root or out) / f"run-{mode}"
@@ -141,11 +158,12 @@ def run(args) -> dict[str, Any]:
         by_kind[kind] = {k: v for k, v in pooled.items() if not k.endswith("windows")}
     result: dict[str, Any] = {**info, "steady_overhead_by_kind": by_kind, "wall_live_s": live["wall_s"],
                               "digests_equal": all(e.get("digest_equal") for e in live["events"])}
+    sim = _simulated(cfg, args.backend, live["events"])
     if any(c is None for c in cuts) or args.live_only:
         keys = ("old", "new", "outcome", "status", "downtime_s", "transfer_s", "prepare_s", "prepare_cpu_s", "joiner_cpu_s",
                 "steady_overhead", "steps_preparing", "digest_equal", "deadline_met", "peak_extra_bytes")
-        result.update(live_only=True, events=[{"event": e["event"]["kind"], **{k: e.get(k) for k in keys}}
-                                              for e in live["events"]])
+        result.update(live_only=True, events=[{"event": e["event"]["kind"], **{k: e.get(k) for k in keys},
+                                               "simulated": s} for e, s in zip(live["events"], sim)])
         (out / "handoffs.json").write_text(json.dumps(result, indent=1))
         return result
     restart = _run("restart", sc.schedule(cuts),
@@ -169,7 +187,7 @@ def run(args) -> dict[str, Any]:
                      "restart_save_s": er.get("save_s"), "restart_load_s": er.get("load_s"),
                      "restart_process_start_s": er.get("process_start_s"), "restart_group_init_s": er.get("group_init_s"),
                      "deadline_met_live": el.get("deadline_met"),
-                     "last_old_step": el.get("last_old_step")})
+                     "last_old_step": el.get("last_old_step"), "simulated": sim[len(rows)]})
     # on GPUs the losses differ from step 2 on in both modes alike (non-deterministic kernels); the
     # handoffs' bit-exactness is the digest equality per event
     result.update(events=rows, wall_restart_s=restart["wall_s"],

@@ -115,7 +115,7 @@ class Step:
         return Workload.reference(PRESETS[self.model]).facts.width / self.parallel.tp
 
 
-def _par(text: str) -> ParallelConfig:
+def parallel_of(text: str) -> ParallelConfig:
     """``tp2pp1dp1`` as the reports write it."""
     t, rest = text[2:].split("pp")
     p, d = rest.split("dp")
@@ -149,16 +149,17 @@ def _preset(f: Path, d: dict[str, Any]) -> str:
     return match[0]
 
 
-def replay(model: str, run: list[tuple[ParallelConfig, ParallelConfig]]) -> list[tuple[frozenset[str], bool]]:
+def replay(model: "str | Workload", run: list[tuple[ParallelConfig, ParallelConfig]]) -> list[tuple[frozenset[str], bool]]:
     """For each handoff of a run, in order: the kinds of collective its first step ran over a
     process set that had not run them in this run (``costs.first_uses`` with the run's history: a
     communicator keeps its connections across the generations that share it), and whether its
     processes had run any NCCL collective before. Survivors keep their ranks, the last ranks
-    leave, joiners are new processes after them."""
+    leave, joiners are new processes after them. ``model``: a preset's name (the reference
+    engine's job) or the job as its engine trains it."""
     from liver.policy import costs
     from liver.topology.presets import PRESETS
 
-    job = Workload.reference(PRESETS[model])
+    job = Workload.reference(PRESETS[model]) if isinstance(model, str) else model
     procs = list(range(run[0][0].world_size)) if run else []
     fresh_id = len(procs)
     ran: dict[str, set[frozenset[int]]] = {k: set() for k in costs.KINDS}
@@ -192,12 +193,12 @@ def _events(f: Path, d: dict[str, Any]) -> list[Event]:
     """The handoffs of one run (``gpu_reconfig.json`` or ``handoffs.json``), live and restart."""
     fresh = "forked" not in f.parent.name
     model = _preset(f, d)
-    history = replay(model, [(_par(e["old"]), _par(e["new"])) for e in d["events"]])
+    history = replay(model, [(parallel_of(e["old"]), parallel_of(e["new"])) for e in d["events"]])
     events = []
     for e, (kinds, first_nccl) in zip(d["events"], history):
         events.append(Event(source=f"{f.parent.name}:{e['event']}:{e['old']}->{e['new']}", kind=e["event"],
                             model=model, kinds=kinds, first_nccl=first_nccl and bool(d.get("gpus")), share=_share(f, d),
-                            params=d["params"], old=_par(e["old"]), new=_par(e["new"]),
+                            params=d["params"], old=parallel_of(e["old"]), new=parallel_of(e["new"]),
                             downtime_live_s=e["downtime_live_s"], transfer_s=e["transfer_s"], switch_s=e["switch_s"],
                             prepare_s=e["prepare_s"], groups_s=e["groups_s"], mock_s=e["mock_warmup_s"],
                             max_rank_bytes=e["max_rank_bytes"], downtime_restart_s=e["downtime_restart_s"],
@@ -271,7 +272,7 @@ def measurements(results: Path) -> tuple[list[Event], list[Step], dict[str, floa
                 by.setdefault(s["parallel"], []).append(s["step_s"])
             for par, ts in by.items():
                 if len(ts) >= 5 and peak:
-                    steps.append(Step(f.parent.name, _preset(f, d), d["params"], tokens, _par(par), statistics.median(ts[2:]),
+                    steps.append(Step(f.parent.name, _preset(f, d), d["params"], tokens, parallel_of(par), statistics.median(ts[2:]),
                                       peak))
     plan = results / DIRECT["plan_s_per_krank"][0]
     if plan.exists():
@@ -321,11 +322,11 @@ def held_out(results: Path) -> list[Event]:
             continue
         model = _preset(f, d)
         recs = [e for e in json.loads(rep.read_text())["events"] if outcome_of(e) is Outcome.DONE]
-        history = replay(model, [(_par(e["old"]), _par(e["new"])) for e in recs])
+        history = replay(model, [(parallel_of(e["old"]), parallel_of(e["new"])) for e in recs])
         for e, (kinds, first_nccl) in zip(recs, history):
             events.append(Event(source=f"{f.parent.name}:{e['event']['kind']}:{e['old']}->{e['new']}",
                                 kind=e["event"]["kind"], model=model, kinds=kinds, first_nccl=first_nccl,
-                                share=_share(f, d), params=d["params"], old=_par(e["old"]), new=_par(e["new"]),
+                                share=_share(f, d), params=d["params"], old=parallel_of(e["old"]), new=parallel_of(e["new"]),
                                 downtime_live_s=e["downtime_s"], transfer_s=e["transfer_s"], switch_s=e["switch_s"],
                                 prepare_s=e["prepare_s"], groups_s=e["groups_s"], mock_s=e["mock_warmup_s"] or 0.0,
                                 max_rank_bytes=max(e["max_rank_bytes_in"], e["max_rank_bytes_out"]),
@@ -342,5 +343,5 @@ def cpu_samples(path: Path) -> list[tuple[str, int, Any, float]]:
     for r in json.loads(path.read_text())["rows"]:
         job = Workload.reference(job_of(r["shape"]))
         for par, t in r["measured_step_s"].items():
-            out.append((r["shape"], r["processes"], layout(job, _par(par)), t))
+            out.append((r["shape"], r["processes"], layout(job, parallel_of(par)), t))
     return out

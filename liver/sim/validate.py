@@ -37,6 +37,26 @@ def predict(e: Event, v: dict[str, float]) -> dict[str, float]:
             "downtime_restart_s": r.downtime_s}
 
 
+def beside(work: Workload, run: list[tuple[ParallelConfig, ParallelConfig]], profile: str, share: float,
+           nccl: bool) -> list[dict[str, float]]:
+    """The simulator's figures for each handoff of a run as it happens (``run``: each handoff's old
+    and new configuration, in order), to set beside what was measured: the cost model with the
+    profile (``liver/policy/calibration.json``), the run's companion ``share`` and its history of
+    communicators (``results.replay``; ``nccl``: whether its first NCCL collectives are paid)."""
+    from liver.policy import costs
+    from liver.policy.profile import load
+    from liver.sim.results import replay
+
+    prof = load(profile)
+    out = []
+    for (old, new), (kinds, first_nccl) in zip(run, replay(work, run)):
+        h = costs.live(work, old, new, prof, kinds=kinds, first_nccl=first_nccl and nccl, share=share)
+        r = costs.restart(work, old, new, prof)
+        out.append({"profile": profile, "downtime_live_s": h.downtime_s, "transfer_s": h.transfer_s,
+                    "prepare_s": h.prepare_s, "downtime_restart_s": r.downtime_s})
+    return out
+
+
 def noise_floor(events: list[Event]) -> dict[str, float]:
     """The same event measured twice in one run (the x2-twice scenario): the median relative
     difference between the two, per quantity. No model of a single figure can do better."""
