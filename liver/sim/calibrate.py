@@ -137,7 +137,10 @@ def fit_handoffs(events: list[Event], v: dict[str, float], src: dict[str, str]) 
     # where processes share cores (CPU processes: v["cores"]), each phase measured is its work times
     # the crowding of its processes (costs.crowding): the fit is of the work, each time over it
     works = {e: costs.plan_work(e.job, e.old, e.new) for e in events}
-    crowd = {e: costs.crowding(v.get("cores"), max(e.old.world_size, e.new.world_size)) for e in events}
+    cores = v.get("cores")
+    crowd = {e: costs.crowding(cores, max(e.old.world_size, e.new.world_size)) for e in events}  # a handoff's
+    old_crowd = {e: costs.crowding(cores, e.old.world_size) for e in events}  # a restart's save
+    new_crowd = {e: costs.crowding(cores, e.new.world_size) for e in events}  # ... and the rest of it
     rate = _median([works[e].io_bytes * crowd[e] / e.transfer_s for e in events
                     if not e.joiners and works[e].io_bytes and e.transfer_s > 0], "a transfer")
     how = ("the busiest process's bytes sent and received together (they share its copy engines and SMs: on a "
@@ -170,8 +173,8 @@ def fit_handoffs(events: list[Event], v: dict[str, float], src: dict[str, str]) 
         "beyond a normal one) against the kinds of collective the first step runs over a new process set (the "
         "run's history: results.replay) and whether they are its processes' first NCCL collectives")
     grouped = [e for e in events if e.new.world_size > 1]
-    v["group_init_s"] = _median([e.init_s / costs.crowding(v.get("cores"), e.new.world_size)
-                                 - v["rendezvous_s_per_rank"] * e.new.world_size for e in grouped],
+    v["group_init_s"] = _median([e.init_s / new_crowd[e] - v["rendezvous_s_per_rank"] * e.new.world_size
+                                 for e in grouped],
                                 "a restart's groups")
     src["group_init_s"] = ("median of a restart's group set-up less its rendezvous (2 ranks): new processes' "
                            "communicators, as a live handoff's joiners build theirs")
@@ -195,23 +198,21 @@ def fit_handoffs(events: list[Event], v: dict[str, float], src: dict[str, str]) 
         "median of the training time a handoff's preparation stalled (its steps beyond their normal time, measured "
         "per event), without joiners and with them")
     dcp = [costs.dcp_bytes(e.job, e.old, e.new) for e in events]
-    old_crowd = [costs.crowding(v.get("cores"), e.old.world_size) for e in events]
-    new_crowd = [costs.crowding(v.get("cores"), e.new.world_size) for e in events]
     v["save_fixed_s"], v["save_bw_per_rank"] = _fixed_and_rate([w for w, _, _ in dcp],
-                                                               [e.save_s / c for e, c in zip(events, old_crowd)])
+                                                               [e.save_s / old_crowd[e] for e in events])
     src["save_fixed_s"] = src["save_bw_per_rank"] = \
         "least squares: save time against the busiest rank's bytes written (DCP, replicas deduplicated)" + UNRESOLVED
     v["load_fixed_s"], v["load_bw_per_rank"] = _fixed_and_rate([r for _, r, _ in dcp],
-                                                               [e.load_s / c for e, c in zip(events, new_crowd)])
+                                                               [e.load_s / new_crowd[e] for e in events])
     src["load_fixed_s"] = src["load_bw_per_rank"] = (
         "least squares: load time (with the model's build) against the busiest rank's bytes read (DCP reads "
         "every saved chunk that overlaps a rank's shard whole: costs.dcp_bytes)" + UNRESOLVED)
     fresh = [e for e in events if e.fresh]
-    v["process_start_s"] = _median([e.start_s / costs.crowding(v.get("cores"), e.new.world_size)
+    v["process_start_s"] = _median([e.start_s / new_crowd[e]
                                     / (1 + v.get("host_start_growth", 0.0) * max(0, min(v["node_size"], e.new.world_size) - 2))
                                     for e in fresh], "a fresh process start")
     src["process_start_s"] = "median of the restart's process start (fresh interpreters: imports, CUDA)"
-    rest = [(e.downtime_restart_s - e.save_s - e.load_s - e.start_s - e.init_s) / c for e, c in zip(events, new_crowd)]
+    rest = [(e.downtime_restart_s - e.save_s - e.load_s - e.start_s - e.init_s) / new_crowd[e] for e in events]
     v["restart_fixed_s"], v["restart_s_per_gb"] = _nnls([[1.0, state_gb(e)] for e in events], rest)
     src["restart_fixed_s"] = src["restart_s_per_gb"] = (
         "least squares (coefficients 0 or more): the restart downtime less its save, load, start and group "

@@ -27,12 +27,17 @@ from liver.topology import ParallelConfig
 def predict(e: Event, v: dict[str, float]) -> dict[str, float]:
     """What the simulator's cost model (``costs.live``, ``costs.restart``) with the fitted values
     says of a measured event, on its own machine (one node), given the run's history."""
+    return _figures(e.job, e.old, e.new, profile_of(v), e.kinds, e.first_nccl, e.share, e.fresh)
+
+
+def _figures(work: Workload, old: ParallelConfig, new: ParallelConfig, prof, kinds: frozenset[str], first_nccl: bool,
+             share: float, fresh: bool = True) -> dict[str, float]:
+    """The cost model's figures of one handoff: its live pause, transfer and preparation
+    (``costs.live``), and its restart's downtime (``costs.restart``)."""
     from liver.policy import costs
 
-    prof = profile_of(v)
-    h = costs.live(e.job, e.old, e.new, prof, kinds=e.kinds,
-                   first_nccl=e.first_nccl, share=e.share)
-    r = costs.restart(e.job, e.old, e.new, prof, fresh=e.fresh)
+    h = costs.live(work, old, new, prof, kinds=kinds, first_nccl=first_nccl, share=share)
+    r = costs.restart(work, old, new, prof, fresh=fresh)
     return {"downtime_live_s": h.downtime_s, "transfer_s": h.transfer_s, "prepare_s": h.prepare_s,
             "downtime_restart_s": r.downtime_s}
 
@@ -43,18 +48,12 @@ def beside(work: Workload, run: list[tuple[ParallelConfig, ParallelConfig]], pro
     and new configuration, in order), to set beside what was measured: the cost model with the
     profile (``liver/policy/calibration.json``), the run's companion ``share`` and its history of
     communicators (``results.replay``; ``nccl``: whether its first NCCL collectives are paid)."""
-    from liver.policy import costs
     from liver.policy.profile import load
     from liver.sim.results import replay
 
     prof = load(profile)
-    out = []
-    for (old, new), (kinds, first_nccl) in zip(run, replay(work, run)):
-        h = costs.live(work, old, new, prof, kinds=kinds, first_nccl=first_nccl and nccl, share=share)
-        r = costs.restart(work, old, new, prof)
-        out.append({"profile": profile, "downtime_live_s": h.downtime_s, "transfer_s": h.transfer_s,
-                    "prepare_s": h.prepare_s, "downtime_restart_s": r.downtime_s})
-    return out
+    return [{"profile": profile, **_figures(work, old, new, prof, kinds, first_nccl and nccl, share)}
+            for (old, new), (kinds, first_nccl) in zip(run, replay(work, run))]
 
 
 def noise_floor(events: list[Event]) -> dict[str, float]:
