@@ -4,11 +4,12 @@ memory limits."""
 
 from dataclasses import replace
 
+import pytest
 from hypothesis import assume, given, settings, strategies as st
 
 from liver.controller.admission import admit
 from liver.engine.reference import ADAPTER
-from liver.policy import moves, target
+from liver.policy import costs, moves, target
 from liver.policy.workload import Workload
 from liver.policy.events import Event, EventKind
 from liver.policy.profile import load
@@ -74,6 +75,36 @@ def test_the_reference_engines_largest_rank_is_counted_rank_by_rank_alike():
     for gpus in (1, 2, 4, 6, 8):
         for c in target.candidates(ADAPTER, job, gpus):
             assert ADAPTER.max_rank_bytes(job, c) == max(ADAPTER.rank_bytes(job, c, r) for r in range(c.size))
+
+
+@st.composite
+def same_fullest_stage(draw):
+    """A job and two pipeline depths whose fullest stages hold as many layers (40 layers on 20 and
+    on 28 stages: two each)."""
+    layers = draw(st.integers(4, 96))
+    by_full: dict[int, list[int]] = {}
+    for p in range(1, layers + 1):
+        by_full.setdefault(-(-layers // p), []).append(p)
+    depths = draw(st.sampled_from([d for d in by_full.values() if len(d) >= 2]))
+    pp, deeper = sorted(draw(st.lists(st.sampled_from(depths), min_size=2, max_size=2, unique=True)))
+    tp, dp, micro = draw(st.sampled_from([1, 2, 4])), draw(st.sampled_from([1, 2, 4])), draw(st.sampled_from([1, 2]))
+    job = JobConfig(model=ModelConfig(num_layers=layers, hidden_size=256, num_heads=4, ffn_size=512, vocab_size=1000,
+                                      seq_len=draw(st.sampled_from([32, 2048]))),
+                    train=TrainConfig(global_batch=micro * dp * draw(st.integers(1, 16)), micro_batch=micro))
+    return job, *(ADAPTER.layout(job, ParallelConfig(tp=tp, pp=p, dp=dp)) for p in (pp, deeper))
+
+
+@settings(max_examples=80, deadline=None)
+@given(case=same_fullest_stage(), profile=st.sampled_from(["h200", "cpu"]))
+def test_stages_beyond_what_the_fullest_stage_needs_never_make_a_step_faster(case, profile):
+    """Every pipeline stage waits for its fullest one: 40 layers on 28 stages run at two layers a
+    stage, as on 20. A deeper pipeline whose fullest stage holds as many layers only adds bubble
+    (and on GPUs, idle devices), so its step is never faster; and its fullest rank holds as much."""
+    job, lay, more = case
+    work, prof = Workload(ADAPTER, job), load(profile)
+    assert costs.stage_layers(more) == costs.stage_layers(lay)
+    assert costs.step_time(work, more, prof) >= costs.step_time(work, lay, prof) * (1 - 1e-12)
+    assert costs.rank_state_bytes(work, more) == pytest.approx(costs.rank_state_bytes(work, lay))
 
 
 @st.composite

@@ -416,7 +416,8 @@ def test_changes_that_come_during_a_restart_are_merged_into_one_as_the_controlle
     """Two changes within one restart's minutes (a scale-out 24 -> 32 restarting; then 16 GPUs
     without notice, and 24 again): the next restart goes to the last count at once (two in all, not
     three; the GPUs went without notice: a fail-stop, from the restart's own checkpoint, nothing
-    lost), and the job ends on the configuration of that count."""
+    lost), and the job ends on the configuration the restart chooses for that count (counting the
+    restart from the one it ran)."""
     job, prof = sim_model("14b-cluster"), load("a800-pcie")
     first = costs.restart(Workload.reference(job), _best(job, 24, prof).parallel, _best(job, 32, prof).parallel, prof)
     assert first.downtime_s > 60
@@ -424,7 +425,9 @@ def test_changes_that_come_during_a_restart_are_merged_into_one_as_the_controlle
     out = engine.simulate(job, prof, "restart-storage", 24, changes, 1.0)
     assert out.merged == 1 and [e["kind"] for e in out.events] == ["restart", "fail-stop"], out.events
     assert out.events[-1]["lost_s"] == 0.0
-    assert [e["gpus"] for e in out.events] == [32, 24] and out.events[-1]["config"] == _best(job, 24, prof).parallel.short()
+    ran = ParallelConfig.from_short(out.events[0]["config"])
+    ends = target.best_up_to(ADAPTER, job, 24, target.Hardware.of(prof), ran, engine.Restart.move)
+    assert [e["gpus"] for e in out.events] == [32, 24] and out.events[-1]["config"] == ends.parallel.short()
 
 
 def test_a_live_handoffs_preparation_costs_the_steps_its_measured_stall():

@@ -41,6 +41,25 @@ def crowding(cores: int | None, procs: int) -> float:
     return 1.0 if cores is None else max(1.0, procs / cores)
 
 
+def stage_layers(lay: Layout) -> int:
+    """The layers of the pipeline's fullest stage: every stage waits for it (40 layers on 28
+    stages run at two layers a stage, not 1.4)."""
+    return max(lay.layers_per_stage)
+
+
+def paced_layers(lay: Layout, cores: int | None) -> float:
+    """The layers a stage's work counts as, as the step's critical path runs them: where each
+    process has a device of its own (GPUs, ``cores`` None, or no more CPU processes than
+    ``cores``), the fullest stage's; where processes share cores, their work is pooled on them:
+    the stages' mean."""
+    return stage_layers(lay) if cores is None or lay.size <= cores else lay.layers / lay.pp
+
+
+def pace(lay: Layout, cores: int | None) -> float:
+    """How much the fullest stage slows the compute against an even split (1: even, or pooled)."""
+    return paced_layers(lay, cores) * lay.pp / lay.layers
+
+
 def sustained(prof: Profile, width: float) -> float:
     """The share of the peak a GPU sustains on matrix multiplies ``width`` wide (a TP rank's share
     of the hidden size): narrower ones do less work per byte they read."""
@@ -49,33 +68,34 @@ def sustained(prof: Profile, width: float) -> float:
 
 def step_time(job: Workload, lay: Layout, prof: Profile) -> float:
     """A step's time (``job``: the job as its engine trains it): the roofline (compute at the share of the peak sustained at its TP rank's
-    width, with the pipeline bubble, TP and DP all-reduce bytes over their links) and, where the profile has them (CPU
+    width, at the pace of the pipeline's fullest stage, with the bubble, TP and DP all-reduce bytes over their links) and, where the profile has them (CPU
     processes), the framework's per-layer time and the collectives' round trips along the
     critical path, all slowed by processes sharing cores."""
     m, t = job.facts, job.train
     tokens = t.global_batch * m.seq_len
     devices = lay.size if prof.cores is None else min(lay.size, prof.cores)
-    compute = 6 * m.params * tokens / (prof.peak_flops * sustained(prof, m.width / lay.tp) * devices)
+    compute = 6 * m.params * tokens / (prof.peak_flops * sustained(prof, m.width / lay.tp) * devices) * pace(lay, prof.cores)
     micro = lay.num_micro_batches
     bubble = (micro + lay.pp - 1) / micro
-    path = (micro + lay.pp - 1) * m.layers / lay.pp  # layer micro-steps on the critical path
+    stage = paced_layers(lay, prof.cores)
+    path = (micro + lay.pp - 1) * stage  # layer micro-steps on the critical path
     rounds = crowding(prof.cores, lay.size) * (
         prof.layer_op_s * path + prof.tp_latency_s * 4 * path * (lay.tp - 1)
-        + prof.dp_latency_s * (lay.dp - 1) * (m.layers / lay.pp + 2)
+        + prof.dp_latency_s * (lay.dp - 1) * (stage + 2)
         + prof.p2p_latency_s * 2 * (micro + lay.pp - 1) * (lay.pp > 1) + prof.step_fixed_s)
     act = t.micro_batch * m.seq_len * m.width * 2
-    tp_bytes = 0.0 if lay.tp == 1 else 4 * m.layers / lay.pp * micro * act * 2 * (lay.tp - 1) / lay.tp
+    tp_bytes = 0.0 if lay.tp == 1 else 4 * stage * micro * act * 2 * (lay.tp - 1) / lay.tp
     tp_bw = prof.intra_bw if lay.tp <= prof.node_size else prof.inter_bw
-    dp_bytes = 0.0 if lay.dp == 1 else 2 * (lay.dp - 1) / lay.dp * 2 * m.params / (lay.tp * lay.pp)
+    dp_bytes = 0.0 if lay.dp == 1 else 2 * (lay.dp - 1) / lay.dp * 2 * m.params * pace(lay, prof.cores) / (lay.tp * lay.pp)
     dp_bw = prof.intra_bw if not spans_nodes(lay.size, prof) else prof.inter_bw
     return compute * bubble + tp_bytes / tp_bw + (1 - prof.dp_overlap) * dp_bytes / dp_bw + rounds
 
 
 def rank_state_bytes(job: Workload, lay: Layout) -> float:
-    """A rank's training state (12 bytes a parameter: fp32 weights and two moments) and its
-    compute copies (2 bytes a parameter): its TP x PP part, whole on every data-parallel replica
-    (the reference engine's layout: no sharded optimizer)."""
-    return job.facts.params * 14 / (lay.tp * lay.pp)
+    """The fullest rank's training state (12 bytes a parameter: fp32 weights and two moments) and
+    its compute copies (2 bytes a parameter): its TP part of the fullest stage, whole on every
+    data-parallel replica (the reference engine's layout: no sharded optimizer)."""
+    return job.facts.params * 14 * stage_layers(lay) / (lay.tp * lay.layers)
 
 
 @dataclass(frozen=True)

@@ -5,9 +5,9 @@ Candidates are every (tp, pp, dp) with tp*pp*dp = GPUs that the engine accepts (
 validates the layout: the model's and the batch's divisibility). Those whose largest rank's state
 (the engine's own count, ``EngineAdapter.max_rank_bytes``) does not fit the GPU's memory with
 ``ACTIVATIONS`` to spare are dropped; the rest are ranked by the cost model's step time
-(``costs.step_time``: a roofline with the pipeline bubble and the TP and DP all-reduces, and on CPU
-processes the framework's per-layer time and the collectives' round trips) under the hardware's
-profile: "h200" for NCCL, "cpu" for gloo (``calibration.json``; ``liver bench target`` checks the
+(``costs.step_time``: a roofline paced by the fullest pipeline stage, with the bubble and the TP
+and DP all-reduces, and on CPU processes the framework's per-layer time and the collectives'
+round trips) under the hardware's profile: "h200" for NCCL, "cpu" for gloo (``calibration.json``; ``liver bench target`` checks the
 choice against measurement). Where the job runs a configuration already (``current``), the cost of
 getting from it to each candidate is counted too (``moves``: the live pause by default, a restart
 for the simulator's baselines), weighed against the steps over the horizon the job expects on the

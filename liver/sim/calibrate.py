@@ -231,10 +231,12 @@ def _cpu_features(job, lay, cores: int) -> list[float]:
 
     m, t = job.facts, job.train
     micro = lay.num_micro_batches
-    path = (micro + lay.pp - 1) * m.layers / lay.pp
+    stage = costs.paced_layers(lay, cores)
+    path = (micro + lay.pp - 1) * stage
     share = costs.crowding(cores, lay.size)
-    compute = 6 * m.params * t.global_batch * m.seq_len / min(lay.size, cores) * (micro + lay.pp - 1) / micro
-    return [compute, share * path, share * 4 * path * (lay.tp - 1), share * (lay.dp - 1) * (m.layers / lay.pp + 2),
+    compute = (6 * m.params * t.global_batch * m.seq_len / min(lay.size, cores) * (micro + lay.pp - 1) / micro
+               * costs.pace(lay, cores))
+    return [compute, share * path, share * 4 * path * (lay.tp - 1), share * (lay.dp - 1) * (stage + 2),
             share * 2 * (micro + lay.pp - 1) * (lay.pp > 1), share]
 
 
