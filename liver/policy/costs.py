@@ -41,6 +41,14 @@ def crowding(cores: int | None, procs: int) -> float:
     return 1.0 if cores is None else max(1.0, procs / cores)
 
 
+def step_floor(job: Workload, gpus: int, prof: Profile) -> float:
+    """No layout of ``gpus`` GPUs steps faster than this: ``step_time``'s compute alone, at the
+    widest TP rank's sustained share, with no bubble and even stages."""
+    m, t = job.facts, job.train
+    devices = gpus if prof.cores is None else min(gpus, prof.cores)
+    return 6 * m.params * t.global_batch * m.seq_len / (prof.peak_flops * sustained(prof, m.width) * devices)
+
+
 def stage_layers(lay: Layout) -> int:
     """The layers of the pipeline's fullest stage: every stage waits for it (40 layers on 28
     stages run at two layers a stage, not 1.4)."""

@@ -107,6 +107,27 @@ def at_bigger_configs(case: dict[str, Any], key: str) -> dict[str, Any]:
     return {"smaller_at_bigger_configs_s": there, "its_step_slower": step}
 
 
+def per_rank(case: dict[str, Any], key: str) -> dict[str, Any]:
+    """A case of ``by_model_size``: the bytes each model's pause or restart grows with, on its own
+    chosen configurations: for a live pause those the busiest process sends and receives
+    (``costs.plan_work``); for a restart those its ranks read from storage together, which the
+    file system's share bounds (``costs.dcp_bytes``: every data-parallel replica reads its part),
+    in GB; and the data-parallel degree each goes to, whose new communicators the first step
+    connects. ``bigger_carries_less``: the inversion follows from the bigger model's configurations
+    (its state spread over more stages, fewer replicas reading it, or where neither moves a byte,
+    fewer replicas to connect)."""
+    out: dict[str, float] = {}
+    for who in ("smaller", "bigger"):
+        w = Workload(ADAPTER, sim_model(case[who]))
+        old, new, restart_new = (ParallelConfig.from_short(c) if c else None for c in case[f"{who}_configs"])
+        live = key == "live_downtime_s"
+        out[f"{who}_gb"] = (costs.plan_work(w, old, new).io_bytes if live else costs.dcp_bytes(w, old, restart_new)[2]) / 1e9
+        out[f"{who}_dp"] = (new if live else restart_new).dp
+    less = out["bigger_gb"] < out["smaller_gb"] or (out["bigger_gb"] == out["smaller_gb"] == 0
+                                                      and out["bigger_dp"] < out["smaller_dp"])
+    return {"bytes": out, "bigger_carries_less": less}
+
+
 def under_goal(job, a: Layout, b: Layout, prof, goal_s: float) -> dict[str, Any]:
     """Where the live pause from ``a`` to the chosen ``b`` misses ``goal_s``: the fastest
     candidate on ``b``'s GPUs whose pause meets it (None if none does), its step against the
@@ -127,24 +148,30 @@ def under_goal(job, a: Layout, b: Layout, prof, goal_s: float) -> dict[str, Any]
     return row
 
 
+def node_lost_row(pname: str, m: str, g: int) -> dict[str, Any]:
+    """One row of ``downtime``: model ``m`` on ``g`` GPUs of profile ``pname`` loses a node with
+    notice; the configurations before and after (live, and a restart's own target, counting the
+    restart), the live pause and the restart with its parts."""
+    prof, job = load(pname), sim_model(m)
+    a, b = node_lost(job, g, prof)
+    if a is None or b is None:
+        return {"profile": pname, "model": m, "gpus": g, "fits": False}
+    br = node_lost(job, g, prof, RestartMove())[1]
+    h = costs.live(Workload(ADAPTER, job), a.parallel, b.parallel, prof)
+    r = costs.restart(Workload(ADAPTER, job), a.parallel, br.parallel, prof)
+    return {"profile": pname, "model": m, "gpus": g, "old": a.parallel.short(), "new": b.parallel.short(),
+            "restart_new": br.parallel.short(),
+            "live_downtime_s": h.downtime_s, "live_transfer_s": h.transfer_s,
+            "restart_downtime_s": r.downtime_s, "ratio": r.downtime_s / h.downtime_s,
+            "restart_parts_s": {"save": r.save_s, "start": r.start_s, "init": r.init_s,
+                                "load": r.load_s, "rest": r.fixed_s}}
+
+
 def downtime(out: Path) -> dict[str, Any]:
     """A node lost with notice, at every GPU count of whole nodes from 64 to 1,024 (each count on
     its best configuration before and after): each row, the spread over the counts of each model
     and profile, and the goal over the whole range as well as at 1,024."""
-    rows = []
-    for pname, prof, m, job, g, a, b in _cases(every_node_count):
-        if a is None or b is None:
-            rows.append({"profile": pname, "model": m, "gpus": g, "fits": False})
-            continue
-        br = node_lost(job, g, prof, RestartMove())[1]  # (a restart's own target: counting the restart)
-        h = costs.live(Workload(ADAPTER, job), a.parallel, b.parallel, prof)
-        r = costs.restart(Workload(ADAPTER, job), a.parallel, br.parallel, prof)
-        rows.append({"profile": pname, "model": m, "gpus": g, "old": a.parallel.short(), "new": b.parallel.short(),
-                     "restart_new": br.parallel.short(),
-                     "live_downtime_s": h.downtime_s, "live_transfer_s": h.transfer_s,
-                     "restart_downtime_s": r.downtime_s, "ratio": r.downtime_s / h.downtime_s,
-                     "restart_parts_s": {"save": r.save_s, "start": r.start_s, "init": r.init_s,
-                                         "load": r.load_s, "rest": r.fixed_s}})
+    rows = [node_lost_row(p, m, g) for p in PROFILES for m in MODELS for g in every_node_count(load(p))]
     goal_s = GOALS["live_downtime_70b_1024_h200_s"]
     goal = next((r for r in rows if r["profile"] == "h200" and r["model"] == "70b-cluster" and r["gpus"] == 1024), None)
     spread = [{"profile": p, "model": m, "counts": len(fit), "live_downtime_s": _spread([r["live_downtime_s"] for r in fit]),
@@ -168,11 +195,14 @@ def downtime(out: Path) -> dict[str, Any]:
     for k, v in result["by_model_size"].items():
         for case in v["cases"]:
             case.update(at_bigger_configs(case, k))
+            case.update(per_rank(case, k))
         held = [c for c in v["cases"] if c["smaller_at_bigger_configs_s"] is not None]
         v["on_the_bigger_models_configs"] = {
             "cases_it_splits": len(held),
             "smaller_no_longer": sum(c["smaller_at_bigger_configs_s"] <= c["bigger_s"] * (1 + 1e-9) for c in held),
             "its_step_slower": _spread([c["its_step_slower"] for c in held])}
+        v["bigger_moves_or_reads_less"] = sum(c["bigger_carries_less"] for c in v["cases"])
+        v["neither"] = sum(c["smaller_at_bigger_configs_s"] is None and not c["bigger_carries_less"] for c in v["cases"])
     _plot(out / "downtime.png", rows, "live_downtime_s", "restart_downtime_s", "downtime (s)")
     _write(out / "downtime.json", result)
     return result
