@@ -266,6 +266,23 @@ def test_a_rank_lost_without_replicas_recovers_from_the_checkpoint_on_fresh_proc
     assert node.workers[0].returncode is not None  # every process of the broken generation stopped
 
 
+def test_a_recovery_whose_survivors_no_configuration_uses_all_of_runs_on_fewer_and_leaves_the_rest_idle(tmp_path):
+    """Five survivors of tp1pp3dp2 (a 4-layer model, batch 8: no configuration of 5 GPUs): the
+    recovery from the checkpoint runs on the best configuration of fewer of them, the first in slot
+    order, and says which slots it left idle (before: the controller stopped on the ValueError)."""
+    ctl, node, ranks = controller(tmp_path, parallel=ParallelConfig(tp=1, pp=3, dp=2), slots=8, heal_timeout_s=0)
+    ranks.step(7)
+    ctl.once()
+    node.exit(5, -9)
+    ctl.once()
+    (rec,) = ctl.state.records
+    new = ParallelConfig.from_short(rec["new"])
+    assert rec.outcome is Outcome.RECOVERED and new.world_size < 5, rec
+    assert ctl.state.active.parallel == new and len(ctl.state.active.procs) == new.world_size
+    used = sorted(ctl.state.slot_of[p] for p in ctl.state.active.procs)
+    assert used + rec["idle_slots"] == [0, 1, 2, 3, 4]
+
+
 def test_a_recovery_keeps_the_slots_of_processes_that_ended_because_a_peer_vanished(tmp_path):
     """One process killed (its slot goes); its peers exit with an error of a broken collective
     (their slots are healthy): the recovery uses every healthy slot, not only the processes

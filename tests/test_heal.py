@@ -67,6 +67,32 @@ def test_the_heal_takes_the_latest_step_whose_survivors_hold_everything(tp, pp, 
         assert (got is None) == (uncovered(view, specs) is not None)
 
 
+@settings(max_examples=80, deadline=None)
+@given(tp=st.sampled_from([1, 2]), pp=st.sampled_from([1, 2, 3]), dp=st.sampled_from([1, 2, 4]), data=st.data())
+def test_the_survivors_kept_where_no_configuration_uses_them_all_still_hold_the_state(tp, pp, dp, data):
+    """``heal.keep``: ``count`` of the survivors, the givers among them holding every shard; it
+    finds such a set whenever one exists (here: one holder of each stage's TP slice, tp * pp)."""
+    from liver.controller.heal import keep
+    job = preset("tiny")
+    specs = ADAPTER.state_specs(job)
+    try:
+        layout = ADAPTER.layout(job, ParallelConfig(tp=tp, pp=pp, dp=dp))
+    except ValueError:
+        assume(False)
+    procs = tuple(range(100, 100 + layout.size))
+    dead = data.draw(st.sets(st.sampled_from(procs), max_size=dp - 1))  # (each shard has dp holders: one left)
+    view = surviving_view(layout, procs, dead)
+    survivors = [procs[r] for r in view.ranks]
+    count = data.draw(st.integers(1, len(survivors)))
+    got = keep(view, specs, survivors, procs, count)
+    if count < tp * pp:
+        assert got is None
+        return
+    kept, held = got
+    assert len(kept) == count and set(kept) <= set(survivors) and uncovered(held, specs) is None
+    assert {procs[r] for r in held.ranks} <= set(kept)
+
+
 @pytest.mark.timeout(600)
 def test_survivors_a_step_behind_receive_from_the_replica_that_completed_it(tmp_path, monkeypatch):
     """tp2 x dp2, rank 3 killed (-9) after the gradients' data-parallel reduction of step 9: replica
@@ -174,6 +200,30 @@ def test_a_step_re_run_after_a_heal_is_the_step_a_restart_computes(tmp_path, mon
     assert rec["digest_equal"] is True
     check_continuous(rep, 14)
     replays_as_restart(tmp_path, rep, rec, "1,1,2", 2, k=4, mode="restart")  # (fresh interpreters, as torchrun)
+
+
+@pytest.mark.timeout(600)
+def test_survivors_no_configuration_uses_all_of_heal_onto_the_most_that_hold_the_state(tmp_path, monkeypatch):
+    """Six processes (tp1pp3dp2 of a 4-layer model, batch 8) lose one mid-step: five survive, and
+    no configuration of five GPUs exists (no degree of 5 divides the layers or the batch). Before,
+    the heal gave up on that and the checkpoint's recovery stopped the controller with the same
+    ValueError. Now the survivors heal onto four of them (the most GPUs a configuration uses whose
+    survivors still hold every shard: the cost model's choice, two, could not hold three stages),
+    the fifth stops, no step is lost, and the steps after equal a restart's to the same layout."""
+    from liver.host import faults
+    from test_run import liver, replays_as_restart
+    empty = tmp_path / "none.txt"
+    empty.write_text("# no events\n")
+    monkeypatch.setenv(faults.ENV, "mid-step:5:9")
+    rep = liver(tmp_path / "run", "--events", str(empty), "--parallel", "1,3,2", "--gpus", "6", "--steps", "13",
+                "--end-after-events", "-1", "--ckpt-every", "0", "--set", "agent.slots=6")
+    monkeypatch.delenv(faults.ENV)
+    assert rep["rc"] == 0
+    (rec,) = [e for e in rep["events"] if e["event"]["kind"] == "fail-stop"]
+    assert rec["status"] == "healed from the surviving replicas" and rec["restored_step"] == 8, rec
+    assert rec["new"] == "tp1pp1dp4" and len(rec["left_out"]) == 1 and rec["digest_equal"] is True, rec
+    check_continuous(rep, 13)
+    replays_as_restart(tmp_path, rep, rec, "1,3,2", 6, k=3, extra=("--set", "agent.slots=6"), mode="restart")
 
 
 @pytest.mark.timeout(600)

@@ -234,15 +234,17 @@ class Failures:
         if named is not None and named.world_size == n:
             parallel = named
         else:
-            parallel = old if old.world_size == n else target.choose(h.adapter, h.job, n, h.hardware, current=old,
-                                                                     move=RESTART_FROM_CHECKPOINT)
+            parallel = old if old.world_size == n else target.choose_up_to(h.adapter, h.job, n, h.hardware,
+                                                                           current=old, move=RESTART_FROM_CHECKPOINT)
             if named is not None:
                 not_honoured = (f"the event asked for {named.short()} ({named.world_size} GPUs); {n} survived, so "
                                 f"{parallel.short()}")
         if s.current is not None:  # the event in flight: re-queued if it still applies
             self._interrupt(n, preempted)
         h.go(Trigger.FAIL_STOP)
-        h.start_generation(parallel, sorted(survivors), ck["path"] if ck else None, "recover")
+        # (where no configuration uses every survivor, the first of them in slot order, node by node; the rest idle)
+        slots, idle = sorted(survivors)[:parallel.world_size], sorted(survivors)[parallel.world_size:]
+        h.start_generation(parallel, slots, ck["path"] if ck else None, "recover")
         rec = EventRecord.of(
             {"kind": "fail-stop", "source": self.says(dead)}, Outcome.RECOVERED, generation=s.gen,
             old_generation=old_generation, old=old.short(), new=parallel.short(), failed_at_step=failed_step,
@@ -250,7 +252,8 @@ class Failures:
             checkpoint=ck["path"] if ck else None, lost_slots=sorted(dead_slots), t_event=t0,
             # what the dead processes said last (a traceback's final line, where there was one)
             last_words={w.proc: last_line(h.nodes.log_tail(w.proc, 2000)) for w in dead},
-            **({"named_not_honoured": not_honoured} if not_honoured else {}))
+            **({"named_not_honoured": not_honoured} if not_honoured else {}),
+            **({"idle_slots": idle} if idle else {}))
         s.records.append(rec)
         h.phase_log("fail-stop", **{k: rec[k] for k in ("failed_at_step", "restored_step", "lost_steps", "new",
                                                        "last_words")})

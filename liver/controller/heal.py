@@ -44,3 +44,25 @@ def healing_step(view: Survivors, specs: list[TensorSpec], steps: Mapping[int, i
         if uncovered(at, specs) is None:
             return step, at
     return None
+
+
+def keep(view: Survivors, specs: list[TensorSpec], survivors: list[int], procs: tuple[int, ...],
+         count: int) -> tuple[list[int], Survivors] | None:
+    """``count`` of ``survivors`` (processes) to heal onto where no configuration uses them all,
+    and ``view`` (the givers: its ranks; ``procs``: the old generation's process of each rank)
+    restricted to those kept, still holding every element of every tensor: the survivors that give
+    nothing go first, then givers whose shards others hold too, each from the last in process
+    order; None where ``count`` of them cannot hold the state."""
+    kept = list(survivors)
+    givers = {procs[r] for r in view.ranks}
+
+    def held(ps: list[int]) -> Survivors:
+        return Survivors(view.view, tuple(r for r in view.ranks if procs[r] in ps))
+
+    for p in sorted(survivors, key=lambda q: (q in givers, -q)):
+        if len(kept) == count:
+            break
+        if p in givers and uncovered(held([q for q in kept if q != p]), specs) is not None:
+            continue
+        kept.remove(p)
+    return (kept, held(kept)) if len(kept) == count else None

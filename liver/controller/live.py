@@ -224,7 +224,8 @@ class LiveMode(Mode):
             return None
         not_honoured = None
         if parallel is None or parallel.world_size != len(survivors):
-            named, parallel = parallel, target.choose(a, job, len(survivors), self.ctl.hardware, current=old.parallel)
+            named, parallel = parallel, target.choose_up_to(a, job, len(survivors), self.ctl.hardware,
+                                                            current=old.parallel)
             if named is not None:
                 not_honoured = (f"the event asked for {named.short()} ({named.world_size} GPUs); {len(survivors)} "
                                 f"survived, so {parallel.short()}")
@@ -239,6 +240,23 @@ class LiveMode(Mode):
                                           f"{sorted({r.step for r in stalled.values()})}")
             return None
         step, view = found  # survivors a step behind give nothing and receive their shards
+        left_out: list[int] = []
+        if parallel.world_size < len(survivors):  # no configuration uses them all: the rest leave the job
+            kept = heal.keep(view, specs, survivors, old.procs, parallel.world_size)
+            for n in range(len(survivors) - 1, parallel.world_size, -1):  # too few to hold the state: the most
+                if kept is not None:                                       # that a configuration uses and that do
+                    break
+                lay = target.best(a, job, n, self.ctl.hardware, old.parallel)
+                if lay is not None and (kept := heal.keep(view, specs, survivors, old.procs, n)) is not None:
+                    parallel = lay.parallel
+            if kept is None:
+                self.ctl.phase_log("no-heal", why=f"{parallel.world_size} of the {len(survivors)} survivors (the most "
+                                   "a configuration uses) do not hold the whole state")
+                return None
+            left_out = [p for p in survivors if p not in kept[0]]
+            survivors, view = kept
+            for p in left_out:  # (each stops as it reads the heal's spec: its exit is no failure)
+                self.nodes.workers[p].leaving = True
         givers = [old.procs[r] for r in view.ranks]
         stalled = {p: stalled[p] for p in givers}
         plan = self.ctl.plan(old.parallel, parallel, givers, survivors, old_view=view)
@@ -268,6 +286,7 @@ class LiveMode(Mode):
             checkpoint=None, lost_slots=sorted(w.slot for w in dead), t_event=t0,
             # survivors that stopped a step behind the others: their state was not used, they received
             stopped_behind=sorted(set(survivors) - set(givers)),
+            **({"left_out": left_out} if left_out else {}),
             heal_s=time.time() - t0, bytes_moved=plan.bytes_moved,
             digest_before=before, digest_after=first(switched.values(), "digest_after"),
             digest_error=said(switched.values(), "digest_error"),

@@ -202,3 +202,19 @@ def choose(adapter: EngineAdapter, job: JobConfig, gpus: int, hw: Hardware,
         raise ValueError(f"gpus={gpus}: no configuration fits memory_bytes={hw.memory_bytes:.3g} per GPU "
                          f"(the smallest needs {need:.3g} with activations)")
     return lay.parallel
+
+
+def choose_up_to(adapter: EngineAdapter, job: JobConfig, gpus: int, hw: Hardware,
+                 current: ParallelConfig | None = None, move: Move = LIVE) -> ParallelConfig:
+    """Where GPUs are lost, not asked for: ``choose`` on exactly ``gpus`` where a configuration
+    fits; else the best on fewer of them (``best_up_to``), the rest left idle (seven survivors of
+    a job whose batch of 8 no count of 7 divides train on 4, not stop). ValueError only where no
+    configuration fits at all."""
+    if gpus < 1:
+        raise ValueError(f"gpus={gpus}: allowed a positive GPU count")
+    lay = best_up_to(adapter, job, gpus, hw, current, move)
+    if lay is None:
+        choose(adapter, job, gpus, hw)  # (raises, saying why: no configuration of these GPUs or fewer fits)
+        raise ValueError(f"gpus={gpus}: no configuration of {gpus} GPUs or fewer fits")
+    return lay.parallel
+

@@ -308,10 +308,10 @@ class Member:
                 raise err
             time.sleep(0.01)
         spec = GenerationSpec.fetch(self.store, int(self.store.get(key)))
-        if self.proc not in spec.procs:  # left out of the heal: its node was declared lost (fenced)
-            self.courier.silence()
+        if self.proc not in spec.procs:  # left out of the heal: its node was declared lost (fenced), or no
+            self.courier.silence()       # configuration uses every survivor
             print(f"[liver] proc {self.proc}: not in the heal generation {spec.generation} (its node was declared "
-                  f"lost); it stops without another step", flush=True)
+                  f"lost, or no configuration uses every survivor); it stops without another step", flush=True)
             sys.stdout.flush()
             os._exit(FENCED)
         if self.proc not in spec.old_procs:  # it stopped a step behind the heal's: it receives, as a joiner
