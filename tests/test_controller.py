@@ -512,6 +512,35 @@ def test_a_lost_node_that_registers_again_during_its_own_fail_stop_is_a_new_node
         set(range(new.slot_base, new.slot_base + 2))
 
 
+def test_a_notice_whose_node_leaves_a_count_no_configuration_uses_scales_in_to_the_best_on_fewer(tmp_path):
+    """Six processes on the local node (tp1pp3dp2, a 4-layer model, batch 8) and one on n1 after
+    it joins: eight. n1's notice would leave seven, and no configuration of 7 exists. The scale-in
+    goes to the best configuration of fewer GPUs: n1's process and the most recently added of the
+    rest leave, live, within the notice (before: the handoff was refused, and the node's loss at
+    its deadline was a fail-stop)."""
+    from liver.config.fields import to_dict
+    from liver.protocol.agent import Notice, Register, Sync
+
+    ctl, node, ranks = controller(tmp_path, slots=7, parallel=ParallelConfig(tp=1, pp=3, dp=2))
+    ranks.step(3)
+    ctl.once()
+    ctl.membership.register(Register(node="n1", slots=1, host="vm-1", pid=41))  # joins "now": 8 GPUs
+    run_until(ctl, lambda: ctl.state.phase is Phase.PREPARE, ranks, step=4)
+    switch(ctl, ranks, step=5)
+    assert ctl.state.active.parallel.world_size == 8
+    ranks.step(6)
+    ctl.once()
+    on_n1 = [p for p in ctl.state.active.procs if ctl.nodes.node_of(ctl.state.slot_of[p]).name == "n1"]
+    assert len(on_n1) == 1
+    ctl.membership.agent_request("sync", to_dict(Sync(node="n1", notice=Notice(source="test", deadline_s=60.0))))
+    run_until(ctl, lambda: ctl.state.phase is Phase.PREPARE, ranks, step=7)
+    h = ctl.state.current
+    assert h.target.world_size < 7 and set(on_n1) <= set(h.leaving), (h.target, h.leaving)
+    assert len(h.leaving) == 8 - h.target.world_size
+    assert ctl.state.pending.parallel == h.target and not set(ctl.state.pending.procs) & set(h.leaving)
+    assert not [r for r in ctl.state.records if r.outcome is Outcome.REFUSED]
+
+
 def test_the_sync_interval_grows_with_the_nodes_so_the_controller_takes_a_bounded_rate(tmp_path):
     """Each node syncs every max(0.1 s, nodes / controller.syncs_per_s) with nothing to report;
     one is declared lost after five intervals where that is longer than agent_timeout_s."""

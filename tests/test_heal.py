@@ -13,7 +13,7 @@ import pytest
 
 from hypothesis import assume, given, settings, strategies as st
 
-from liver.controller.heal import healing_step, surviving_view, uncovered
+from liver.policy.heal import healing_step, surviving_view, uncovered
 from liver.resource_view.table import Survivors
 from liver.engine.reference import ADAPTER
 from liver.topology import ParallelConfig
@@ -72,7 +72,7 @@ def test_the_heal_takes_the_latest_step_whose_survivors_hold_everything(tp, pp, 
 def test_the_survivors_kept_where_no_configuration_uses_them_all_still_hold_the_state(tp, pp, dp, data):
     """``heal.keep``: ``count`` of the survivors, the givers among them holding every shard; it
     finds such a set whenever one exists (here: one holder of each stage's TP slice, tp * pp)."""
-    from liver.controller.heal import keep
+    from liver.policy.heal import keep
     job = preset("tiny")
     specs = ADAPTER.state_specs(job)
     try:

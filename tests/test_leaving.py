@@ -1,4 +1,4 @@
-"""Which ranks leave a scale-in that names none (liver/controller/leaving.py), over random layouts
+"""Which ranks leave a scale-in that names none (liver/policy/leaving.py), over random layouts
 in-process: replicas where a set of them exists (found by brute force here), else no more bytes
 than the most recently added slots would move."""
 
@@ -8,8 +8,8 @@ import itertools
 
 from hypothesis import assume, given, settings, strategies as st
 
-from liver.controller import heal
-from liver.controller.leaving import choose_leaving
+from liver.policy import heal
+from liver.policy.leaving import choose_leaving
 from liver.policy.target import Hardware, choose
 from liver.engine.reference import ADAPTER
 from liver.planner.plan import plan_transfer

@@ -462,6 +462,19 @@ def test_a_live_handoffs_preparation_costs_the_steps_its_measured_stall():
     assert out.slow_s == pytest.approx(h.prepare_s * 0.002 + h.stall_s) and out.downtime_s == pytest.approx(ev["downtime_s"])
 
 
+def test_a_scale_in_that_names_no_node_is_planned_with_the_ranks_the_controller_lets_go():
+    """tp2pp2dp2 -> tp2pp2dp1 as the x8 runs did it (no node named): the controller lets a whole
+    replica go and nothing moves (their report: 0 bytes); the cost model plans the same, where
+    with the last ranks leaving (a node lost: its ranks) it moves a stage's share."""
+    from liver.topology.presets import PRESETS
+    job = Workload.reference(PRESETS["tiny8"])
+    old, new = ParallelConfig.from_short("tp2pp2dp2"), ParallelConfig.from_short("tp2pp2dp1")
+    assert costs.plan_work(job, old, new, chosen_leaving=True).moved == 0 < costs.plan_work(job, old, new).moved
+    scale_in = [e for e in results.cpu_events(Path(__file__).parent.parent / "bench" / "results")
+                if e.kind == "scale-in" and e.old == old and e.new == new]
+    assert scale_in and all(e.work.moved == 0 and not validate.moves(e) for e in scale_in)
+
+
 def test_the_cpu_profile_fits_the_cpu_handoffs_and_is_checked_on_the_ones_it_did_not_see():
     """The CPU profile's handoff and restart terms come from handoffs measured on CPU processes
     (``liver bench handoffs --backend gloo``, bench/results/cpu-handoffs-*), not from the H200's;

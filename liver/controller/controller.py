@@ -41,7 +41,7 @@ from liver.policy import target
 from liver.controller.admission import admit, hardware_of
 from liver.controller.endpoint import ControlEndpoint, new_token
 from liver.controller.watch import ProgressWatch
-from liver.controller.leaving import choose_leaving
+from liver.policy.leaving import choose_leaving
 from liver.policy.events import Event, EventKind
 from liver.policy.outcome import Outcome
 from liver.controller.phases import Phase, Trigger, advance
@@ -380,6 +380,11 @@ class Controller:
             if not on_node:
                 raise ValueError(f"{ev.source}: node {ev.node} holds no rank of the job any more")
             gpus = n_old - len(on_node)
+            if gpus > 0 and (ev.parallel is None or ev.parallel.world_size != gpus):
+                try:  # (where no configuration uses every process left: the best on fewer; others go too)
+                    gpus = target.choose_up_to(self.adapter, self.job, gpus, self.hardware, old.parallel).world_size
+                except ValueError:
+                    pass  # (validate says why none fits)
             ev = replace(ev, gpus=gpus, parallel=ev.parallel if ev.parallel and ev.parallel.world_size == gpus else None)
         tgt = self.validate(ev, n_old, old.parallel)
         old_layout, new_layout = self.adapter.layout(self.job, old.parallel), self.adapter.layout(self.job, tgt)
@@ -396,7 +401,9 @@ class Controller:
                 raise ValueError(f"{ev.source}: scale-out {ev.gpus}: only {len(free)} free slots")
             h.join_slots = free[: ev.gpus - n_old]
         elif ev.kind is EventKind.SCALE_IN and ev.node is not None:
-            h.leaving = on_node
+            # the node's ranks, and where no configuration uses every other one, the most recently added of them
+            rest = sorted((p for p in old.procs if p not in on_node), key=self.state.slot_of.__getitem__, reverse=True)
+            h.leaving = on_node + rest[:n_old - len(on_node) - ev.gpus]
         elif ev.kind is EventKind.SCALE_IN:  # replicas where they can go, else the fewest bytes (``leaving.py``)
             a, job = self.adapter, self.job
             chosen = choose_leaving(a.view(job, old_layout), old.procs, n_old - ev.gpus, a.state_specs(job),

@@ -24,7 +24,7 @@ from liver.policy.outcome import DROPPED_SAYS, HEALED_SAYS, Outcome
 from liver.controller.phases import PENDING, Phase, Trigger
 from liver.controller.records import EventRecord, switch_metrics
 from liver import logs
-from liver.controller import heal
+from liver.policy import heal
 from liver.policy import costs, target
 from liver.policy.workload import Workload
 from liver.controller.records import first, said

@@ -4,6 +4,8 @@
 - ``outcome``: what became of an event, as a value.
 - ``decisions``: the pure decisions (the next event, a notice during Prepare, a scale-in's path, the end).
 - ``target``: the one target choice: the configuration a GPU count gets.
+- ``heal``, ``leaving``: which survivors a fail-stop heals from and keeps; which ranks leave a scale-in
+  that names no node.
 - ``costs``, ``profile``: the cost model (step, live handoff, restart) and its hardware profiles.
 
 Nothing here imports the controller, the simulator, the worker runtime, the agent, the benches or

@@ -160,14 +160,25 @@ def work(plan, part: str = "all") -> Work:
 
 
 @functools.lru_cache(maxsize=4096)
-def plan_work(job: Workload, old: ParallelConfig, new: ParallelConfig, part: str = "all") -> Work:
+def plan_work(job: Workload, old: ParallelConfig, new: ParallelConfig, part: str = "all",
+              chosen_leaving: bool = False) -> Work:
     """``work`` of the planner's plan from ``old`` to ``new`` (survivors keep their ranks), over
-    the engine's tensors in its analytic view (each sharded dimension cut evenly)."""
+    the engine's tensors in its analytic view (each sharded dimension cut evenly). In a scale-in
+    the last ranks leave (a node lost: its ranks), or with ``chosen_leaving`` (a scale-in that
+    names no node) those the controller chooses (``policy/leaving.py``: whole replicas where
+    the others hold every shard, and then nothing moves; else the fewest bytes)."""
     from liver.planner.plan import plan_transfer
 
+    lo, ln, specs = job.layout(old), job.layout(new), job.specs()
     procs = list(range(max(old.world_size, new.world_size)))
-    return work(plan_transfer(job.layout(old), job.layout(new), job.specs(), procs[:old.world_size],
-                              procs[:new.world_size]), part)
+    olds, stay = procs[:old.world_size], procs[:new.world_size]
+    if chosen_leaving and new.world_size < old.world_size:
+        from liver.policy.leaving import choose_leaving
+
+        gone = choose_leaving(lo, olds, old.world_size - new.world_size, specs, lambda p: p,
+                              lambda kept: plan_transfer(lo, ln, specs, olds, kept).bytes_moved).procs
+        stay = [p for p in olds if p not in gone]
+    return work(plan_transfer(lo, ln, specs, olds, stay), part)
 
 
 KINDS = ("tp", "dp", "pp")  # the collectives of a step: TP all-reduces, the gradient all-reduce, stage sends

@@ -136,7 +136,7 @@ def fit_handoffs(events: list[Event], v: dict[str, float], src: dict[str, str]) 
     # (the companion share each preparation was paced at, the run's history of communicators) is modelled
     # where processes share cores (CPU processes: v["cores"]), each phase measured is its work times
     # the crowding of its processes (costs.crowding): the fit is of the work, each time over it
-    works = {e: costs.plan_work(e.job, e.old, e.new) for e in events}
+    works = {e: e.work for e in events}
     cores = v.get("cores")
     crowd = {e: costs.crowding(cores, max(e.old.world_size, e.new.world_size)) for e in events}  # a handoff's
     old_crowd = {e: costs.crowding(cores, e.old.world_size) for e in events}  # a restart's save

@@ -90,6 +90,14 @@ class Event:
         return self.new.world_size > self.old.world_size
 
     @property
+    def work(self):
+        """What its plan asks of the busiest processes (``costs.plan_work``): a measured scale-in
+        named no node, so its leaving ranks were the controller's choice."""
+        from liver.policy import costs
+
+        return costs.plan_work(self.job, self.old, self.new, chosen_leaving=self.kind == "scale-in")
+
+    @property
     def job(self) -> Workload:
         """The measured run's job as the reference engine trains it (the cost model's subject)."""
         from liver.topology.presets import PRESETS

@@ -33,10 +33,12 @@ def predict(e: Event, v: dict[str, float]) -> dict[str, float]:
 def _figures(work: Workload, old: ParallelConfig, new: ParallelConfig, prof, kinds: frozenset[str], first_nccl: bool,
              share: float, fresh: bool = True) -> dict[str, float]:
     """The cost model's figures of one handoff: its live pause, transfer and preparation
-    (``costs.live``), and its restart's downtime (``costs.restart``)."""
+    (``costs.live``), and its restart's downtime (``costs.restart``). A scale-in is one that names
+    no node, as a bench's are: its leaving ranks are the controller's choice."""
     from liver.policy import costs
 
-    h = costs.live(work, old, new, prof, kinds=kinds, first_nccl=first_nccl, share=share)
+    plan = costs.plan_work(work, old, new, chosen_leaving=True)
+    h = costs.live(work, old, new, prof, plan=plan, kinds=kinds, first_nccl=first_nccl, share=share)
     r = costs.restart(work, old, new, prof, fresh=fresh)
     return {"downtime_live_s": h.downtime_s, "transfer_s": h.transfer_s, "prepare_s": h.prepare_s,
             "downtime_restart_s": r.downtime_s}
@@ -74,7 +76,7 @@ def moves(e: Event) -> bool:
     """Whether the event's plan sends or copies anything (else it has no transfer to predict)."""
     from liver.policy import costs
 
-    w = costs.plan_work(e.job, e.old, e.new)
+    w = e.work
     return bool(w.io_bytes or w.copy_bytes)
 
 

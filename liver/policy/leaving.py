@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
-from liver.controller import heal
+from liver.policy import heal
 from liver.resource_view.spec import TensorSpec
 from liver.resource_view.table import RankView, box_of
 from liver.topology import Layout
