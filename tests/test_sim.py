@@ -411,7 +411,7 @@ def test_at_the_same_configurations_a_bigger_model_never_pauses_or_restarts_fast
         assert fn(Workload.reference(big), old, new, prof).downtime_s >= fn(Workload.reference(small), old, new, prof).downtime_s
 
 
-@settings(max_examples=12, deadline=None)
+@settings(max_examples=6, deadline=None)
 @given(profile=st.sampled_from(PROFILES), nodes=st.integers(8, 128), pair=st.integers(0, len(project.MODELS) - 2))
 def test_where_a_bigger_model_pauses_or_restarts_shorter_its_own_configurations_say_why(profile, nodes, pair):
     """At one GPU count each model runs, and after a node is lost goes to, the configurations its
