@@ -242,19 +242,14 @@ class LiveMode(Mode):
         step, view = found  # survivors a step behind give nothing and receive their shards
         left_out: list[int] = []
         if parallel.world_size < len(survivors):  # no configuration uses them all: the rest leave the job
-            kept = heal.keep(view, specs, survivors, old.procs, parallel.world_size)
-            for n in range(len(survivors) - 1, parallel.world_size, -1):  # too few to hold the state: the most
-                if kept is not None:                                       # that a configuration uses and that do
-                    break
-                lay = target.best(a, job, n, self.ctl.hardware, old.parallel)
-                if lay is not None and (kept := heal.keep(view, specs, survivors, old.procs, n)) is not None:
-                    parallel = lay.parallel
-            if kept is None:
-                self.ctl.phase_log("no-heal", why=f"{parallel.world_size} of the {len(survivors)} survivors (the most "
-                                   "a configuration uses) do not hold the whole state")
+            fewer = heal.onto_fewer(view, specs, survivors, old.procs, parallel, lambda n: getattr(
+                target.best(a, job, n, self.ctl.hardware, old.parallel), "parallel", None))
+            if fewer is None:
+                self.ctl.phase_log("no-heal", why=f"no configuration on fewer than the {len(survivors)} survivors "
+                                   "has survivors that hold the whole state")
                 return None
-            left_out = [p for p in survivors if p not in kept[0]]
-            survivors, view = kept
+            parallel, kept, view = fewer
+            left_out, survivors = [p for p in survivors if p not in kept], kept
             for p in left_out:  # (each stops as it reads the heal's spec: its exit is no failure)
                 self.nodes.workers[p].leaving = True
         givers = [old.procs[r] for r in view.ranks]

@@ -11,11 +11,11 @@ and receive their shards, as joiners do. Otherwise the checkpoint is the fallbac
 
 from __future__ import annotations
 
-from typing import Iterable, Mapping
+from typing import Callable, Iterable, Mapping
 
 from liver.resource_view.spec import TensorSpec
 from liver.resource_view.table import BoxTable, RankView, Survivors
-from liver.topology import Layout
+from liver.topology import Layout, ParallelConfig
 
 
 def surviving_view(view: "Layout | RankView", procs: tuple[int, ...], dead: Iterable[int]) -> Survivors:
@@ -66,3 +66,21 @@ def keep(view: Survivors, specs: list[TensorSpec], survivors: list[int], procs: 
             continue
         kept.remove(p)
     return (kept, held(kept)) if len(kept) == count else None
+
+
+def onto_fewer(view: Survivors, specs: list[TensorSpec], survivors: list[int], procs: tuple[int, ...],
+               chosen: ParallelConfig, best: Callable[[int], ParallelConfig | None]
+               ) -> tuple[ParallelConfig, list[int], Survivors] | None:
+    """Where no configuration uses every survivor (``chosen``: the one on fewer): the configuration
+    to heal onto, the survivors kept and the givers' view (``keep``): ``chosen`` where that many
+    hold the state, else the most GPUs under the survivors' count whose configuration (``best(n)``,
+    None where none fits) they do; None where no count does."""
+    kept = keep(view, specs, survivors, procs, chosen.world_size)
+    if kept is not None:
+        return chosen, *kept
+    for n in range(len(survivors) - 1, chosen.world_size, -1):
+        par = best(n)
+        if par is not None and (kept := keep(view, specs, survivors, procs, n)) is not None:
+            return par, *kept
+    return None
+
