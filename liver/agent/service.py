@@ -305,6 +305,10 @@ class AgentService:
         if self.agent is not None and self.agent.slot_base == reply.slot_base:
             return
         if self.agent is not None:
+            old = sorted(w.proc for w in self.agent.alive())
+            if old:
+                logs.PHASES.warning(f"node {self.node}: taken for a new node; its old workers {old} belong to no "
+                                    f"generation any more and are stopped")
             self.agent.stop_all()
         if self.starter is None:
             self.starter = starters.make(reply.starter)
