@@ -827,3 +827,58 @@ def test_the_last_pipeline_stages_outputs_are_left_to_the_loss():
     Stage = _stage_class()
     assert issubclass(Stage, PipelineStage) and _stage_class() is Stage
     assert Stage._validate_fwd_outputs(SimpleNamespace(is_last=True), (torch.zeros(2, dtype=torch.bfloat16),)) is None
+
+
+def test_a_pipelined_users_model_checkpoints_beside_a_preparation_and_switches_out_of_its_stages(tmp_path):
+    """Two pipeline stages from the start, a checkpoint at every step, and a reshape to FSDP2: the
+    checkpoints written while the next generation prepares are whole, and the switch happens.
+    (The companion works out each stage's tensors on a fake world; it once made that world the
+    default group of the whole process while it did, so a checkpoint writer beside it took the
+    wrong rank: a rank's write failed, its peer's waited, and no switch nor checkpoint came again.)"""
+    events = tmp_path / "events.txt"
+    events.write_text("at step 4: reshape 1,1,2\n")
+    run = liver_native(tmp_path / "run", "--set", "parallel=1,2,1", "--set", "checkpoint.every=1",
+                       "--events", str(events), "--digest", "switch", "--end-after-events", "6", "--steps", "400")
+    assert run["rc"] == 0
+    (e,) = run["events"]
+    assert (e["status"], e["new"], e["digest_equal"]) == ("done", "tp1pp1dp2", True), e
+    steps = run["steps"]
+    assert not any(s["checkpoint_failures"] for s in steps), [s["checkpoint_error"] for s in steps]
+    during = {s["checkpoint_step"] for s in steps if s["preparing"]} - {None}
+    assert during and max(during) > 4, during  # written beside the preparation
+    assert steps[-1]["parallel"] == "tp1pp1dp2" and steps[-1]["checkpoint_step"] > e["last_old_step"]
+
+
+def test_working_out_a_layouts_tensors_leaves_other_threads_default_group_alone(monkeypatch):
+    """The meta build of a layout (``NativeAdapter.placed``: a fake world as the default group) is
+    its own thread's: another thread (the training thread, a checkpoint writer) sees torch's
+    default group as it was for the whole build."""
+    import threading
+
+    import torch.distributed.distributed_c10d as c10d
+
+    from liver.engine.native import adapter as native_adapter
+
+    a = load_adapter(EXAMPLE)
+    job = job_of(hidden=8, heads=4, ffn=8, vocab=12, layers=3)
+    inside, release, seen = threading.Event(), threading.Event(), {}
+    real = native_adapter.build_model
+
+    def build(*args, **kwargs):
+        seen.setdefault("builder", c10d._world.default_pg)
+        inside.set()
+        release.wait(30)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(native_adapter, "build_model", build)
+    before = c10d._world.default_pg
+    t = threading.Thread(target=lambda: a.placed(job, a.layout(job, ParallelConfig(pp=2))))
+    t.start()
+    try:
+        assert inside.wait(30)
+        seen["other"] = c10d._world.default_pg  # (this thread, while the other builds)
+    finally:
+        release.set()
+        t.join(60)
+    assert seen["builder"] is not None and seen["builder"] is not before  # the fake world, there
+    assert seen["other"] is before and c10d._world.default_pg is before

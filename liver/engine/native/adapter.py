@@ -78,7 +78,9 @@ class NativeAdapter(EngineAdapter):
     def _meta(self, job: JobConfig, layout: Layout, rank: int) -> list[Placed]:
         with _lock:
             world = FakeWorld.build_fake(0, layout, rank, "gloo", torch.device("cpu"))
-            with world.registered():
+            # (as the default group of this thread only: the training thread, and its checkpoint
+            # writes beside a preparation, keep the Active World's)
+            with world.registered_here():
                 try:
                     return build_model(self.recipe, job, world, torch.device("meta"))[2]
                 except ValueError:
