@@ -187,3 +187,29 @@ def test_the_liver_command_ends_with_mains_code_and_its_output_written(tmp_path)
             "from liver.cli import entry; entry()\n")
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert p.returncode == 2 and "interpreter teardown" not in p.stdout and "does not divide" in p.stderr, p
+
+
+def test_a_trace_or_a_schedule_given_as_a_flag_replaces_the_job_files_source_of_events(tmp_path, capsys):
+    """``--trace`` on a job file that names a schedule (or ``--events`` on one that names a trace):
+    the flag's is the job's one source of events; with a trace, the job starts on the trace's
+    first count, so a first configuration is checked against that count, not the file's ``gpus``."""
+    import argparse
+
+    from liver.controller.commands import job_flags, run_config
+
+    native = str(Path(__file__).resolve().parent.parent / "configs" / "llama-native.toml")  # (a schedule, gpus = 2)
+    trace = tmp_path / "trace.csv"
+    trace.write_text("0,add,n1\n0,add,n2\n0,add,n3\n0,add,n4\n5000,remove,n4\n")
+    parser = argparse.ArgumentParser()
+    job_flags(parser)
+    cfg = run_config(parser.parse_args(["--config", native, "--trace", str(trace), "--parallel", "1,1,4"]))
+    assert (cfg.events.schedule, cfg.events.trace) == (None, str(trace.resolve()))
+    with_trace = tmp_path / "with-trace.toml"
+    with_trace.write_text(f'[events]\ntrace = "{trace}"\n')
+    cfg = run_config(parser.parse_args(["--config", str(with_trace), "--events", native.replace(".toml", ".events")]))
+    assert cfg.events.trace is None and cfg.events.schedule.endswith("llama-native.events")
+    # the trace starts with 4 GPUs: a first configuration of 2 is refused, naming both, before anything starts
+    run_dir = tmp_path / "run"
+    assert main(["run", "--config", native, "--trace", str(trace), "--run-dir", str(run_dir)]) == 2
+    assert "parallel=tp2pp1dp1: tp*pp*dp=2 but the trace starts with 4 GPUs" in capsys.readouterr().err
+    assert not run_dir.exists()

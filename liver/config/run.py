@@ -74,7 +74,8 @@ class RunConfig:
                 (slots is not None and self.gpus > slots):
             raise ValueError(f"gpus={self.gpus!r}: allowed 1 to agent.slots={slots if slots is not None else '(unset)'}")
         if self.parallel is not None:
-            if self.parallel.world_size != self.gpus:
+            # (with a trace, its first count is the job's GPUs: the trace is read, and ``gpus`` set, before it runs)
+            if self.parallel.world_size != self.gpus and self.events.trace is None:
                 raise ValueError(f"parallel={self.parallel.short()}: tp*pp*dp={self.parallel.world_size} "
                                  f"but gpus={self.gpus}")
             self.adapter.layout(self.job, self.parallel)

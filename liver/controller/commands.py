@@ -43,7 +43,9 @@ def run_config(args: argparse.Namespace):
         value = getattr(args, flag, None)
         if value is None:
             continue
-        if flag in ("events", "trace"):
+        if flag in ("events", "trace"):  # (the one source of events: it replaces the job file's other one)
+            other = "events.trace" if flag == "events" else "events.schedule"
+            layers.append(nested(other, None))
             value = str(Path(value).resolve())
         layers.append(nested(key, value))
     if args.no_bind_cores:
