@@ -674,21 +674,32 @@ def test_any_optimizers_state_moves_live_equal_to_restart_and_close_to_one_proce
 
 
 @pytest.mark.timeout(600)
-def test_pipeline_stages_train_the_model_a_single_stage_trains(tmp_path):
-    """Two pipeline stages (torch.distributed.pipelining): every stage's gradients, the first's too
-    (the activations between stages carry them back), so the losses and gradient norms of the
-    steps follow those of the same model on one process, within float tolerance."""
+@pytest.mark.parametrize("parallel, dtype, rel", [
+    ("1,2,1", "float32", 1e-4),
+    # (TP x FSDP2: the gradients' 2-D shards, FSDP2's _StridedShard, are summed over both
+    # dimensions; torch 2.13 says is_shard() False for them, and their norm came out 7% short)
+    ("2,1,2", "float32", 1e-4),
+    # (FSDP2 computing in bfloat16 within pipeline stages: activations bfloat16 where the stages'
+    # buffers are float32; sent as they were, every loss was NaN)
+    ("1,2,2", "bfloat16", 5e-3)])
+def test_pipeline_stages_train_the_model_a_single_stage_trains(tmp_path, parallel, dtype, rel):
+    """Pipeline stages (torch.distributed.pipelining) and 2-D shards: every stage's gradients, the
+    first's too (the activations between stages carry them back), every shard's in the norm, so the
+    losses and gradient norms of the steps follow those of the same model on one process in float32
+    (within float tolerance; bfloat16's, within its precision)."""
     from liver.config import jobfile
 
     empty = tmp_path / "none.txt"
     empty.write_text("# no events\n")
-    run = liver_native(tmp_path / "pp", "--set", "parallel=1,2,1", "--events", str(empty), "--steps", "4",
+    gpus = str(eval(parallel.replace(",", "*")))
+    run = liver_native(tmp_path / "pp", "--set", f"parallel={parallel}", "--set", f"gpus={gpus}",
+                       "--set", f"job.compute_dtype={dtype}", "--events", str(empty), "--steps", "4",
                        "--end-after-events", "-1")
     assert run["rc"] == 0
     cfg = jobfile.load(CONFIG)
     alone = trained_alone(cfg.engine, cfg.job, 4)
-    assert [s["loss"] for s in run["steps"]] == pytest.approx([s.loss for s in alone], rel=1e-4)
-    assert [s["grad_norm"] for s in run["steps"]] == pytest.approx([s.grad_norm for s in alone], rel=1e-3)
+    assert [s["loss"] for s in run["steps"]] == pytest.approx([s.loss for s in alone], rel=rel)
+    assert [s["grad_norm"] for s in run["steps"]] == pytest.approx([s.grad_norm for s in alone], rel=10 * rel)
 
 
 def test_the_examples_optimizer_never_mixes_dtensors_and_tensors_in_one_fused_update():

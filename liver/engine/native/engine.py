@@ -168,6 +168,20 @@ def stage_activations(recipe: Recipe, job: JobConfig, layout, stage: int,
     return x_in, x
 
 
+def _as_sent(dtype: torch.dtype):
+    """A stage's forward hook: its floating outputs in ``dtype``, the activations' dtype the next
+    stage's receive buffers have (``stage_activations``: the model's own, worked out on the meta
+    device). The loop's precision can make them another: FSDP2 computing in bfloat16 makes the
+    stage's outputs bfloat16, and sent as they are into float32 buffers they arrived as garbage
+    (torch 2.13 no longer checks what a stage sends). Widening is exact, and autograd narrows the
+    gradient coming back the same way."""
+    def hook(module, args, out):
+        if isinstance(out, torch.Tensor) and out.is_floating_point() and out.dtype != dtype:
+            return out.to(dtype)
+        return out
+    return hook
+
+
 @functools.cache
 def _stage_class() -> type:
     """torch's ``PipelineStage`` whose last stage's outputs are not checked against the metadata
@@ -473,6 +487,8 @@ class NativeEngine:
         # (else the stage before gets none, and trains on nothing)
         x.requires_grad_(not first and x.is_floating_point())
         y.requires_grad_(not last and y.is_floating_point())
+        if not last and y.is_floating_point():
+            self.model.register_forward_hook(_as_sent(y.dtype))
         if not isinstance(self.world, FakeWorld):
             meta = {"input_args": x, "output_args": y,  # (the gradients' too where torch takes them)
                     "output_grads": (None if last else y,), "input_grads": (None if first else x,)}

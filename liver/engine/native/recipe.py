@@ -27,6 +27,7 @@ from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Replicate
 
+from liver.engine.native.resource import sharded
 from liver.topology import JobConfig, ModelConfig, ModelFacts, ParallelConfig
 
 
@@ -166,16 +167,20 @@ def clip_grad_norm(params: Iterable[torch.Tensor], max_norm: float, stages=None)
         if isinstance(g, DTensor):
             if any(pl.is_partial() for pl in g.placements):  # (a pending reduction: do it first)
                 g = g.redistribute(placements=[Replicate() if pl.is_partial() else pl for pl in g.placements])
-            dims = tuple(i for i, pl in enumerate(g.placements) if pl.is_shard())
-            key = (id(g.device_mesh), dims)
-            reduce_over.setdefault(key, [g.device_mesh.get_group(i) for i in dims])
+            dims = tuple(i for i, pl in enumerate(g.placements) if sharded(pl))
+            # (the mesh by its dimensions' names and sizes, as every rank names it, not by the
+            # object's identity: the keys, so the all-reduces, come in one order on every rank)
+            mesh = g.device_mesh
+            key = (tuple(mesh.mesh_dim_names or ()), tuple(mesh.mesh.shape), dims)
+            reduce_over.setdefault(key, [mesh.get_group(i) for i in dims])
             groups.setdefault(key, []).append(g._local_tensor)
         else:
-            groups.setdefault((None, ()), []).append(g)
-            reduce_over.setdefault((None, ()), [])
+            groups.setdefault((), []).append(g)
+            reduce_over.setdefault((), [])
     device = next(iter(groups.values()))[0].device if groups else torch.device("cpu")
     total = torch.zeros((), dtype=torch.float64, device=device)
-    for key, local in groups.items():
+    for key in sorted(groups, key=repr):  # (in one order on every rank: the collectives pair up)
+        local = groups[key]
         norms = torch._foreach_norm([t if t.dtype == torch.float32 else t.float() for t in local])
         sq = torch.stack(norms).double().pow(2).sum()
         for pg in reduce_over[key]:

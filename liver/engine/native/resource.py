@@ -29,6 +29,12 @@ try:  # FSDP over TP's shards (a private placement; its module moved between ver
 except ImportError:  # pragma: no cover
     from torch.distributed._tensor.placement_types import _StridedShard
 
+
+def sharded(p) -> bool:
+    """Whether a placement shards its mesh dimension: ``Shard``, or FSDP-over-TP's ``_StridedShard``
+    (which on torch 2.13 is no ``Shard`` and says ``is_shard()`` False)."""
+    return isinstance(p, (Shard, _StridedShard))
+
 from liver.resource_view.spec import TensorSpec
 from liver.resource_view.table import BoxTable
 from liver.resource_view.view import Box
@@ -88,7 +94,7 @@ def _placed(name: str, t: torch.Tensor, layer: int, kind: str, param: str) -> Pl
         if len(mesh_dims) != len(mesh_shape):
             raise ValueError(f"tensor {name!r} lives on a mesh without dimension names: build it on the mesh "
                              f"LiveR gives (its dimensions 'pp', 'dp', 'tp')")
-        shards = [p.dim for p in placements if isinstance(p, (Shard, _StridedShard))]
+        shards = [p.dim for p in placements if sharded(p)]
         shard_dim = shards[0] if shards else None
     spec = TensorSpec(name, tuple(t.shape), _dtype(name, t), layer, shard_dim, kind, param)
     return Placed(spec, mesh_dims, mesh_shape, placements)
