@@ -89,6 +89,15 @@ T = TrainConfig(global_batch=8, micro_batch=2)
     (lambda: ModelConfig(num_layers=0), ["num_layers=0"]),
     (lambda: TrainConfig(global_batch=0), ["global_batch=0"]),
     (lambda: TrainConfig(lr=-1.0), ["lr=-1.0"]),
+    # (a NaN passes every comparison; an infinite rate or a zero epsilon trains to NaN)
+    (lambda: TrainConfig(lr=float("nan")), ["train.lr=nan", "finite"]),
+    (lambda: TrainConfig(lr=float("inf")), ["train.lr=inf", "finite"]),
+    (lambda: TrainConfig(min_lr=float("nan")), ["train.min_lr=nan"]),
+    (lambda: TrainConfig(eps=0.0), ["train.eps=0.0", "> 0"]),
+    (lambda: TrainConfig(beta1=1.0), ["train.beta1=1.0", "below 1"]),
+    (lambda: TrainConfig(grad_clip=-1.0), ["train.grad_clip=-1.0", "0: no clipping"]),
+    (lambda: TrainConfig(weight_decay=float("inf")), ["train.weight_decay=inf"]),
+    (lambda: TrainConfig(warmup_steps=-1), ["train.warmup_steps=-1"]),
     (lambda: JobConfig(compute_dtype="fp8"), ["compute_dtype='fp8'"]),
 ])
 def test_invalid_configuration_is_refused_with_field_and_value(build, words):

@@ -6,6 +6,7 @@ given and what is allowed.
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -176,10 +177,20 @@ class TrainConfig:
                                  f"and tokens.bin in it); allowed such a directory, or empty for the standard "
                                  f"library's sources")
             object.__setattr__(self, "data", str(d))  # (workers may start elsewhere)
-        if self.lr <= 0 or self.min_lr < 0 or self.min_lr > self.lr:
-            raise ValueError(f"train.lr={self.lr}, min_lr={self.min_lr}: need 0 <= min_lr <= lr, lr > 0")
-        if self.warmup_steps < 0:
-            raise ValueError(f"train.warmup_steps={self.warmup_steps}: must be >= 0")
+        # (each a finite number in its range: a NaN compares false with every bound, and an
+        # infinite learning rate or a zero epsilon trains to NaN from the second step)
+        for name, ok, allowed in (("lr", lambda v: v > 0, "a finite number > 0"),
+                                  ("min_lr", lambda v: 0 <= v <= self.lr, f"a finite number from 0 to lr={self.lr}"),
+                                  ("weight_decay", lambda v: v >= 0, "a finite number >= 0"),
+                                  ("beta1", lambda v: 0 <= v < 1, "a number from 0 to below 1"),
+                                  ("beta2", lambda v: 0 <= v < 1, "a number from 0 to below 1"),
+                                  ("eps", lambda v: v > 0, "a finite number > 0"),
+                                  ("grad_clip", lambda v: v >= 0, "a finite number >= 0 (0: no clipping)")):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or not ok(v):
+                raise ValueError(f"train.{name}={v!r}: allowed {allowed}")
+        if isinstance(self.warmup_steps, bool) or not isinstance(self.warmup_steps, int) or self.warmup_steps < 0:
+            raise ValueError(f"train.warmup_steps={self.warmup_steps!r}: must be an integer >= 0")
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
