@@ -173,7 +173,8 @@ class Sim:
         t, n, total = 0.0, self.avail, 0.0
         for c in self.changes + [Change(self.end, 0)]:
             end = min(c.t, self.end)
-            lay = self.best(n)
+            # (the fastest on at most n: not the controller's choice of exactly n, which can be slower)
+            lay = target.fastest_up_to(self.adapter, self.job, n, self.hw)
             if lay is not None and end > t:
                 total += (end - t) / self.step_s(lay) * self.job.train.global_batch
             t, n = end, c.gpus
