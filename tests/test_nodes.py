@@ -230,6 +230,12 @@ def test_liver_run_with_several_nodes_on_this_machine(tmp_path):
     (["agent", "--controller", "ftp://x:1", "--token", "t"], "controller='ftp://x:1': allowed HOST:PORT"),
     (["agent", "--controller", "127.0.0.1:9", "--token", "t", "--slots", "-2"], "slots=-2: allowed 1 to 4096"),
     (["agent", "--controller", "127.0.0.1:9", "--token", "t", "--notice-sigterm", "0"], "--notice-sigterm=0"),
+    # (0 was taken for unset: the agent offered its default slots)
+    (["agent", "--controller", "127.0.0.1:9", "--token", "t", "--slots", "0"], "--slots=0: allowed 1 to 4096"),
+    (["agent", "--controller", "127.0.0.1:99999", "--token", "t"], "(a port from 1 to 65535)"),
+    (["agent", "--controller", "127.0.0.1:9", "--token", "t", "--notice-http", "70000"],
+     "--notice-http=70000: allowed a port from 1 to 65535"),
+    (["agent", "--controller", "127.0.0.1:9", "--token", "t", "--connect-timeout", "0"], "--connect-timeout=0"),
     (["run", "--nodes", "0"], "--nodes=0: allowed 1 to 64"),
     (["run", "--nodes", "2", "--slots", "2", "--gpus", "5"], "gpus=5: allowed 1 to agent.slots=4"),  # (both nodes')
     (["controller", "--port", "70000"], "controller.port=70000"),
@@ -237,9 +243,16 @@ def test_liver_run_with_several_nodes_on_this_machine(tmp_path):
 ])
 def test_bad_node_flags_are_refused_naming_the_flag(args, words, capsys, monkeypatch):
     monkeypatch.delenv("LIVER_TOKEN", raising=False)
+    monkeypatch.delenv("LIVER_SLOTS", raising=False)
     assert main(args) == 2
     err = capsys.readouterr().err
     assert words in err and "Traceback" not in err
+
+
+def test_an_agents_slots_from_its_environment_are_refused_naming_the_variable(capsys, monkeypatch):
+    monkeypatch.setenv("LIVER_SLOTS", "four")
+    assert main(["agent", "--controller", "127.0.0.1:9", "--token", "t"]) == 2
+    assert "LIVER_SLOTS='four': allowed 1 to 4096" in capsys.readouterr().err
 
 
 def test_an_agent_with_no_controller_waits_saying_so_then_ends_with_one_line(capsys, monkeypatch):

@@ -21,6 +21,7 @@ def _agent(args: argparse.Namespace) -> int:
     from liver.host.threads import check_threads
 
     check_threads()  # (its workers' thread count: refused before any of them starts)
+    _check(args)
     use_interface(args.iface)
     url, token = args.controller or os.environ.get("LIVER_CONTROLLER"), args.token or os.environ.get("LIVER_TOKEN")
     resolve = None
@@ -32,18 +33,46 @@ def _agent(args: argparse.Namespace) -> int:
                          "the controller to join")
     if not token:
         raise ValueError("--token (or LIVER_TOKEN): the job's token, from the controller's control.json")
-    slots = args.slots or int(os.environ.get("LIVER_SLOTS", 0)) or gpus.slots(args.backend)
+    slots = args.slots or _env_slots() or gpus.slots(args.backend)
     node = args.node or os.environ.get("LIVER_NODE") or os.environ.get("SLURMD_NODENAME") \
         or os.environ.get("HOSTNAME") or None
     logs.setup()
     svc = AgentService(url, token, slots, node=node, connect_timeout_s=args.connect_timeout, quiet=not args.verbose,
                        resolve=resolve)
-    svc.notices = watchers(args)  # (started once every flag was checked)
+    # (started once every flag was checked; with the job's token as found: --run-dir's control.json too)
+    svc.notices = watchers(argparse.Namespace(**{**vars(args), "token": token}))
     try:
         return svc.run()
     except ControllerGone as e:  # (no traceback: the operator's to act on)
         print(f"liver: agent: {e}", file=sys.stderr)
         return 1
+
+
+def _check(args: argparse.Namespace) -> None:
+    """The flags a node agent is given, each refused by name before anything starts."""
+    from liver.agent.config import MAX_SLOTS
+
+    if args.slots is not None and not 1 <= args.slots <= MAX_SLOTS:
+        raise ValueError(f"--slots={args.slots}: allowed 1 to {MAX_SLOTS} worker slots")
+    _env_slots()
+    if not 0 < args.connect_timeout <= 86400:
+        raise ValueError(f"--connect-timeout={args.connect_timeout:g}: allowed more than 0 up to 86400 s")
+    if args.notice_http is not None and not 1 <= args.notice_http <= 65535:
+        raise ValueError(f"--notice-http={args.notice_http}: allowed a port from 1 to 65535")
+
+
+def _env_slots() -> int:
+    """LIVER_SLOTS, where set (0: unset)."""
+    import os
+
+    from liver.agent.config import MAX_SLOTS
+
+    text = os.environ.get("LIVER_SLOTS", "").strip()
+    if not text:
+        return 0
+    if not text.isdigit() or not 1 <= int(text) <= MAX_SLOTS:
+        raise ValueError(f"LIVER_SLOTS={text!r}: allowed 1 to {MAX_SLOTS} worker slots")
+    return int(text)
 
 
 def use_interface(iface: str | None) -> None:
@@ -66,12 +95,16 @@ def _await_control(run_dir: Path, timeout_s: float, token: str | None) -> tuple[
     """The controller's URL and token from its run directory's control.json, once it is there."""
     import time
 
-    end = time.time() + timeout_s
+    end, said = time.time() + timeout_s, False
     while True:
         try:
             url, mine = _control(run_dir)
             return url, token or mine
         except (OSError, ValueError, KeyError, TypeError):
+            if not said:
+                print(f"[liver] agent: no controller's control.json in {run_dir} yet; waiting for it "
+                      f"({timeout_s:g} s left)", flush=True)
+                said = True
             if time.time() > end:
                 raise ValueError(f"--run-dir {run_dir}: no controller's control.json there within {timeout_s:g} s") \
                     from None

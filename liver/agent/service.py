@@ -49,9 +49,13 @@ class Link:
 
     def __init__(self, url: str, token: str, timeout_s: float = LINK_TIMEOUT_S) -> None:
         u = urlsplit(url if "://" in url else f"http://{url}")
-        if u.scheme != "http" or not u.hostname or not u.port:
-            raise ValueError(f"controller={url!r}: allowed HOST:PORT or http://HOST:PORT")
-        self.host, self.port, self.token, self.timeout_s = u.hostname, u.port, token, timeout_s
+        try:
+            port = u.port
+        except ValueError:  # (urllib's "Port out of range 0-65535")
+            port = None
+        if u.scheme != "http" or not u.hostname or not port:
+            raise ValueError(f"controller={url!r}: allowed HOST:PORT or http://HOST:PORT (a port from 1 to 65535)")
+        self.host, self.port, self.token, self.timeout_s = u.hostname, port, token, timeout_s
         self.conn: http.client.HTTPConnection | None = None
 
     def post(self, path: str, body: dict[str, Any]) -> dict[str, Any]:

@@ -97,5 +97,8 @@ def watchers(args: argparse.Namespace) -> list[Watcher]:
     if args.notice_file:
         out.append(hook.FileWatcher(args.notice_file, default_s=default))
     if args.notice_http is not None:
-        out.append(hook.HttpHook(args.notice_http, args.token, default_s=default))
+        try:
+            out.append(hook.HttpHook(args.notice_http, args.token, default_s=default))
+        except OSError as e:  # (the port taken, or not this user's to bind)
+            raise ValueError(f"--notice-http={args.notice_http}: cannot serve there ({e})") from None
     return [w.start() for w in out]
