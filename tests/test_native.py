@@ -858,6 +858,16 @@ def test_a_pipelined_users_model_checkpoints_beside_a_preparation_and_switches_o
     during = {s["checkpoint_step"] for s in steps if s["preparing"]} - {None}
     assert during and max(during) > 4, during  # written beside the preparation
     assert steps[-1]["parallel"] == "tp1pp1dp2" and steps[-1]["checkpoint_step"] > e["last_old_step"]
+    # every step, before the switch and after it, as the same change made through a checkpoint makes it
+    # (its loss bit for bit; digests at the switch only: one after every step moves the race this finds)
+    at = tmp_path / "restart.txt"
+    at.write_text(f"at step {e['last_old_step']}: reshape 1,1,2\n")
+    restart = liver_native(tmp_path / "restart", "--set", "parallel=1,2,1", "--events", str(at),
+                           "--steps", str(steps[-1]["step"]), "--end-after-events", "-1", "--mode", "restart-forked",
+                           "--digest", "switch")
+    assert restart["rc"] == 0 and restart["events"][0]["digest_after"] == e["digest_after"]
+    assert [(s["step"], s["parallel"], s["loss"]) for s in steps] == \
+        [(s["step"], s["parallel"], s["loss"]) for s in restart["steps"]]
 
 
 def test_working_out_a_layouts_tensors_leaves_other_threads_default_group_alone(monkeypatch):
