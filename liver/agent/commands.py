@@ -22,6 +22,7 @@ def _agent(args: argparse.Namespace) -> int:
 
     check_threads()  # (its workers' thread count: refused before any of them starts)
     _check(args)
+    slots = args.slots or _env_slots() or gpus.slots(args.backend)
     use_interface(args.iface)
     url, token = args.controller or os.environ.get("LIVER_CONTROLLER"), args.token or os.environ.get("LIVER_TOKEN")
     resolve = None
@@ -33,7 +34,6 @@ def _agent(args: argparse.Namespace) -> int:
                          "the controller to join")
     if not token:
         raise ValueError("--token (or LIVER_TOKEN): the job's token, from the controller's control.json")
-    slots = args.slots or _env_slots() or gpus.slots(args.backend)
     node = args.node or os.environ.get("LIVER_NODE") or os.environ.get("SLURMD_NODENAME") \
         or os.environ.get("HOSTNAME") or None
     logs.setup()
@@ -54,7 +54,6 @@ def _check(args: argparse.Namespace) -> None:
 
     if args.slots is not None and not 1 <= args.slots <= MAX_SLOTS:
         raise ValueError(f"--slots={args.slots}: allowed 1 to {MAX_SLOTS} worker slots")
-    _env_slots()
     if not 0 < args.connect_timeout <= 86400:
         raise ValueError(f"--connect-timeout={args.connect_timeout:g}: allowed more than 0 up to 86400 s")
     if args.notice_http is not None and not 1 <= args.notice_http <= 65535:

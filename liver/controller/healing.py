@@ -11,7 +11,7 @@ carrying out over the controller's store and nodes.
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from liver import logs
 from liver.agent.node import Worker
@@ -40,7 +40,7 @@ class Healing:
             logs.PHASES.warning(f"healing from the survivors failed ({e}); recovering from the checkpoint")
             return None
 
-    def _heal(self, dead: list[Worker], parallel=None) -> dict[str, Any] | None:
+    def _heal(self, dead: list[Worker], parallel=None) -> EventRecord | None:
         """The next generation built from the survivors' own state at the step they stopped at
         (to ``parallel`` where it fits their count): its record, or None where they cannot."""
         t0, old, failed_step = time.time(), self.ctl.state.active, self.ctl.failures.failed_step()

@@ -173,31 +173,32 @@ def best_up_to(adapter: EngineAdapter, job: JobConfig, gpus: int, hw: Hardware,
     lay = best(adapter, job, gpus, hw, current, move=move)
     if lay is not None:
         return lay
-    work, fit, fastest = Workload(adapter, job), [], float("inf")
-    for n in range(gpus - 1, 0, -1):
-        if costs.step_floor(work, n, hw.costs) >= fastest:
-            break
-        here = fitting(adapter, job, n, hw)
-        fit += here
-        fastest = min([fastest, *(step_time(work, c, hw) for c in here)])
+    work, fit = Workload(adapter, job), _down_from(adapter, job, gpus - 1, hw)
     if current is None or len(fit) < 2:
         return min(fit, key=_rank(work, hw, current), default=None)
     return _cheapest_to_reach(work, fit, hw, current, move)
 
 
+@functools.lru_cache(maxsize=65536)
 def fastest_up_to(adapter: EngineAdapter, job: JobConfig, gpus: int, hw: Hardware) -> Layout | None:
     """The layout that steps fastest on at most ``gpus`` GPUs, the rest left idle: what a job
     with no cost to change would run (an exact count's layouts may all step slower than a smaller
     count's: 80 layers on 63 stages at 1,008 GPUs, against 27 stages on 864). None where none fits."""
-    work, out, fastest = Workload(adapter, job), None, float("inf")
-    for n in range(gpus, 0, -1):
+    work = Workload(adapter, job)
+    return min(_down_from(adapter, job, gpus, hw), key=lambda c: step_time(work, c, hw), default=None)
+
+
+def _down_from(adapter: EngineAdapter, job: JobConfig, top: int, hw: Hardware) -> list[Layout]:
+    """The layouts that fit on each count from ``top`` down, until not even a count's compute
+    alone (``costs.step_floor``) could beat the fastest found."""
+    work, fit, fastest = Workload(adapter, job), [], float("inf")
+    for n in range(top, 0, -1):
         if costs.step_floor(work, n, hw.costs) >= fastest:
             break
-        for c in fitting(adapter, job, n, hw):
-            t = step_time(work, c, hw)
-            if t < fastest:
-                out, fastest = c, t
-    return out
+        here = fitting(adapter, job, n, hw)
+        fit += here
+        fastest = min([fastest, *(step_time(work, c, hw) for c in here)])
+    return fit
 
 
 def choose(adapter: EngineAdapter, job: JobConfig, gpus: int, hw: Hardware,
