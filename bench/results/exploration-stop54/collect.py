@@ -27,6 +27,8 @@ RUNS = {  # run directory under the exploration's root -> (the code it ran, what
     "env1": ("f7d31d9", "RANK/WORLD_SIZE/MASTER_*/SLURM_* and TORCH_DISTRIBUTED_DEBUG=DETAIL set"),
     "fc1": ("f7d31d9", "--from-checkpoint of r9's 1,2,1 fp32 checkpoints onto 2,1,2 bf16"),
     "nn1": ("f7d31d9", "--nodes 2: scale-out to 2,1,2, scale-in with a deadline to 1,2,1"),
+    "dg1": ("f7d31d9", "native bf16 1,2,2 -> 2,1,2 live, a digest after every step"),
+    "dg3": ("f7d31d9", "the same change through restart-forked at dg1's cut: every step's loss and digest equal"),
     "u-111": ("f7d31d9", "hidden 48, one process"),
     "u-213": ("f7d31d9", "hidden 48 over 2,1,3 (uneven FSDP2 with TP)"),
     "u-132": ("f7d31d9", "hidden 48 over 1,3,2"),
@@ -46,10 +48,10 @@ def main(root: Path) -> dict:
                                               "downtime_s", "prepare_s", "digest_before", "digest_after",
                                               "deadline_met", "restored_step")} for e in r["events"]],
             "steps": [[s["step"], s["generation"], s["parallel"], s["loss"], s["grad_norm"], s["checkpoint_step"],
-                       s["checkpoint_failures"]] for i, s in enumerate(r["steps"])
+                       s["checkpoint_failures"], s["digest"]] for i, s in enumerate(r["steps"])
                       if len(r["steps"]) <= 500 or i < 30 or i >= len(r["steps"]) - 30 or i % 500 == 0],
             "steps_columns": ["step", "generation", "parallel", "loss", "grad_norm", "checkpoint_step",
-                              "checkpoint_failures"],
+                              "checkpoint_failures", "digest"],
         }
     return out
 
