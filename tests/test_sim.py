@@ -17,7 +17,7 @@ from liver.policy.events import EventError
 from liver.engine.reference import ADAPTER
 from liver.policy import costs, target
 from liver.policy.workload import Workload
-from liver.sim import calibrate, engine, project, results, sources, validate
+from liver.sim import calibrate, engine, losses, project, results, sources, validate
 from liver.sim.models import SIM_MODELS, sim_model
 from liver.policy.profile import PROFILES, load
 from liver.topology import ParallelConfig
@@ -82,22 +82,24 @@ def test_a_fail_stop_without_replicas_loses_the_work_since_the_checkpoint():
     assert ev["kind"] == "fail-stop" and ev["lost_s"] == pytest.approx(600.0, rel=1e-6)
 
 
-@pytest.mark.parametrize("notice_to, kinds, final", [
-    (24, ["live"], 24),            # more than the job has: the scale-out is merged, to 24
-    (12, ["dropped", "live"], 12),  # fewer: the scale-out is dropped, the scale-in handled next
-    (16, ["dropped"], 16),         # as many: dropped, nothing else to do
+@pytest.mark.parametrize("notice_to, takes, kinds, final", [
+    (24, losses.IdleFirst(), ["live"], 24),             # more than the job has: the scale-out is merged, to 24
+    (12, losses.IdleFirst(), ["dropped", "live"], 12),  # fewer: the scale-out is dropped, the scale-in handled next
+    (16, losses.IdleFirst(), ["dropped"], 16),          # as many: dropped, nothing else to do
+    (24, losses.JobFirst(), ["dropped", "live"], 8),    # a node of the job's among them: it goes on its 8 left
 ])
-def test_a_notice_during_a_scale_outs_prepare_is_taken_as_the_controller_takes_it(notice_to, kinds, final):
+def test_a_notice_during_a_scale_outs_prepare_is_taken_as_the_controller_takes_it(notice_to, takes, kinds, final):
     """A scale-out 16 -> 32 whose Prepare a notice cuts short (liver.policy.decisions.on_notice):
-    no event waits behind the other, none becomes a fail-stop."""
+    no event waits behind the other, none becomes a fail-stop. Which nodes the notice takes
+    decides it: the joiners' (the job's are untouched) or the job's (``losses``)."""
     job, prof = sim_model("7b-cluster"), load("h200")
     h = costs.live(Workload.reference(job), _best(job, 16, prof).parallel, _best(job, 32, prof).parallel, prof)
     assert h.prepare_s > 2.0  # (the notice below comes 1 s into it)
     changes = [sources.Change(100.0, 32), sources.Change(161.0, notice_to, notice_s=60.0)]
-    out = engine.simulate(job, prof, "live", 16, changes, 0.5)
+    out = engine.simulate(job, prof, "live", 16, changes, 0.5, takes=takes)
     assert [e["kind"] for e in out.events] == kinds, out.events
     assert out.events[-1]["config"] == _best(job, final, prof).parallel.short(), out.events
-    assert out.events[0].get("merged", False) == (notice_to == 24)
+    assert out.events[0].get("merged", False) == (kinds == ["live"])
 
 
 def test_trace_and_schedule_sources_refuse_bad_input_with_file_and_line(tmp_path):
@@ -535,3 +537,48 @@ def test_a_model_size_inversion_is_evaluated_on_the_bigger_models_configurations
     assert got["smaller_at_bigger_configs_s"] == want.downtime_s and got["its_step_slower"] > 0
     # 80 stages do not split the 30B's 60 layers: nothing to compare
     assert at_bigger_configs(case, "restart_downtime_s") == {"smaller_at_bigger_configs_s": None, "its_step_slower": None}
+
+
+@settings(max_examples=200, deadline=None)
+@given(nodes=st.integers(1, 130), data=st.data())
+def test_a_loss_takes_the_jobs_nodes_no_fewer_than_it_must_nor_more_than_it_can(nodes, data):
+    """``losses``: of ``lost`` nodes out of ``nodes``, the job's ``mine`` are hit at least as often
+    as the idle ones cannot absorb, at most all of them; the draws are the change's own."""
+    mine, lost = data.draw(st.integers(1, nodes)), data.draw(st.integers(0, nodes))
+    floor, ceiling = max(0, lost - (nodes - mine)), min(lost, mine)
+    assert losses.IdleFirst().nodes_hit(nodes, mine, lost, "k") == floor
+    assert losses.JobFirst().nodes_hit(nodes, mine, lost, "k") == ceiling
+    r = losses.RandomNodes(data.draw(st.integers(0, 9)))
+    assert floor <= r.nodes_hit(nodes, mine, lost, "k") <= ceiling
+    assert r.nodes_hit(nodes, mine, lost, "k") == r.nodes_hit(nodes, mine, lost, "k")
+
+
+def test_random_losses_hit_the_job_as_often_as_its_share_of_the_nodes():
+    """A node lost from 127, 108 of them the job's: hit in 108/127 of the changes (a binomial's
+    4 standard deviations over 4,000 draws)."""
+    r = losses.RandomNodes(0)
+    hits = sum(r.nodes_hit(127, 108, 1, str(k)) for k in range(4000)) / 4000
+    assert abs(hits - 108 / 127) < 4 * (108 / 127 * 19 / 127 / 4000) ** 0.5
+
+
+def test_a_job_on_fewer_gpus_than_there_are_stays_where_the_counts_near_it_would_step_slower():
+    """70B on 1,016 H200s runs on 864 of them (tp2pp27dp16; every layout of 1,008 steps 40% slower,
+    80 layers on 63 stages). Losses of idle nodes and GPUs back cost nothing and do not move it
+    (the target choice counts staying as a candidate: ``target.best_up_to``); a loss of one of its
+    nodes is handled as the controller handles a node's notice, on its own GPUs left."""
+    job, prof = sim_model("70b-cluster"), load("h200")
+    hw = target.Hardware.of(prof)
+    start = _best(job, 1016, prof)
+    assert start.size == 864
+    assert target.best_up_to(ADAPTER, job, 1008, hw, start.parallel) == start  # (was tp2pp63dp8 on 1,008)
+    assert target.best(ADAPTER, job, 1008, hw).parallel.short() == "tp2pp63dp8"
+    wobble = [sources.Change(600.0 * (i + 1), 1008 if i % 2 == 0 else 1016, 120.0 if i % 2 == 0 else 0.0)
+              for i in range(6)]
+    for policy in ("live", "restart-storage"):
+        idle = engine.simulate(job, prof, policy, 1016, wobble, 2.0, takes=losses.IdleFirst())
+        assert idle.events == [] and idle.downtime_s == 0 and idle.efficiency == pytest.approx(1.0)
+        worst = engine.simulate(job, prof, policy, 1016, wobble, 2.0, takes=losses.JobFirst())
+        first = worst.events[0]
+        assert first["kind"] in ("live", "restart") and first["downtime_s"] > 0
+        tp, pp, dp = map(int, re.fullmatch(r"tp(\d+)pp(\d+)dp(\d+)", first["config"]).groups())
+        assert tp * pp * dp <= 856  # (864 less a node)

@@ -30,6 +30,10 @@ class Move:
     horizon_s: float = DEFAULT_HORIZON_S
 
     def cost_s(self, job: Workload, old: ParallelConfig, new: ParallelConfig, prof: Profile) -> float:
+        """The training the move from ``old`` to ``new`` stops; staying where it is, none."""
+        return 0.0 if old == new else self.moving_s(job, old, new, prof)
+
+    def moving_s(self, job: Workload, old: ParallelConfig, new: ParallelConfig, prof: Profile) -> float:
         return 0.0
 
 
@@ -37,7 +41,7 @@ class Move:
 class LiveMove(Move):
     """A live handoff: the training it stops (its pause, and the stall of its preparation's steps)."""
 
-    def cost_s(self, job: Workload, old: ParallelConfig, new: ParallelConfig, prof: Profile) -> float:
+    def moving_s(self, job: Workload, old: ParallelConfig, new: ParallelConfig, prof: Profile) -> float:
         h = costs.live(job, old, new, prof)
         return h.downtime_s + h.stall_s
 
@@ -50,7 +54,7 @@ class RestartMove(Move):
     memory: bool = False
     save: bool = True
 
-    def cost_s(self, job: Workload, old: ParallelConfig, new: ParallelConfig, prof: Profile) -> float:
+    def moving_s(self, job: Workload, old: ParallelConfig, new: ParallelConfig, prof: Profile) -> float:
         return costs.restart(job, old, new, prof, memory=self.memory, save=self.save).downtime_s
 
 

@@ -168,12 +168,15 @@ def best_up_to(adapter: EngineAdapter, job: JobConfig, gpus: int, hw: Hardware,
     fewer of them, the rest left idle: every smaller count is a candidate, not only the largest
     that has a layout (whose only layouts may split the layers unevenly: 80 layers on 63 stages
     at 1,008 GPUs step slower than on 31 at 992), taken from ``gpus`` down until not even a
-    count's compute alone (``costs.step_floor``) could beat the fastest found. None where no
-    layout fits at all."""
-    lay = best(adapter, job, gpus, hw, current, move=move)
-    if lay is not None:
-        return lay
-    work, fit = Workload(adapter, job), _down_from(adapter, job, gpus - 1, hw)
+    count's compute alone (``costs.step_floor``) could beat the fastest found. Where the job runs
+    ``current`` on no more than ``gpus``, staying on it (the rest idle, no move) is a candidate
+    too: a job on 864 of 1,016 GPUs that loses idle ones, or gains a few, does not move to
+    1,008's layouts, which all step 40% slower, and back. None where no layout fits at all."""
+    fit = fitting(adapter, job, gpus, hw) or _down_from(adapter, job, gpus - 1, hw)
+    work = Workload(adapter, job)
+    if current is not None and current.world_size <= gpus and all(c.parallel != current for c in fit):
+        stay = adapter.layout(job, current)
+        fit = [*fit, stay] if fits(adapter, job, stay, hw) else fit
     if current is None or len(fit) < 2:
         return min(fit, key=_rank(work, hw, current), default=None)
     return _cheapest_to_reach(work, fit, hw, current, move)

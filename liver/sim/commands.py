@@ -38,8 +38,13 @@ def _run(args: argparse.Namespace) -> int:
         start = args.gpus
         changes = sources.synthetic(args.gpus, prof.node_size, args.interval_min * 60, args.notice_s, args.hours,
                                     seed=args.seed)
+    from liver.sim.losses import TAKES
+
+    if args.takes not in TAKES:
+        raise ValueError(f"--takes {args.takes}: allowed {', '.join(TAKES)}")
+    takes = TAKES[args.takes](args.seed) if args.takes == "random" else TAKES[args.takes]()
     policies = list(engine.POLICIES) if args.policy == "all" else [args.policy]
-    rows = [engine.simulate(job, prof, p, start, changes, args.hours).summary() for p in policies]
+    rows = [engine.simulate(job, prof, p, start, changes, args.hours, takes=takes).summary() for p in policies]
     return _print_rows(rows, args.json, lambda r: (
         f"{r['policy']:<16} goodput {r['goodput']:.4f}  efficiency {r['efficiency']:.4f}  downtime {r['downtime_s']:.1f} s"
         f"  lost {r['lost_s']:.1f} s  events {r['events']} (fail-stops {r['fail_stops']})"))
@@ -143,7 +148,9 @@ def add_parsers(sub) -> None:
     sr.add_argument("--interval-min", type=float, default=10.0, help="regime: mean minutes between events")
     sr.add_argument("--notice-s", type=float, default=120.0, help="a loss's notice (s)")
     sr.add_argument("--hours", type=float, default=8.0)
-    sr.add_argument("--seed", type=int, default=0)
+    sr.add_argument("--seed", type=int, default=0, help="a regime's events and which nodes a loss takes")
+    sr.add_argument("--takes", default="random", help="where the job runs on fewer GPUs than there are, which "
+                    "nodes a loss takes: random (default), idle-first (the best case), job-first (the worst)")
     sr.add_argument("--policy", default="all", help="live, live-precopy, restart-storage, restart-memory, restart-periodic, dp-only, all")
     sr.add_argument("--json", action="store_true")
     sr.set_defaults(fn=_run)

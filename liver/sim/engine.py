@@ -8,6 +8,12 @@ overhead), then its pause; a restart pauses for all of its phases; a loss that c
 handoff is ready (or without notice) is a fail-stop: the work since the last checkpoint is lost,
 unless the policy heals from replicas. Periodic checkpoints are taken every ``ckpt_interval_s``.
 
+Where the job runs on fewer GPUs than there are, a loss takes whole nodes at random, as a
+provider does, not the idle ones first (``losses``): one that takes only idle nodes costs
+nothing; one that takes a node of the job's is handled as the controller handles a node's
+notice: the job goes on the GPUs of its own left (``controller.handling``), the idle ones stay
+idle until GPUs come.
+
 Goodput (DESIGN.md): useful training time / wall time, counting downtime, lost (rolled-back) work
 and slower steps. ``efficiency``: the samples trained against those an ideal job (no cost to
 change, the best configuration for the GPUs there are at every moment) would have trained; it
@@ -31,6 +37,7 @@ from liver.topology import ParallelConfig
 from liver.policy.events import EventKind
 from liver.policy.moves import LIVE, Move, RestartMove
 from liver.policy.profile import Profile
+from liver.sim.losses import RandomNodes, Takes
 from liver.sim.sources import Change
 from liver.topology import JobConfig, Layout
 
@@ -69,13 +76,14 @@ class Sim:
 
     def __init__(self, job: JobConfig, prof: Profile, policy: "Policy", start_gpus: int, changes: list[Change],
                  hours: float, ckpt_interval_s: float = 1800.0, overhead: float = 0.002,
-                 adapter: EngineAdapter = ADAPTER) -> None:
+                 adapter: EngineAdapter = ADAPTER, takes: Takes | None = None) -> None:
         self.job, self.prof, self.policy = job, prof, policy
         self.adapter, self.hw = adapter, target.Hardware.of(prof)  # (the controller's target choice, on them)
         self.work = Workload(adapter, job)  # (what the cost model prices)
         self.changes, self.end = sorted(changes, key=lambda c: c.t), hours * 3600
         self.avail = start_gpus
         self.ckpt_interval_s, self.overhead = ckpt_interval_s, overhead
+        self.takes = RandomNodes() if takes is None else takes  # (which GPUs a loss takes)
         self.out = Outcome(policy.name, self.end)
         self.layout: Layout | None = policy.first(self, start_gpus)
         self._ckpt = (0.0, 0.0, 0.0)  # (time, useful, samples) at the last checkpoint
@@ -90,6 +98,15 @@ class Sim:
         if move is None or self.layout is None:
             return target.best_up_to(self.adapter, self.job, gpus, self.hw)
         return target.best_up_to(self.adapter, self.job, gpus, self.hw, self.layout.parallel, move)
+
+    def usable(self, c: Change) -> int | None:
+        """The GPUs the job lays itself out on after ``c``: all there are after a gain, or where it
+        runs on none; after a loss, its own that are left (the controller takes a node's notice so:
+        the ranks on it leave, idle GPUs are not drawn in), None where only idle ones went."""
+        if self.layout is None or c.gpus >= self.avail:
+            return c.gpus
+        hit = self.takes.job_lost(self.avail, c.gpus, self.layout.size, self.prof.node_size, str(self._place[c]))
+        return None if hit == 0 else min(c.gpus, self.layout.size - hit)
 
     def train(self, env: simpy.Environment, dt: float, rate: float = 1.0) -> Iterator[Any]:
         """``dt`` of training (at ``rate`` of full speed: a preparation beside it), or idling when
@@ -159,9 +176,11 @@ class Sim:
 
     def run(self) -> Outcome:
         self._counts_before: dict[float, int] = {}
+        self._place: dict[Change, int] = {}
         n = self.avail
-        for c in self.changes:
+        for i, c in enumerate(self.changes):
             self._counts_before[c.t] = n
+            self._place.setdefault(c, i)
             n = c.gpus
         self.out.ideal_samples = self._ideal()
         env = simpy.Environment()
@@ -202,9 +221,10 @@ class Policy:
         if c.t > env.now:
             yield from sim.train(env, c.t - env.now)
 
-    def gone(self, sim: Sim, c: Change) -> bool:
-        """Whether the loss leaves the current configuration without GPUs it uses."""
-        return sim.layout is not None and c.gpus < sim.layout.size
+    def untouched(self, sim: Sim, env: simpy.Environment, c: Change) -> Iterator[Any]:
+        """A loss of idle GPUs only: the job trains on."""
+        yield from self.wait_for_loss(sim, env, c)
+        sim.avail = c.gpus
 
     def idle_or_resume(self, sim: Sim, env: simpy.Environment, c: Change, old: Layout | None,
                        tgt: Layout | None) -> Iterator[Any]:
@@ -244,11 +264,10 @@ class Live(Policy):
     name = "live"
 
     def handle(self, sim: Sim, env: simpy.Environment, c: Change) -> Iterator[Any]:
-        old, tgt = sim.layout, self.target(sim, c.gpus)
-        if c.gpus < sim.avail and not self.gone(sim, c):
-            yield from self.wait_for_loss(sim, env, c)
-            sim.avail = c.gpus
+        if (n := sim.usable(c)) is None:
+            yield from self.untouched(sim, env, c)
             return
+        old, tgt = sim.layout, self.target(sim, n)
         if old is None or tgt is None:
             yield from self.idle_or_resume(sim, env, c, old, tgt)
             return
@@ -312,8 +331,10 @@ class Live(Policy):
         re-planned to the notice's total (merged), or dropped and the notice handled next."""
         at, nxt = cut
         yield from sim.train(env, max(0.0, at - env.now), 1 - sim.overhead)  # preparing until the notice
-        action = on_notice(EventKind.SCALE_OUT, EventKind.SCALE_IN, nxt.gpus, sim.layout.size)
         sim.avail = c.gpus
+        left = sim.usable(nxt)  # (None: idle GPUs only; else the GPUs of its own the job has left)
+        n = nxt.gpus if left is None else left
+        action = on_notice(EventKind.SCALE_OUT, EventKind.SCALE_IN, n, sim.layout.size)
         if action is NoticeAction.DROP_THEN_BEGIN:  # the notice is the next change handled
             sim.record(env, "dropped", reason=f"notice to {nxt.gpus} GPUs")
             return
@@ -323,7 +344,7 @@ class Live(Policy):
             sim.avail = nxt.gpus
             sim.record(env, "dropped", reason=f"notice to {nxt.gpus} GPUs, as many as the job has")
             return
-        tgt = self.target(sim, nxt.gpus)
+        tgt = self.target(sim, n)
         if tgt is None or tgt.parallel == sim.layout.parallel:
             yield from self.wait_for_loss(sim, env, nxt)
             sim.avail = nxt.gpus
@@ -376,11 +397,10 @@ class Restart(Policy):
     move = RestartMove()
 
     def handle(self, sim: Sim, env: simpy.Environment, c: Change) -> Iterator[Any]:
-        old, tgt = sim.layout, self.target(sim, c.gpus)
-        if c.gpus < sim.avail and not self.gone(sim, c):
-            yield from self.wait_for_loss(sim, env, c)
-            sim.avail = c.gpus
+        if (n := sim.usable(c)) is None:
+            yield from self.untouched(sim, env, c)
             return
+        old, tgt = sim.layout, self.target(sim, n)
         if old is None or tgt is None:
             yield from self.idle_or_resume(sim, env, c, old, tgt)
             return
@@ -421,8 +441,9 @@ class RestartPeriodic(Restart):
     move = RestartMove(save=False)  # (its losses: from the last periodic checkpoint)
 
     def handle(self, sim: Sim, env: simpy.Environment, c: Change) -> Iterator[Any]:
-        old, tgt = sim.layout, self.target(sim, c.gpus)
-        if c.gpus >= sim.avail or not self.gone(sim, c) or tgt is None:
+        n = sim.usable(c)  # (the change's own draws: the same again in ``Restart.handle``)
+        old, tgt = sim.layout, None if n is None else self.target(sim, n)
+        if c.gpus >= sim.avail or n is None or tgt is None:
             yield from super().handle(sim, env, c)
             return
         yield from self.wait_for_loss(sim, env, c)
@@ -471,9 +492,20 @@ class DataParallelOnly(Policy):
         return self._most(sim, gpus, self.keep)
 
     def handle(self, sim: Sim, env: simpy.Environment, c: Change) -> Iterator[Any]:
+        if sim.usable(c) is None:
+            yield from self.untouched(sim, env, c)
+            return
+        # (a replica that lost GPUs is started again by the scheduler on the GPUs there are, idle
+        # ones included, as torchft's replica groups are: the most replicas on all of them)
         old, tgt = sim.layout, self.target(sim, c.gpus)
         yield from self.wait_for_loss(sim, env, c)
         if old is not None and tgt is not None and tgt.parallel == old.parallel:
+            if c.gpus < sim.avail:  # one of its replicas lost GPUs: it leaves, then joins again, healed
+                prof = sim.prof
+                dt = (prof.dp_join_stall_s if c.notice_s > 0 else prof.dp_kill_stall_s) + prof.dp_join_stall_s \
+                    + costs.rank_state_bytes(sim.work, tgt) / prof.inter_bw
+                yield from sim.pause(env, dt)
+                sim.record(env, "dp-replace", downtime_s=dt)
             sim.avail = c.gpus
             return
         if tgt is None:

@@ -43,11 +43,12 @@ def every_node_count(prof) -> list[int]:
 
 
 def node_lost(job, gpus: int, prof, move: Move = LIVE) -> tuple[Layout | None, Layout | None]:
-    """The configurations before and after a node is lost (None where none fits): the fastest on
-    ``gpus``, then the target on the GPUs left as the policy chooses it, counting its ``move``."""
+    """The configurations before and after a node of the job's is lost (None where none fits): the
+    fastest on ``gpus``, then the target on the job's GPUs left (idle ones are not drawn in, as
+    the controller takes a node's notice) as the policy chooses it, counting its ``move``."""
     hw = target.Hardware.of(prof)
     a = target.best_up_to(ADAPTER, job, gpus, hw)
-    return a, None if a is None else target.best_up_to(ADAPTER, job, gpus - prof.node_size, hw, a.parallel, move)
+    return a, None if a is None else target.best_up_to(ADAPTER, job, a.size - prof.node_size, hw, a.parallel, move)
 
 
 def _cases(sizes=lambda prof: SIZES):
@@ -110,18 +111,20 @@ def at_bigger_configs(case: dict[str, Any], key: str) -> dict[str, Any]:
 def per_rank(case: dict[str, Any], key: str) -> dict[str, Any]:
     """A case of ``by_model_size``: the bytes each model's pause or restart grows with, on its own
     chosen configurations: for a live pause those the busiest process sends and receives
-    (``costs.plan_work``); for a restart those its ranks read from storage together, which the
-    file system's share bounds (``costs.dcp_bytes``: every data-parallel replica reads its part),
-    in GB; and the data-parallel degree each goes to, whose new communicators the first step
-    connects. ``bigger_carries_less``: the inversion follows from the bigger model's configurations
-    (its state spread over more stages, fewer replicas reading it, or where neither moves a byte,
-    fewer replicas to connect)."""
+    (``costs.plan_work``); for a restart those its ranks read from storage together (``costs.dcp_bytes``:
+    every data-parallel replica reads its part) for each GPU it restarts on, whose share of the
+    file system and host links they are read at (``costs.shared_storage_s``), in GB; and the
+    data-parallel degree each goes to, whose new communicators the first step connects.
+    ``bigger_carries_less``: the inversion follows from the bigger model's configurations (its
+    state spread over more stages, fewer replicas reading it, more GPUs reading it, or where
+    neither moves a byte, fewer replicas to connect)."""
     out: dict[str, float] = {}
     for who in ("smaller", "bigger"):
         w = Workload(ADAPTER, sim_model(case[who]))
         old, new, restart_new = (ParallelConfig.from_short(c) if c else None for c in case[f"{who}_configs"])
         live = key == "live_downtime_s"
-        out[f"{who}_gb"] = (costs.plan_work(w, old, new).io_bytes if live else costs.dcp_bytes(w, old, restart_new)[2]) / 1e9
+        out[f"{who}_gb"] = (costs.plan_work(w, old, new).io_bytes if live
+                            else costs.dcp_bytes(w, old, restart_new)[2] / restart_new.world_size) / 1e9
         out[f"{who}_dp"] = (new if live else restart_new).dp
     less = out["bigger_gb"] < out["smaller_gb"] or (out["bigger_gb"] == out["smaller_gb"] == 0
                                                       and out["bigger_dp"] < out["smaller_dp"])
