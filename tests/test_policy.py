@@ -172,3 +172,26 @@ def test_a_target_chosen_for_its_move_over_the_fastest_is_explained_in_words():
             text = target.why(ADAPTER, job, hw, current, c.parallel)
             assert text.startswith(f"{c.parallel.short()} over the fastest {fastest.short()}: its step ")
             assert "slower, its move" in text and "600 s horizon" in text
+
+
+@settings(max_examples=80, deadline=None)
+@given(job=divisible_jobs(), gpus=st.sampled_from([3, 4, 6, 8, 12, 16]), data=st.data(),
+       profile=st.sampled_from(["h200", "cpu"]))
+def test_a_job_on_no_more_gpus_than_there_are_moves_only_where_the_move_pays(job, gpus, data, profile):
+    """From a configuration the job runs on no more than ``gpus`` GPUs (the rest idle), staying is
+    a candidate (``target.best_up_to``): the choice trains at least as much over the horizon as
+    staying, and where it moves, the move's cost is repaid by faster steps; so a job never moves to
+    a slower configuration because a count near it has one."""
+    hw = target.Hardware.named(profile)
+    work = Workload(ADAPTER, job)
+    smaller = [c for n in range(1, gpus + 1) for c in target.fitting(ADAPTER, job, n, hw)]
+    assume(smaller)
+    current = data.draw(st.sampled_from(smaller))
+    chosen = target.best_up_to(ADAPTER, job, gpus, hw, current.parallel)
+    assert chosen is not None and chosen.size <= gpus
+    if chosen.parallel != current.parallel:
+        cost = moves.LIVE.cost_s(work, current.parallel, chosen.parallel, hw.costs)
+        among = target.fitting(ADAPTER, job, gpus, hw) or target._down_from(ADAPTER, job, gpus - 1, hw)
+        fastest = min(target.step_time(work, c, hw) for c in [*among, current])  # (the choice's unit)
+        saved = moves.LIVE.horizon_s * (target.step_time(work, current, hw) - target.step_time(work, chosen, hw)) / fastest
+        assert saved >= cost - 1e-6
