@@ -582,3 +582,35 @@ def test_a_job_on_fewer_gpus_than_there_are_stays_where_the_counts_near_it_would
         assert first["kind"] in ("live", "restart") and first["downtime_s"] > 0
         tp, pp, dp = map(int, re.fullmatch(r"tp(\d+)pp(\d+)dp(\d+)", first["config"]).groups())
         assert tp * pp * dp <= 856  # (864 less a node)
+
+
+@pytest.mark.parametrize("argv, says", [
+    (["run", "--hours", "nan"], "--hours=nan: allowed a finite number above 0"),          # (ran forever)
+    (["run", "--hours", "inf"], "--hours=inf: allowed a finite number above 0"),
+    (["run", "--interval-min", "nan"], "--interval-min=nan: allowed a finite number above 0"),
+    (["run", "--notice-s", "-1"], "--notice-s=-1.0: allowed a finite number of at least 0"),  # (was taken)
+    (["run", "--notice-s", "nan"], "--notice-s=nan: allowed a finite number of at least 0"),
+    (["run", "--gpus", "8", "--model", "175b-cluster"], "no configuration of it fits on 8 GPUs of h200"),
+    (["run", "--takes", "some"], "--takes some: allowed random, idle-first, job-first"),
+    (["project", "goodput", "--seeds", "0", "--out", "{tmp}/o"], "--seeds=0: allowed 1 or more"),
+    (["project", "prepare", "--out", "/proc/liver-no"], "--out=/proc/liver-no: no folder can be written there"),
+])
+def test_the_simulators_commands_refuse_bad_input_naming_the_flag_before_any_work(argv, says, tmp_path, capsys):
+    """Each refused with the flag, its value and what is allowed, exit status 2, no traceback
+    (a NaN or an infinite number of hours used to run forever; a negative notice was taken)."""
+    from liver.cli import main
+
+    assert main(["sim", *[a.replace("{tmp}", str(tmp_path)) for a in argv]]) == 2
+    err = capsys.readouterr().err
+    assert says in err and "Traceback" not in err
+
+
+def test_a_simulation_is_refused_hours_or_changes_it_cannot_run():
+    job, prof = sim_model("1b-cluster"), load("h200")
+    for bad in (float("nan"), float("inf"), 0.0, -1.0):
+        with pytest.raises(EventError, match="hours="):
+            engine.simulate(job, prof, "live", 8, [], bad)
+    with pytest.raises(ValueError, match="allowed GPU counts and notices of 0 or more"):
+        engine.simulate(job, prof, "live", 8, [sources.Change(10.0, 8, -5.0)], 1.0)
+    with pytest.raises(EventError, match="notice_s=nan"):
+        sources.synthetic(16, 8, 600.0, float("nan"), 1.0)

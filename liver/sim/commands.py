@@ -30,6 +30,9 @@ def _run(args: argparse.Namespace) -> int:
     from liver.policy.profile import load
 
     job, prof = sim_model(args.model), load(args.profile)
+    sources.check("--hours", args.hours)
+    sources.check("--notice-s", args.notice_s, zero=True)
+    sources.check("--interval-min", args.interval_min)
     if args.trace:
         start, changes = sources.from_trace(args.trace, args.gpus_per_node, notice_s=args.notice_s, hours=args.hours)
     elif args.events:
@@ -38,7 +41,15 @@ def _run(args: argparse.Namespace) -> int:
         start = args.gpus
         changes = sources.synthetic(args.gpus, prof.node_size, args.interval_min * 60, args.notice_s, args.hours,
                                     seed=args.seed)
+    from liver.engine.reference import ADAPTER
+    from liver.policy import target
     from liver.sim.losses import TAKES
+
+    most = max([start, *(c.gpus for c in changes)])
+    if target.best_up_to(ADAPTER, job, most, target.Hardware.of(prof)) is None:
+        raise ValueError(f"--model {args.model}: no configuration of it fits on {most} GPUs of {args.profile} "
+                         f"({prof.memory_bytes / 1e9:.0f} GB each), the most the run ever has: it would idle "
+                         f"throughout; allowed a smaller model or more GPUs")
 
     if args.takes not in TAKES:
         raise ValueError(f"--takes {args.takes}: allowed {', '.join(TAKES)}")
@@ -104,7 +115,15 @@ def _project(args: argparse.Namespace) -> int:
     from liver.sim import project
 
     out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
+    try:  # (refused before any work: a projection takes up to a minute)
+        out.mkdir(parents=True, exist_ok=True)
+        (out / ".liver-write-check").touch()
+        (out / ".liver-write-check").unlink()
+    except OSError as e:
+        raise ValueError(f"--out={args.out}: no folder can be written there ({e.strerror}); allowed a writable "
+                         f"folder, made if missing") from None
+    if args.seeds < 1:
+        raise ValueError(f"--seeds={args.seeds}: allowed 1 or more runs of each regime")
     if args.what == "goodput":  # (a missing trace is refused before any work, never skipped: project.goodput)
         result = project.goodput(out, Path(args.traces), model=args.model, gpus=args.gpus, seeds=args.seeds)
     else:

@@ -38,6 +38,7 @@ from liver.policy.events import EventKind
 from liver.policy.moves import LIVE, Move, RestartMove
 from liver.policy.profile import Profile
 from liver.sim.losses import RandomNodes, Takes
+from liver.sim import sources
 from liver.sim.sources import Change
 from liver.topology import JobConfig, Layout
 
@@ -77,6 +78,12 @@ class Sim:
     def __init__(self, job: JobConfig, prof: Profile, policy: "Policy", start_gpus: int, changes: list[Change],
                  hours: float, ckpt_interval_s: float = 1800.0, overhead: float = 0.002,
                  adapter: EngineAdapter = ADAPTER, takes: Takes | None = None) -> None:
+        sources.check("hours", hours)
+        sources.check("ckpt_interval_s", ckpt_interval_s)
+        if not 0 <= overhead < 1:
+            raise ValueError(f"overhead={overhead!r}: allowed 0 to below 1 (the share of a step lost beside a preparation)")
+        if start_gpus < 0 or any(c.gpus < 0 or c.notice_s < 0 for c in changes):
+            raise ValueError(f"start_gpus={start_gpus} and the changes: allowed GPU counts and notices of 0 or more")
         self.job, self.prof, self.policy = job, prof, policy
         self.adapter, self.hw = adapter, target.Hardware.of(prof)  # (the controller's target choice, on them)
         self.work = Workload(adapter, job)  # (what the cost model prices)

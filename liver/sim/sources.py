@@ -7,6 +7,7 @@ each a node lost (with the notice) or one back, for a given length of time and s
 
 from __future__ import annotations
 
+import math
 import random
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,12 +22,25 @@ class Change:
     notice_s: float = 0.0   # a loss: how long before ``t`` the notice came (0: none, a fail-stop)
 
 
+def check(name: str, value: float, low: float = 0.0, zero: bool = False) -> float:
+    """``value`` if it is a finite number above ``low`` (or equal to it, ``zero``); EventError
+    naming ``name``, the value and what is allowed otherwise (a NaN or an infinity would run a
+    simulation forever or give NaN figures)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
+            or value < low or (value == low and not zero):
+        raise EventError(f"{name}={value!r}: allowed a finite number {'of at least' if zero else 'above'} {low:g}")
+    return value
+
+
 def from_trace(path: str | Path, gpus_per_node: int, notice_s: float = 120.0,
                hours: float | None = None) -> tuple[int, list[Change]]:
     """(GPUs at the start, the changes) of a spot trace, cut at ``hours`` if given. The trace's
     time 0 is the job's: a trace whose first node comes later starts with no GPU (idle until then)."""
     if gpus_per_node < 1:
         raise EventError(f"gpus_per_node={gpus_per_node}: allowed 1 or more")
+    check("notice_s", notice_s, zero=True)
+    if hours is not None:
+        check("hours", hours)
     counts = trace_counts(path)
     if counts[0][0] > 0:
         counts = [(0, 0), *counts]
@@ -61,7 +75,10 @@ def synthetic(gpus: int, node_size: int, mean_interval_s: float, notice_s: float
               seed: int = 0) -> list[Change]:
     """A node lost (with ``notice_s``) or, when some are out, one back, at exponential intervals
     of ``mean_interval_s``: a volatility regime around ``gpus``."""
-    if mean_interval_s <= 0 or hours <= 0 or gpus < node_size:
+    check("mean_interval_s", mean_interval_s)
+    check("notice_s", notice_s, zero=True)
+    check("hours", hours)
+    if gpus < node_size:
         raise EventError(f"synthetic regime: mean interval {mean_interval_s} s, {hours} h, {gpus} GPUs "
                          f"(nodes of {node_size}): allowed positive times and at least one node")
     rng = random.Random(seed)
