@@ -29,13 +29,14 @@ FIXTURES = Path(__file__).parent / "fixtures"
 @given(model=st.sampled_from(["1b-cluster", "7b-cluster", "14b-cluster"]),
        gpus=st.sampled_from([8, 16, 24, 32, 40, 56, 64, 72, 120]),  # (counts whose own layouts may step slower)
        interval=st.sampled_from([5.0, 20.0, 60.0]), notice=st.sampled_from([0.0, 30.0, 120.0]),
-       seed=st.integers(0, 50), profile=st.sampled_from(PROFILES))
-def test_runs_keep_their_invariants(model, gpus, interval, notice, seed, profile):
+       seed=st.integers(0, 50), profile=st.sampled_from(PROFILES),
+       takes=st.sampled_from([losses.RandomNodes(0), losses.RandomNodes(7), losses.IdleFirst(), losses.JobFirst()]))
+def test_runs_keep_their_invariants(model, gpus, interval, notice, seed, profile, takes):
     job, prof = sim_model(model), load(profile)
     changes = sources.synthetic(gpus, prof.node_size, interval * 60, notice, 2.0, seed=seed)
     for policy in engine.POLICIES:
-        a = engine.simulate(job, prof, policy, gpus, changes, 2.0)
-        b = engine.simulate(job, prof, policy, gpus, changes, 2.0)
+        a = engine.simulate(job, prof, policy, gpus, changes, 2.0, takes=takes)
+        b = engine.simulate(job, prof, policy, gpus, changes, 2.0, takes=takes)
         assert a.summary() == b.summary()  # deterministic for a seed
         assert 0.0 <= a.goodput <= 1.0 and 0.0 <= a.efficiency <= 1.0 + 1e-9
         for v in (a.useful_s, a.downtime_s, a.lost_s, a.slow_s, a.idle_s):
