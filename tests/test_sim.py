@@ -615,3 +615,35 @@ def test_a_simulation_is_refused_hours_or_changes_it_cannot_run():
         engine.simulate(job, prof, "live", 8, [sources.Change(10.0, 8, -5.0)], 1.0)
     with pytest.raises(EventError, match="notice_s=nan"):
         sources.synthetic(16, 8, 600.0, float("nan"), 1.0)
+
+
+@settings(max_examples=60, deadline=None)
+@given(tp=st.sampled_from([1, 2, 4]), pp=st.sampled_from([1, 2, 3, 4]), dp=st.sampled_from([1, 2, 3, 4]),
+       data=st.data())
+def test_the_simulators_heal_is_the_controllers_over_the_reference_engines_tensors(tp, pp, dp, data):
+    """``Sim.heals`` (arithmetic on the layout, fast at 1,024 ranks) says what the controller's
+    check says (``policy.heal.uncovered`` over every tensor of the reference engine's state) for
+    the job's first ``lost`` GPUs gone."""
+    from liver.policy.heal import surviving_view, uncovered
+    from liver.topology import JobConfig, ModelConfig, TrainConfig
+
+    job = JobConfig(model=ModelConfig(num_layers=4, hidden_size=32, num_heads=4, ffn_size=64, vocab_size=64, seq_len=8),
+                    train=TrainConfig(global_batch=12, micro_batch=1))
+    lay = ADAPTER.layout(job, ParallelConfig(tp=tp, pp=pp, dp=dp))
+    lost = data.draw(st.integers(0, lay.size))
+    view = surviving_view(ADAPTER.view(job, lay), tuple(range(lay.size)), range(lost))
+    assert engine.Sim.heals(lay, lost) == (uncovered(view, ADAPTER.state_specs(job)) is None)
+
+
+def test_a_node_that_holds_every_replica_of_a_stage_is_not_healed_from_memory():
+    """70B on 632 H200s (tp2pp79dp4: a node of 8 holds all four replicas of its stage): a loss of
+    one of its nodes without notice falls back to the checkpoint; on tp2pp27dp16 (a node holds 4 of
+    16 replicas) the survivors heal it, nothing rolled back."""
+    job, prof = sim_model("70b-cluster"), load("h200")
+    for parallel, healed in (("2,79,4", False), ("2,27,16", True)):
+        lay = ADAPTER.layout(job, ParallelConfig.parse(parallel))
+        assert engine.Sim.heals(lay, 8) is healed and _best(job, lay.size, prof).parallel == lay.parallel
+        out = engine.simulate(job, prof, "live", lay.size, [sources.Change(2000.0, lay.size - 8)], 1.0,
+                              takes=losses.JobFirst())
+        (ev,) = out.events
+        assert ev["kind"] == "fail-stop" and ev["healed"] is healed and (ev["lost_s"] > 0) is (not healed), ev

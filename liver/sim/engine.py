@@ -115,6 +115,21 @@ class Sim:
         hit = self.takes.job_lost(self.avail, c.gpus, self.layout.size, self.prof.node_size, str(self._place[c]))
         return None if hit == 0 else min(c.gpus, self.layout.size - hit)
 
+    @staticmethod
+    def heals(lay: Layout, lost: int) -> bool:
+        """Whether the ranks left after ``lost`` of the job's GPUs go without notice still hold every
+        shard of the state, so that a heal from their memory loses nothing (``policy.heal``, the
+        controller's check): the engine's state is its (stage, TP rank) shards, whole on every
+        data-parallel replica, and rank ``t + tp * (d + dp * s)`` is on GPU of that index, nodes of
+        consecutive GPUs (Megatron's order, TP groups within a node). The GPUs lost are the job's
+        first (the worst case: consecutive nodes, a stage's replicas side by side). A node that
+        holds every replica of a stage (TP x DP no larger than a node: tp2pp79dp4 on nodes of 8)
+        takes the shard with it: the checkpoint is the fallback. ``tests/test_sim.py`` checks it
+        against ``policy.heal.uncovered`` over the reference engine's tensors."""
+        gone = min(lost, lay.size)
+        return all(any(t + lay.tp * (d + lay.dp * s) >= gone for d in range(lay.dp))
+                   for s in range(lay.pp) for t in range(lay.tp))
+
     def train(self, env: simpy.Environment, dt: float, rate: float = 1.0) -> Iterator[Any]:
         """``dt`` of training (at ``rate`` of full speed: a preparation beside it), or idling when
         no configuration fits."""
@@ -368,7 +383,8 @@ class Live(Policy):
 
     def fail(self, sim: Sim, env: simpy.Environment, c: Change, tgt: Layout, h: costs.Live) -> Iterator[Any]:
         old = sim.layout
-        if old.dp > 1:  # the survivors hold a replica of every shard: healed, nothing rolled back
+        healed = sim.heals(old, old.size - sim.usable(c))
+        if healed:  # the survivors hold a replica of every shard: healed, nothing rolled back
             dt = sim.prof.detect_s + h.groups_s + h.downtime_s
             lost = 0.0
         else:
@@ -376,7 +392,7 @@ class Live(Policy):
             dt = sim.prof.detect_s + costs.restart(sim.work, old.parallel, tgt.parallel, sim.prof, save=False).downtime_s
         yield from sim.pause(env, dt)
         sim.avail, sim.layout = c.gpus, tgt
-        sim.record(env, "fail-stop", downtime_s=dt, lost_s=lost, healed=old.dp > 1)
+        sim.record(env, "fail-stop", downtime_s=dt, lost_s=lost, healed=healed)
 
 
 class LivePrecopy(Live):
