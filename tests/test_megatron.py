@@ -505,3 +505,25 @@ def test_a_job_naming_megatron_where_it_is_not_installed_is_refused_in_words(tmp
     assert r.returncode == 2, r.stderr[-2000:]
     assert "liver: error: the Megatron-Core engine needs megatron-core" in r.stderr and "Traceback" not in r.stderr
     assert not (tmp_path / "logs").exists()
+
+
+@pytest.mark.timeout(300)
+def test_a_scale_in_no_handoff_fits_lets_megatrons_pipelined_replicas_go_and_the_survivors_go_on(tmp_path):
+    """Megatron on two pipeline stages of two replicas; a scale-in to 2 whose deadline (0.1 s) no
+    handoff fits: the leaving replicas are stopped and the survivors, holding every shard, go on
+    from their own state (the drop path), nothing rolled back. A survivor blocked in a collective
+    with a stalled peer used to wait for the whole heal timeout (30 s), then the job rolled back to
+    its checkpoint, in 3 of 4 runs: Megatron's model holds its process groups, so letting a group
+    go did not close gloo's connections; a stalled rank now cuts them (``World.interrupt``)."""
+    from test_run import liver
+    events = tmp_path / "events.txt"
+    events.write_text("at step 3: scale-out 4 as 1,2,2\nat step +4: scale-in 2 deadline 0.1s\n")
+    live = liver(tmp_path / "live", "--config", str(MEGATRON_JOB), "--parallel", "1,1,2", "--gpus", "2",
+                 "--digest", "switch", "--set", "checkpoint.every=2", "--events", str(events),
+                 "--end-after-events", "2", "--steps", "100000")
+    assert live["rc"] == 0
+    out, drop = live["events"]
+    assert out["status"] == "done" and out["new"] == "tp1pp2dp2", out
+    assert drop["status"].startswith("done: no handoff fits the deadline"), drop
+    assert drop["deadline_met"] is True and drop["lost_steps"] == 0 and drop["heal_s"] < 10, drop
+    assert len(live["events"]) == 2  # (no fail-stop record: nothing recovered from the checkpoint)

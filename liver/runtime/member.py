@@ -277,7 +277,14 @@ class Member:
         # a write in flight over the broken groups never becomes the latest; abandoned before they
         # break, so that its thread, failing on them, takes itself for abandoned (not a failed write)
         self.ckpt.abandon()
-        e.world.abort()  # peers blocked on a group with this rank fail now too, and stall as well
+        # peers blocked on a group with this rank fail now too, and stall as well: its connections
+        # are cut (``World.interrupt``: all but the store's), not only its groups let go, since a
+        # framework may hold a group's process group (Megatron's model does) and so keep gloo's
+        # connections open: a survivor blocked in an all-reduce with this stalled rank waited for
+        # the whole heal timeout, and the job rolled back to its checkpoint (3 of 4 runs of a
+        # Megatron tp1pp2dp2 scale-in whose deadline no handoff fits)
+        e.world.interrupt({self._store_port})
+        e.world.abort()
         parked = group.parked()
         if parked:
             print(f"[liver] proc {self.proc}: {parked} communicator(s) of generation {g} parked: gloo was "
