@@ -260,8 +260,10 @@ def test_a_switch_broken_half_streamed_stalls_for_the_controller_without_a_diges
     m._switch_now = transfer_breaks
     with pytest.raises(RuntimeError):
         m._switch(None, {})
-    m.engine = SimpleNamespace(world=SimpleNamespace(generation=3, abort=lambda: None, all=SimpleNamespace(size=2)),
+    m.engine = SimpleNamespace(world=SimpleNamespace(generation=3, abort=lambda: None, interrupt=lambda ports: 0,
+                                                     all=SimpleNamespace(size=2)),
                                step=7, scalars=released, state={})
+    m._store_port = 0
     assert m.can_stall()
     m.companion, m.ckpt, m.store, m.proc, m.digest = None, SimpleNamespace(abandon=lambda: None), _Store(), 0, "switch"
     m.config = SimpleNamespace(prepare=SimpleNamespace(group_timeout_s=0.05))
@@ -303,7 +305,7 @@ def test_a_checkpoint_write_broken_with_its_generation_is_abandoned_not_a_failed
 
     layout = SimpleNamespace(size=2, parallel=SimpleNamespace(to_dict=lambda: {"tp": 1, "pp": 1, "dp": 2}))
     world = SimpleNamespace(generation=3, rank=1, layout=layout, cpu_groups={"all": SimpleNamespace(pg=None)},
-                            abort=abort, all=SimpleNamespace(size=2))
+                            abort=abort, interrupt=lambda ports: 0, all=SimpleNamespace(size=2))
     engine = SimpleNamespace(world=world, step=10, state={"w": torch.ones(2)}, scalars=lambda: {})
     ckpt = periodic.PeriodicCheckpointer(tmp_path / "ckpt", every=5, proc=1)
     assert ckpt.start(engine) and ckpt.busy()
@@ -311,6 +313,7 @@ def test_a_checkpoint_write_broken_with_its_generation_is_abandoned_not_a_failed
     m = Member.__new__(Member)
     m._switching, m._half_streamed = False, False
     m.engine, m.companion, m.ckpt, m.store, m.proc, m.digest = engine, None, ckpt, _Store(), 1, None
+    m._store_port = 0
     m.config = SimpleNamespace(prepare=SimpleNamespace(group_timeout_s=0.05))
     broken = RuntimeError("Connection closed by peer")
     with pytest.raises(RuntimeError, match="Connection closed"):
