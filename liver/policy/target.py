@@ -55,6 +55,12 @@ class Hardware:
         return replace(self, node_slots=node_slots)
 
     @property
+    def shares_cores(self) -> bool:
+        """Processes share a host's cores (CPU processes): more of them than cores always step
+        slower, so a count's own layouts never pay for leaving some idle; GPUs each have their own."""
+        return self.profile.cores is not None
+
+    @property
     def costs(self) -> Profile:
         """The profile the step times come from (its node size the smallest node's, where known)."""
         p = self.profile
@@ -171,8 +177,14 @@ def best_up_to(adapter: EngineAdapter, job: JobConfig, gpus: int, hw: Hardware,
     count's compute alone (``costs.step_floor``) could beat the fastest found. Where the job runs
     ``current`` on no more than ``gpus``, staying on it (the rest idle, no move) is a candidate
     too: a job on 864 of 1,016 GPUs that loses idle ones, or gains a few, does not move to
-    1,008's layouts, which all step 40% slower, and back. None where no layout fits at all."""
-    fit = fitting(adapter, job, gpus, hw) or _down_from(adapter, job, gpus - 1, hw)
+    1,008's layouts, which all step 40% slower, and back. From ``current`` on GPUs of their own
+    (not ``hw.shares_cores``), every smaller count is a candidate even where ``gpus`` has layouts:
+    70B that loses a node of its 640 GPUs goes to tp2pp9dp32 on 576, not to 632's only layout,
+    tp2pp79dp4, 83% slower. None where no layout fits at all."""
+    if current is not None and not hw.shares_cores:
+        fit = _down_from(adapter, job, gpus, hw)
+    else:
+        fit = fitting(adapter, job, gpus, hw) or _down_from(adapter, job, gpus - 1, hw)
     work = Workload(adapter, job)
     if current is not None and current.world_size <= gpus and all(c.parallel != current for c in fit):
         stay = adapter.layout(job, current)
