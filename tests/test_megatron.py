@@ -518,12 +518,24 @@ def test_a_scale_in_no_handoff_fits_lets_megatrons_pipelined_replicas_go_and_the
     from test_run import liver
     events = tmp_path / "events.txt"
     events.write_text("at step 3: scale-out 4 as 1,2,2\nat step +4: scale-in 2 deadline 0.1s\n")
-    live = liver(tmp_path / "live", "--config", str(MEGATRON_JOB), "--parallel", "1,1,2", "--gpus", "2",
-                 "--digest", "switch", "--set", "checkpoint.every=2", "--events", str(events),
-                 "--end-after-events", "2", "--steps", "100000")
+    common = ("--config", str(MEGATRON_JOB), "--parallel", "1,1,2", "--gpus", "2", "--digest", "switch")
+    live = liver(tmp_path / "live", *common, "--set", "checkpoint.every=2", "--events", str(events),
+                 "--end-after-events", "4", "--steps", "100000")
     assert live["rc"] == 0
-    out, drop = live["events"]
+    out, drop = live["events"]  # (no fail-stop record: nothing recovered from the checkpoint)
     assert out["status"] == "done" and out["new"] == "tp1pp2dp2", out
     assert drop["status"].startswith("done: no handoff fits the deadline"), drop
     assert drop["deadline_met"] is True and drop["lost_steps"] == 0 and drop["heal_s"] < 10, drop
-    assert len(live["events"]) == 2  # (no fail-stop record: nothing recovered from the checkpoint)
+    # every step after it is the step the same changes made through a checkpoint compute, bit for bit
+    cuts = tmp_path / "cuts.txt"
+    cuts.write_text(f"at step {out['last_old_step']}: scale-out 4 as 1,2,2\n"
+                    f"at step {drop['restored_step']}: scale-in 2 as 1,1,2\n")
+    total = live["steps"][-1]["step"]
+    restart = liver(tmp_path / "restart", *common, "--events", str(cuts), "--steps", str(total),
+                    "--mode", "restart-forked", "--set", "checkpoint.every=0")
+    assert restart["rc"] == 0
+
+    def after(r):
+        return [(x["step"], x["parallel"], x["loss"], x["grad_norm"]) for x in r["steps"] if x["step"] > drop["restored_step"]]
+
+    assert after(live) and after(live) == after(restart)
