@@ -43,17 +43,14 @@ def _run(args: argparse.Namespace) -> int:
                                     seed=args.seed)
     from liver.engine.reference import ADAPTER
     from liver.policy import target
-    from liver.sim.losses import TAKES
+    from liver.sim import losses
 
+    takes = losses.named(args.takes, args.seed)
     most = max([start, *(c.gpus for c in changes)])
     if target.best_up_to(ADAPTER, job, most, target.Hardware.of(prof)) is None:
         raise ValueError(f"--model {args.model}: no configuration of it fits on {most} GPUs of {args.profile} "
                          f"({prof.memory_bytes / 1e9:.0f} GB each), the most the run ever has: it would idle "
                          f"throughout; allowed a smaller model or more GPUs")
-
-    if args.takes not in TAKES:
-        raise ValueError(f"--takes {args.takes}: allowed {', '.join(TAKES)}")
-    takes = TAKES[args.takes](args.seed) if args.takes == "random" else TAKES[args.takes]()
     policies = list(engine.POLICIES) if args.policy == "all" else [args.policy]
     rows = [engine.simulate(job, prof, p, start, changes, args.hours, takes=takes).summary() for p in policies]
     return _print_rows(rows, args.json, lambda r: (

@@ -56,3 +56,11 @@ class JobFirst(Takes):
 
 
 TAKES: dict[str, type[Takes]] = {"random": RandomNodes, "idle-first": IdleFirst, "job-first": JobFirst}
+
+
+def named(name: str, seed: int = 0) -> Takes:
+    """The way a loss takes nodes that ``--takes`` names (``seed``: the random draws'); ValueError
+    naming the value and what is allowed."""
+    if name not in TAKES:
+        raise ValueError(f"--takes {name}: allowed {', '.join(TAKES)}")
+    return RandomNodes(seed) if TAKES[name] is RandomNodes else TAKES[name]()
