@@ -135,8 +135,8 @@ def test_bench_control_plane_measures_waits_commands_and_a_lost_node(tmp_path, c
     assert main(["bench", "control-plane", "--nodes", "3", "--agent-timeout-s", "0.5", "--out", str(tmp_path / "x")]) == 2
     assert "--agent-timeout-s=0.5 (1 to 3600)" in capsys.readouterr().err
     out = tmp_path / "cp"
-    assert main(["bench", "control-plane", "--nodes", "3", "--seconds", "9", "--procs", "1",
-                 "--agent-timeout-s", "4", "--out", str(out)]) == 0
+    assert main(["bench", "control-plane", "--nodes", "3", "--seconds", "5", "--procs", "1",
+                 "--agent-timeout-s", "2", "--out", str(out)]) == 0
     (row,) = json.loads((out / "control_plane.json").read_text())["rows"]
     assert row["waits_per_s"] > 3 and not row["errors"]
     assert row["command_delivery_s"] and all(0 <= d < 5 for d in row["command_delivery_s"])
