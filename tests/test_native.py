@@ -702,6 +702,36 @@ def test_pipeline_stages_train_the_model_a_single_stage_trains(tmp_path, paralle
     assert [s["grad_norm"] for s in run["steps"]] == pytest.approx([s.grad_norm for s in alone], rel=10 * rel)
 
 
+def test_pipeline_activations_cross_in_the_dtype_fsdp2_computes_them_in():
+    """FSDP2 computing a stage in bfloat16 makes its outputs bfloat16: the activations between
+    stages are received (and so sent) in bfloat16, half the bytes of float32 (they crossed as
+    float32, widened, before; the losses, gradient norms and digests of a bf16 reshape to
+    tp1pp2dp2 came out the same bit for bit both ways). Where FSDP2 does not cast (float32, or no
+    data-parallel sharding: the example's autocast, whose residual stream stays float32), as the
+    model makes them. Every stage of every stage's rank works the same dtypes out."""
+    from dataclasses import replace
+
+    from liver.engine.native.engine import fsdp_compute_dtype, stage_activations, structure
+
+    adapter = load_adapter(EXAMPLE)
+    inputs = torch.zeros(2, 8, dtype=torch.long)
+    for dtype, parallel, wire in (("bfloat16", ParallelConfig(pp=2, dp=2), torch.bfloat16),
+                                  ("bfloat16", ParallelConfig(tp=2, pp=2, dp=2), torch.bfloat16),
+                                  ("bfloat16", ParallelConfig(pp=2), torch.float32),
+                                  ("float32", ParallelConfig(pp=2, dp=2), torch.float32)):
+        job = replace(job_of(hidden=8, heads=4, ffn=8, vocab=8), compute_dtype=dtype)
+        lay = adapter.layout(job, parallel)
+        for rank in range(lay.size):
+            world = FakeWorld.build_fake(0, lay, rank, "gloo", torch.device("cpu"))
+            with world.registered():
+                try:
+                    cast = fsdp_compute_dtype(structure(adapter.recipe, job, world))
+                finally:
+                    forget_meshes()
+            x, y = stage_activations(adapter.recipe, job, lay, world.coord.pp, inputs, cast)
+            assert (x.dtype if world.coord.pp else y.dtype) == wire, (dtype, parallel.short(), rank, x.dtype, y.dtype)
+
+
 def test_the_examples_optimizer_never_mixes_dtensors_and_tensors_in_one_fused_update():
     """Tensor parallelism without FSDP2 leaves the norms plain tensors beside DTensors, which one
     fused or foreach update refuses ("got mixed torch.Tensor and DTensor", found on one H200):

@@ -35,7 +35,7 @@ import torch
 from torch.distributed.fsdp import FSDPModule
 from torch.distributed.tensor import DTensor
 
-from liver.engine.native.engine import fsdp
+from liver.engine.native.engine import fsdp, fsdp_param_groups as _param_groups
 from liver.engine.native.recipe import Recipe
 from liver.topology import JobConfig
 from liver.world import sharding
@@ -145,15 +145,6 @@ def _fsdp_stand_ins(modules: list) -> list[tuple[torch.nn.Module, str, torch.nn.
                     local = DTensor(local, spec, requires_grad=False)
                 out.append((info.module, info.param_name, torch.nn.Parameter(local, p.requires_grad)))
     return out
-
-
-def _param_groups(module: FSDPModule) -> list:
-    """FSDP2's parameter groups of ``module`` (private: as this torch keeps them)."""
-    state = module._get_fsdp_state()
-    groups = state.__dict__.get("_fsdp_param_groups")
-    if groups is None:  # (torch < 2.12: one group)
-        groups = [g] if (g := getattr(state, "_fsdp_param_group")) is not None else []
-    return groups
 
 
 def _optimizer_step(recipe: Recipe, job: JobConfig, model: torch.nn.Module, kinds, device: torch.device) -> None:

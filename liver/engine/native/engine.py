@@ -56,6 +56,29 @@ def fsdp(model: torch.nn.Module) -> bool:
     return any(isinstance(m, FSDPModule) for m in model.modules())
 
 
+def fsdp_param_groups(module: FSDPModule) -> list:
+    """FSDP2's parameter groups of ``module`` (private: as this torch keeps them)."""
+    state = module._get_fsdp_state()
+    groups = state.__dict__.get("_fsdp_param_groups")
+    if groups is None:  # (torch < 2.12: one group)
+        groups = [g] if (g := getattr(state, "_fsdp_param_group")) is not None else []
+    return groups
+
+
+def fsdp_compute_dtype(model: torch.nn.Module) -> torch.dtype | None:
+    """The dtype FSDP2 computes ``model``'s parameters in (its mixed precision's ``param_dtype``),
+    where it manages every parameter and every group of it names the same one; else None (no
+    FSDP2, or the parameters' own dtypes)."""
+    managed, dtypes = set(), set()
+    for m in model.modules():
+        if isinstance(m, FSDPModule):
+            for group in fsdp_param_groups(m):
+                dtypes.add(group.mp_policy.param_dtype)
+                managed |= {id(fp._module_info.module._parameters[fp._module_info.param_name]) for fp in group.fsdp_params}
+    every = all(id(p) in managed for p in model.parameters())
+    return dtypes.pop() if every and len(dtypes) == 1 and None not in dtypes else None
+
+
 def build_model(recipe: Recipe, job: JobConfig, world: World, device: torch.device,
                 adopt: dict[str, torch.Tensor] | None = None, make_state: bool = True,
                 model: torch.nn.Module | None = None, sharding: dict | None = None, here: bool = True):
@@ -151,11 +174,14 @@ def adopted(old: torch.Tensor | None, like: torch.Tensor, device: torch.device) 
     return old
 
 
-def stage_activations(recipe: Recipe, job: JobConfig, layout, stage: int,
-                      micro_inputs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def stage_activations(recipe: Recipe, job: JobConfig, layout, stage: int, micro_inputs: torch.Tensor,
+                      compute_dtype: torch.dtype | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """The input and output of pipeline stage ``stage`` for one micro-batch, as meta tensors: the
     whole model's stages before it and it, cut by the recipe and not parallelised, run on the meta
-    device (the activations between stages are whole tensors, as TP's replicated outputs are)."""
+    device (the activations between stages are whole tensors, as TP's replicated outputs are).
+    ``compute_dtype``: FSDP2's mixed precision (``fsdp_compute_dtype``), run as FSDP2 runs it:
+    the parameters in it (not the buffers), a stage's floating input cast to it. The activations
+    come out in the dtype the stages make and send (bfloat16 there: half the bytes of float32)."""
     x = torch.empty_like(micro_inputs, device="meta")
     for s in range(stage + 1):
         with torch.device("meta"):
@@ -163,18 +189,24 @@ def stage_activations(recipe: Recipe, job: JobConfig, layout, stage: int,
         lo, hi = layout.stage_bounds[s]
         part = recipe.stage(whole, range(lo, hi), s == 0, s == layout.pp - 1) or whole
         x_in = x
+        if compute_dtype is not None:
+            for m in part.modules():
+                for name, p in m._parameters.items():
+                    if p is not None and p.is_floating_point():
+                        m._parameters[name] = torch.nn.Parameter(p.to(compute_dtype), p.requires_grad)
+            x = x.to(compute_dtype) if x.is_floating_point() else x
         with torch.no_grad():
-            x = part(x_in)
+            x = part(x)
     return x_in, x
 
 
 def _as_sent(dtype: torch.dtype):
     """A stage's forward hook: its floating outputs in ``dtype``, the activations' dtype the next
     stage's receive buffers have (``stage_activations``: the model's own, worked out on the meta
-    device). The loop's precision can make them another: FSDP2 computing in bfloat16 makes the
-    stage's outputs bfloat16, and sent as they are into float32 buffers they arrived as garbage
-    (torch 2.13 no longer checks what a stage sends). Widening is exact, and autograd narrows the
-    gradient coming back the same way."""
+    device, in FSDP2's compute dtype where FSDP2 computes the stage). The loop's precision can
+    make them another: an autocast's outputs bfloat16 where the meta device works out float32; sent
+    as they are into float32 buffers they would arrive as garbage (torch 2.13 no longer checks what
+    a stage sends). Widening is exact, and autograd narrows the gradient coming back the same way."""
     def hook(module, args, out):
         if isinstance(out, torch.Tensor) and out.is_floating_point() and out.dtype != dtype:
             return out.to(dtype)
@@ -482,7 +514,7 @@ class NativeEngine:
         lay, c = self.layout, self.world.coord
         first, last = c.pp == 0, c.pp == lay.pp - 1
         x, y = (torch.zeros(t.shape, dtype=t.dtype, device=self.device)
-                for t in stage_activations(self.recipe, self.job, lay, c.pp, micro_inputs))
+                for t in stage_activations(self.recipe, self.job, lay, c.pp, micro_inputs, fsdp_compute_dtype(self.model)))
         # activations between stages carry gradients back: as examples they must require them
         # (else the stage before gets none, and trains on nothing)
         x.requires_grad_(not first and x.is_floating_point())
