@@ -196,3 +196,11 @@ def test_a_job_on_no_more_gpus_than_there_are_moves_only_where_the_move_pays(job
         fastest = min(target.step_time(work, c, hw) for c in [*among, current])  # (the choice's unit)
         saved = moves.LIVE.horizon_s * (target.step_time(work, current, hw) - target.step_time(work, chosen, hw)) / fastest
         assert saved >= cost - 1e-6
+
+
+@settings(max_examples=200, deadline=None)
+@given(n=st.integers(1, 200_000))
+def test_the_candidates_counts_divisors_are_every_divisor(n):
+    """``target.candidates`` tries (tp, pp) over the divisors of the count, found up to its square
+    root (a walk down from 100,000 GPUs took hours with every tp from 1 to the count tried)."""
+    assert target._divisors(n) == tuple(d for d in range(1, n + 1) if n % d == 0)

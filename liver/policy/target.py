@@ -20,6 +20,7 @@ tensor parallelism.
 from __future__ import annotations
 
 import functools
+import math
 from dataclasses import dataclass, replace
 
 from liver.engine.interface import EngineAdapter
@@ -76,16 +77,20 @@ def _step_time(job: Workload, layout: Layout, prof: Profile) -> float:
     return costs.step_time(job, layout, prof)
 
 
-@functools.lru_cache(maxsize=4096)
+@functools.lru_cache(maxsize=65536)
+def _divisors(n: int) -> tuple[int, ...]:
+    """The divisors of ``n``, ascending (found up to its square root: a count of 100,000 GPUs and
+    every count below it, as ``best_up_to`` walks them, are enumerated in seconds, not hours)."""
+    low = [d for d in range(1, math.isqrt(n) + 1) if n % d == 0]
+    return tuple(sorted({*low, *(n // d for d in low)}))
+
+
+@functools.lru_cache(maxsize=65536)
 def candidates(adapter: EngineAdapter, job: JobConfig, gpus: int) -> tuple[Layout, ...]:
     """Every layout of ``gpus`` GPUs the engine accepts for this job."""
     out = []
-    for tp in range(1, gpus + 1):
-        if gpus % tp:
-            continue
-        for pp in range(1, gpus // tp + 1):
-            if (gpus // tp) % pp:
-                continue
+    for tp in _divisors(gpus):
+        for pp in _divisors(gpus // tp):
             try:
                 out.append(adapter.layout(job, ParallelConfig(tp=tp, pp=pp, dp=gpus // (tp * pp))))
             except ValueError:
