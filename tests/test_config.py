@@ -70,6 +70,9 @@ def test_round_trip_through_plain_data_is_exact(layers, heads, head_dim, ffn, vo
     ("digest=always", r"digest='always'"),
     ("preset=huge", r"preset='huge': allowed 'tiny'"),
     ("parallel=3,1,1", r"parallel=tp3pp1dp1: tp\*pp\*dp=3 but gpus=2"),
+    # (an optional field's message: the field the value failed, said once; was "expected must be ...")
+    ("parallel=0,1,1", r"^parallel='0,1,1': parallel.tp=0: must be a positive integer$"),
+    ("parallel=a", r"^parallel='a': expected 'tp,pp,dp' \(three integers\)$"),
     ("job.model.num_heads=3", r"num_heads=3 does not divide hidden_size=64"),
     ("job.model.num_layers=many", r"job.model.num_layers='many': expected an integer"),
     ("job.model.depth=3", r"job.model.depth: no such field; allowed: num_layers"),

@@ -31,9 +31,11 @@ def _convert(tp: Any, value: Any, where: str) -> Any:
                 continue
             try:
                 return _convert(opt, value, where)
-            except ValueError as e:
-                errors.append(str(e).split(": ", 1)[-1])
-        raise ValueError(f"{where}={value!r}: expected {' or '.join(errors)}")
+            except ValueError as e:  # (its own "where=value: " said once, in front)
+                errors.append(str(e).removeprefix(f"{where}={value!r}: "))
+        if all(e.startswith("expected ") for e in errors):
+            raise ValueError(f"{where}={value!r}: expected {' or '.join(e.removeprefix('expected ') for e in errors)}")
+        raise ValueError(f"{where}={value!r}: {'; '.join(errors)}")
     if origin is dict:
         if not isinstance(value, Mapping):
             raise ValueError(f"{where}={value!r}: expected a table")
