@@ -204,3 +204,27 @@ def test_the_candidates_counts_divisors_are_every_divisor(n):
     """``target.candidates`` tries (tp, pp) over the divisors of the count, found up to its square
     root (a walk down from 100,000 GPUs took hours with every tp from 1 to the count tried)."""
     assert target._divisors(n) == tuple(d for d in range(1, n + 1) if n % d == 0)
+
+
+@settings(max_examples=6, deadline=None)
+@given(model=st.sampled_from(["7b-cluster", "14b-cluster", "30b-cluster", "70b-cluster", "175b-cluster"]),
+       profile=st.sampled_from(["h200", "a800-pcie"]), start=st.integers(8, 120))
+def test_the_first_choice_on_gpus_of_their_own_never_returns_to_a_layout_it_left_as_the_count_grows(model, profile, start):
+    """The simulator's first choice (``best_up_to`` with nothing running) on GPUs of their own is
+    the fastest on at most the count: as the count grows a node at a time it changes only to a
+    layout that steps faster on the new GPUs, never back to one it left (it did: 70B took 1,008's
+    only layout between two counts that both ran tp2pp27dp16 on 864, 40% faster)."""
+    from liver.sim.models import sim_model
+
+    prof = load(profile)
+    hw, job = target.Hardware.of(prof), sim_model(model)
+    w, seen, last = Workload(ADAPTER, job), [], None
+    for n in range(start * prof.node_size, (start + 8) * prof.node_size + 1, prof.node_size):
+        lay = target.best_up_to(ADAPTER, job, n, hw)
+        if lay is None:
+            continue
+        if last is not None and lay.parallel != last.parallel:
+            assert lay.parallel not in seen, (n, lay.parallel.short(), [p.short() for p in seen])
+            assert target.step_time(w, lay, hw) < target.step_time(w, last, hw) and lay.size > n - prof.node_size
+        seen.append(lay.parallel)
+        last = lay
