@@ -227,6 +227,57 @@ def test_survivors_no_configuration_uses_all_of_heal_onto_the_most_that_hold_the
 
 
 @pytest.mark.timeout(600)
+def test_a_rank_lost_within_a_pipeline_stages_tp_collective_is_healed_not_crashed_on(tmp_path, monkeypatch):
+    """The replicated recipe on tp2pp2dp2: a rank killed mid-step breaks its peers' TP all-reduces
+    inside their stages' forward, whose errors torch's pipelining wraps ("[Stage 1] failed to run
+    forward", the collective's error its cause). The survivors took that for a bug of the model and
+    exited: no heal, a rollback to the checkpoint (4 steps lost here). Now they stall on it
+    (``world.broken.broken_group`` follows the cause) and heal from their replicas, nothing lost."""
+    from pathlib import Path
+
+    from liver.host import faults
+    from test_run import liver
+    root = Path(__file__).resolve().parent.parent
+    empty = tmp_path / "none.txt"
+    empty.write_text("# no events\n")
+    monkeypatch.setenv(faults.ENV, "mid-step:7:5")
+    rep = liver(tmp_path / "run", "--config", str(root / "configs" / "llama-native.toml"),
+                "--set", f"engine={root / 'tests' / 'recipes' / 'replicated.py'}:RECIPE", "--set", "agent.slots=8",
+                "--events", str(empty), "--set", "parallel=2,2,2", "--set", "gpus=8", "--steps", "7",
+                "--end-after-events", "-1", "--ckpt-every", "0", "--digest")
+    monkeypatch.delenv(faults.ENV)
+    assert rep["rc"] == 0
+    (rec,) = [e for e in rep["events"] if e["event"]["kind"] == "fail-stop"]
+    assert rec["event"]["source"] == "process [7] exited [-9]", rec  # (its peers stalled: none exited 1)
+    assert rec["status"] == "healed from the surviving replicas" and rec["lost_steps"] == 0, rec
+    assert rec["digest_equal"] is True and rec["restored_step"] == 4
+    check_continuous(rep, 7)
+
+
+def test_a_collectives_error_wrapped_by_the_code_that_ran_it_is_still_a_broken_group():
+    """``broken_group`` follows an error's cause and context: torch's pipelining, or a user's loop,
+    raising its own error from a collective that failed on a lost peer."""
+    from liver.world.broken import broken_group
+
+    def raised(outer, inner, how):
+        try:
+            try:
+                raise inner
+            except RuntimeError as e:
+                if how == "from":
+                    raise outer from e
+                raise outer
+        except RuntimeError as e:
+            return e
+
+    gloo = RuntimeError("[gloo/transport/tcp/pair.cc:553] Connection closed by peer [127.0.0.1]:53457")
+    for how in ("from", "during"):
+        assert broken_group(raised(RuntimeError("[Stage 1] failed to run forward"), gloo, how))
+        assert not broken_group(raised(RuntimeError("[Stage 1] failed to run forward"), RuntimeError("shape mismatch"), how))
+    assert not broken_group(RuntimeError("CUDA out of memory"))
+
+
+@pytest.mark.timeout(600)
 def test_a_users_replicated_model_heals_mid_step_and_re_runs_the_step_a_restart_computes(tmp_path, monkeypatch):
     """A user's own loop (tests/recipes/replicated.py: examples/llama.py's model whole on each data-
     parallel rank, gradients averaged in the loop, DDP's way): a rank lost mid-step leaves its peer

@@ -15,7 +15,20 @@ _SIGNS = (CUT, "Connection closed by peer", "Connection reset by peer", "Broken 
 
 
 def broken_group(e: BaseException) -> bool:
-    """A collective that failed because a peer vanished (DCP's gathered failures included)."""
+    """A collective that failed because a peer vanished (DCP's gathered failures included), or an
+    error raised from one: torch's pipelining wraps what a stage's forward raised (an FSDP2
+    all-gather or a TP all-reduce within it, its peer killed) in "[Stage 0] failed to run
+    forward", the collective's error its cause; a user's loop may wrap it too."""
+    seen: set[int] = set()
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        if _broken(e):
+            return True
+        e = e.__cause__ or e.__context__
+    return False
+
+
+def _broken(e: BaseException) -> bool:
     if isinstance(e, getattr(torch.distributed, "DistError", ())):
         return True
     failures = getattr(e, "failures", None)  # (DCP: each rank's exception, as (exception, traceback))
