@@ -270,7 +270,7 @@ def test_a_recovery_whose_survivors_no_configuration_uses_all_of_runs_on_fewer_a
     """Five survivors of tp1pp3dp2 (a 4-layer model, batch 8: no configuration of 5 GPUs): the
     recovery from the checkpoint runs on the best configuration of fewer of them, the first in slot
     order, and says which slots it left idle (before: the controller stopped on the ValueError)."""
-    ctl, node, ranks = controller(tmp_path, parallel=ParallelConfig(tp=1, pp=3, dp=2), slots=8, heal_timeout_s=0)
+    ctl, node, ranks = controller(tmp_path, parallel=ParallelConfig(tp=1, pp=3, dp=2), slots=6, heal_timeout_s=0)
     ranks.step(7)
     ctl.once()
     node.exit(5, -9)
@@ -280,7 +280,33 @@ def test_a_recovery_whose_survivors_no_configuration_uses_all_of_runs_on_fewer_a
     assert rec.outcome is Outcome.RECOVERED and new.world_size < 5, rec
     assert ctl.state.active.parallel == new and len(ctl.state.active.procs) == new.world_size
     used = sorted(ctl.state.slot_of[p] for p in ctl.state.active.procs)
-    assert used + rec["idle_slots"] == [0, 1, 2, 3, 4]
+    assert used + rec["idle_slots"] == [0, 1, 2, 3, 4] and "spare_slots" not in rec
+
+
+def test_a_recovery_takes_idle_slots_in_the_lost_ranks_places_up_to_the_jobs_size(tmp_path):
+    """The same loss with two idle slots (8 slots, 6 ranks): every process starts afresh from the
+    checkpoint anyway, so an idle slot takes the lost rank's place (a hot spare) and the job goes on
+    at its size, on its configuration; the lost slot is not used again, the other idle one stays
+    idle. Every process lost at once, with idle slots: the job recovers on them, not suspended."""
+    ctl, node, ranks = controller(tmp_path, parallel=ParallelConfig(tp=1, pp=3, dp=2), slots=8, heal_timeout_s=0)
+    ranks.step(7)
+    ctl.once()
+    node.exit(5, -9)
+    ctl.once()
+    (rec,) = ctl.state.records
+    assert rec.outcome is Outcome.RECOVERED and rec["new"] == rec["old"] == "tp1pp3dp2", rec
+    assert rec["spare_slots"] == [6] and rec["lost_slots"] == [5] and "idle_slots" not in rec, rec
+    assert sorted(ctl.state.slot_of[p] for p in ctl.state.active.procs) == [0, 1, 2, 3, 4, 6]
+
+    ctl, node, ranks = controller(tmp_path / "all", slots=4)
+    ranks.step(5)
+    ctl.once()
+    for p in list(ctl.state.active.procs):
+        node.exit(p, -9)
+    ctl.once()
+    (rec,) = ctl.state.records
+    assert ctl.state.phase is not Phase.SUSPENDED and rec.outcome is Outcome.RECOVERED, rec
+    assert rec["spare_slots"] == [2, 3] and sorted(ctl.state.slot_of[p] for p in ctl.state.active.procs) == [2, 3]
 
 
 def test_a_recovery_keeps_the_slots_of_processes_that_ended_because_a_peer_vanished(tmp_path):
@@ -429,8 +455,8 @@ def test_a_scale_in_to_no_gpu_saves_suspends_and_a_scale_out_resumes_from_the_sa
 def test_every_process_lost_at_once_suspends_on_the_newest_checkpoint(tmp_path):
     """Every process killed at once (no survivor, no error of their own): the job waits with the
     newest checkpoint (none here: from step 0), and ends with no GPU when nothing queued would
-    bring one back."""
-    ctl, node, ranks = controller(tmp_path)
+    bring one back. (No idle slot: a recovery would take them.)"""
+    ctl, node, ranks = controller(tmp_path, slots=2)
     ranks.step(5)
     ctl.once()
     for p in list(ctl.state.active.procs):

@@ -486,7 +486,8 @@ def test_kill9_of_a_users_model_rank_recovers_from_the_dcp_checkpoint(tmp_path):
     empty = tmp_path / "none.txt"
     empty.write_text("# no events\n")
     t, box = background(run_dir, "--config", CONFIG, "--events", str(empty), "--set", "parallel=1,1,2",
-                        "--steps", "30", "--end-after-events", "-1", "--ckpt-every", "4")
+                        "--steps", "30", "--end-after-events", "-1", "--ckpt-every", "4",
+                        "--set", "agent.slots=2")  # (no idle slot to take the lost rank's place: on one process)
     latest = run_dir / "ckpt" / "latest.json"
     wait_for(lambda: latest.exists() and json.loads(latest.read_text())["step"] >= 8, what="checkpoint 8")
     rep, rec = kill_and_recover(run_dir, t, box, proc=1)

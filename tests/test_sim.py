@@ -635,6 +635,28 @@ def test_the_simulators_heal_is_the_controllers_over_the_reference_engines_tenso
     assert engine.Sim.heals(lay, lost) == (uncovered(view, ADAPTER.state_specs(job)) is None)
 
 
+def test_a_fail_stop_from_the_checkpoint_restarts_on_idle_gpus_too_a_missed_notice_on_the_survivors():
+    """70B on 64 of 72 H200s (tp2pp8dp4: a node holds every replica of its stage, no heal from
+    memory) loses a node of its own. Without notice the recovery starts every process afresh, so
+    the idle node takes the lost one's place (the controller's ``from_checkpoint``): tp2pp8dp4 again
+    on 64 GPUs, not the best of the 56 left. A notice whose handoff misses the GPUs' going recovers
+    on the survivors (the notice's target)."""
+    from liver.policy.moves import LIVE, RESTART_FROM_CHECKPOINT
+
+    job, prof = sim_model("70b-cluster"), load("h200")
+    lay = ADAPTER.layout(job, ParallelConfig.parse("2,8,4"))
+    assert not engine.Sim.heals(lay, 8)
+    for notice_s, want in ((0.0, "tp2pp8dp4"), (1.0, None)):
+        sim = engine.Sim(job, prof, engine.POLICIES["live"](), 72, [sources.Change(2000.0, 64, notice_s)], 1.0,
+                         takes=losses.JobFirst())
+        sim.layout = lay
+        survivors = sim.best(56, LIVE)
+        assert sim.best(64, RESTART_FROM_CHECKPOINT).parallel.short() == "tp2pp8dp4" and survivors.size <= 56
+        (ev,) = sim.run().events
+        assert ev["kind"] == "fail-stop" and ev["healed"] is False and ev["lost_s"] > 0, ev
+        assert ev["config"] == (want or survivors.parallel.short()), (notice_s, ev)
+
+
 def test_a_node_that_holds_every_replica_of_a_stage_is_not_healed_from_memory():
     """70B on 632 H200s running tp2pp79dp4 (632's only layout; a node of 8 holds all four replicas
     of its stage): a loss of one of its nodes without notice falls back to the checkpoint; on

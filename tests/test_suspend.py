@@ -58,7 +58,8 @@ def test_every_process_lost_then_gpus_back_resumes_from_the_checkpoint_and_a_new
     run_dir = tmp_path / "run"
     (tmp_path / "none.txt").write_text("# no events\n")
     t, box = background(run_dir, "--events", str(tmp_path / "none.txt"), "--parallel", "1,2,1", "--gpus", "2",
-                        "--steps", "30", "--ckpt-every", "4", "--end-after-events", "-1")
+                        "--steps", "30", "--ckpt-every", "4", "--end-after-events", "-1",
+                        "--set", "agent.slots=2")  # (no idle slot: else the recovery takes them)
     latest = run_dir / "ckpt" / "latest.json"
     wait_for(lambda: latest.exists() and json.loads(latest.read_text())["step"] >= 8, what="checkpoint 8")
     for p in procs(run_dir):

@@ -23,15 +23,13 @@ from liver.controller.suspension import Suspension
 from liver.policy import target
 from liver.policy.decisions import EndState, job_finished
 from liver.policy.events import Event
-from liver.policy.moves import RestartMove
+from liver.policy.moves import RESTART_FROM_CHECKPOINT
 from liver.policy.outcome import Outcome
 from liver.protocol.agent import NODE_LOST
 from liver.protocol.messages import beat_key
 from liver.topology import ParallelConfig
 
 FAILURE_GRACE_S = 0.2  # before a recovery from the checkpoint, the processes that end with the lost ones
-
-RESTART_FROM_CHECKPOINT = RestartMove(save=False)  # a recovery's move: the newest checkpoint loaded
 
 
 class ControllerError(RuntimeError):
@@ -197,6 +195,15 @@ class Failures:
         return self.host.step
 
     # ---- the fail-stop from the checkpoint -----------------------------------------------------
+    def _spare_slots(self, survivors: list[int], size: int, silent: set[str]) -> list[int]:
+        """Slots of nodes that are up (no notice, not lost, not ``silent``) that no process of the
+        job held and none lost: at most what the survivors lack of the job's ``size``, in slot order."""
+        h, s = self.host, self.host.state
+        held = {s.slot_of[p] for p in s.active.procs}
+        free = [x for x in h.nodes.slots() if x not in s.lost_slots and x not in held
+                and h.nodes.node_of(x).name not in silent]
+        return free[:max(0, size - len(survivors))]
+
     def from_checkpoint(self, dead: list[Worker], preempted: bool = False,
                         named: ParallelConfig | None = None) -> None:
         """A rank vanished: stop everyone, restart from the latest checkpoint on the slots left.
@@ -219,14 +226,18 @@ class Failures:
         # every other slot of the Active World: its own processes, and those that exited because
         # a peer vanished (their slots are healthy)
         survivors = [s.slot_of[p] for p in s.active.procs if s.slot_of[p] not in dead_slots]
-        if not survivors and (silent or all(w.returncode is not None and w.returncode < 0 for w in dead)):
+        # a fail-stop starts every process afresh: idle slots of healthy nodes take the lost ones'
+        # places, up to the job's size (not where a notice's scale-in or a named target is the outcome)
+        spare = [] if preempted or named is not None else self._spare_slots(survivors, len(s.active.procs), silent)
+        gone = silent or all(w.returncode is not None and w.returncode < 0 for w in dead)
+        if not survivors and gone and not spare:
             return h.suspension.every_gpu_lost(dead, failed_step, t0)
-        if not survivors:  # every process ended on an error of its own: a bug to show, not GPUs lost
+        if not survivors and not gone:  # every process ended on an error of its own: a bug to show, not GPUs lost
             tails = "\n".join(f"--- process {w.proc} (slot {w.slot}), exit {w.returncode}:\n"
                               f"{h.nodes.log_tail(w.proc, 1500)}" for w in dead)
             raise ControllerError("every process of the job died; nothing to recover on. Last words:\n" + tails)
         ck = h.suspension.newest_checkpoint()
-        n = len(survivors)
+        n = len(survivors) + len(spare)
         old = s.active.parallel
         if named is None and preempted and s.current is not None:
             named = s.current.target  # the scale-in's own target: what the notice asked for
@@ -242,8 +253,11 @@ class Failures:
         if s.current is not None:  # the event in flight: re-queued if it still applies
             self._interrupt(n, preempted)
         h.go(Trigger.FAIL_STOP)
-        # (where no configuration uses every survivor, the first of them in slot order, node by node; the rest idle)
-        slots, idle = sorted(survivors)[:parallel.world_size], sorted(survivors)[parallel.world_size:]
+        # (where no configuration uses every slot, the survivors' first in slot order, node by node, then
+        # the spare ones; the rest idle)
+        ordered = sorted(survivors) + spare
+        slots, idle = ordered[:parallel.world_size], ordered[parallel.world_size:]
+        took = [x for x in spare if x in slots]
         h.start_generation(parallel, slots, ck["path"] if ck else None, "recover")
         rec = EventRecord.of(
             {"kind": "fail-stop", "source": self.says(dead)}, Outcome.RECOVERED, generation=s.gen,
@@ -253,6 +267,7 @@ class Failures:
             # what the dead processes said last (a traceback's final line, where there was one)
             last_words={w.proc: last_line(h.nodes.log_tail(w.proc, 2000)) for w in dead},
             **({"named_not_honoured": not_honoured} if not_honoured else {}),
+            **({"spare_slots": took} if took else {}),
             **({"idle_slots": idle} if idle else {}))
         s.records.append(rec)
         h.phase_log("fail-stop", **{k: rec[k] for k in ("failed_at_step", "restored_step", "lost_steps", "new",

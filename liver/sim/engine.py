@@ -35,7 +35,7 @@ from liver.policy.workload import Workload
 from liver.policy.decisions import NoticeAction, on_notice
 from liver.topology import ParallelConfig
 from liver.policy.events import EventKind
-from liver.policy.moves import LIVE, Move, RestartMove
+from liver.policy.moves import LIVE, RESTART_FROM_CHECKPOINT, Move, RestartMove
 from liver.policy.profile import Profile
 from liver.sim.losses import RandomNodes, Takes
 from liver.sim import sources
@@ -114,6 +114,15 @@ class Sim:
             return c.gpus
         hit = self.takes.job_lost(self.avail, c.gpus, self.layout.size, self.prof.node_size, str(self._place[c]))
         return None if hit == 0 else min(c.gpus, self.layout.size - hit)
+
+    def recovery(self, c: Change, survivors: Layout) -> Layout:
+        """Where a loss falls back to the checkpoint: the configuration the job restarts on. Without
+        notice (a fail-stop) every process starts afresh, so idle GPUs take the lost ones' places,
+        up to the job's size (the controller's recovery, ``Failures.from_checkpoint``); after a
+        notice whose handoff missed the GPUs' going, on ``survivors``' (the notice's target)."""
+        if c.notice_s > 0 or self.layout is None:
+            return survivors
+        return self.best(min(c.gpus, self.layout.size), RESTART_FROM_CHECKPOINT) or survivors
 
     @staticmethod
     def heals(lay: Layout, lost: int) -> bool:
@@ -389,6 +398,7 @@ class Live(Policy):
             lost = 0.0
         else:
             lost = sim.roll_back()
+            tgt = sim.recovery(c, tgt)
             dt = sim.prof.detect_s + costs.restart(sim.work, old.parallel, tgt.parallel, sim.prof, save=False).downtime_s
         yield from sim.pause(env, dt)
         sim.avail, sim.layout = c.gpus, tgt
@@ -436,6 +446,7 @@ class Restart(Policy):
         if loss and env.now + r.save_s > c.t:  # the save does not finish before the GPUs go
             yield from self.wait_for_loss(sim, env, c)
             lost = sim.roll_back()
+            tgt = sim.recovery(c, tgt)
             r = costs.restart(sim.work, old.parallel, tgt.parallel, sim.prof, memory=self.memory, save=False)
             yield from sim.pause(env, sim.prof.detect_s + r.downtime_s)
             sim.avail, sim.layout = c.gpus, tgt
