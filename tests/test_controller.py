@@ -266,47 +266,29 @@ def test_a_rank_lost_without_replicas_recovers_from_the_checkpoint_on_fresh_proc
     assert node.workers[0].returncode is not None  # every process of the broken generation stopped
 
 
-def test_a_recovery_whose_survivors_no_configuration_uses_all_of_runs_on_fewer_and_leaves_the_rest_idle(tmp_path):
+@pytest.mark.parametrize("slots", [6, 8])
+def test_a_recovery_whose_survivors_no_configuration_uses_all_of_runs_on_fewer_and_leaves_the_rest_idle(tmp_path, slots):
     """Five survivors of tp1pp3dp2 (a 4-layer model, batch 8: no configuration of 5 GPUs): the
     recovery from the checkpoint runs on the best configuration of fewer of them, the first in slot
-    order, and says which slots it left idle (before: the controller stopped on the ValueError)."""
-    ctl, node, ranks = controller(tmp_path, parallel=ParallelConfig(tp=1, pp=3, dp=2), slots=6, heal_timeout_s=0)
+    order, and says which slots it left idle (before: the controller stopped on the ValueError).
+    With idle slots (8 slots, 6 ranks), one takes the lost rank's place instead: every process starts
+    afresh anyway (a hot spare), so the job goes on at its size, on its configuration; the lost slot
+    is not used again, the other idle one stays idle."""
+    ctl, node, ranks = controller(tmp_path, parallel=ParallelConfig(tp=1, pp=3, dp=2), slots=slots, heal_timeout_s=0)
     ranks.step(7)
     ctl.once()
     node.exit(5, -9)
     ctl.once()
     (rec,) = ctl.state.records
     new = ParallelConfig.from_short(rec["new"])
-    assert rec.outcome is Outcome.RECOVERED and new.world_size < 5, rec
-    assert ctl.state.active.parallel == new and len(ctl.state.active.procs) == new.world_size
     used = sorted(ctl.state.slot_of[p] for p in ctl.state.active.procs)
-    assert used + rec["idle_slots"] == [0, 1, 2, 3, 4] and "spare_slots" not in rec
-
-
-def test_a_recovery_takes_idle_slots_in_the_lost_ranks_places_up_to_the_jobs_size(tmp_path):
-    """The same loss with two idle slots (8 slots, 6 ranks): every process starts afresh from the
-    checkpoint anyway, so an idle slot takes the lost rank's place (a hot spare) and the job goes on
-    at its size, on its configuration; the lost slot is not used again, the other idle one stays
-    idle. Every process lost at once, with idle slots: the job recovers on them, not suspended."""
-    ctl, node, ranks = controller(tmp_path, parallel=ParallelConfig(tp=1, pp=3, dp=2), slots=8, heal_timeout_s=0)
-    ranks.step(7)
-    ctl.once()
-    node.exit(5, -9)
-    ctl.once()
-    (rec,) = ctl.state.records
-    assert rec.outcome is Outcome.RECOVERED and rec["new"] == rec["old"] == "tp1pp3dp2", rec
-    assert rec["spare_slots"] == [6] and rec["lost_slots"] == [5] and "idle_slots" not in rec, rec
-    assert sorted(ctl.state.slot_of[p] for p in ctl.state.active.procs) == [0, 1, 2, 3, 4, 6]
-
-    ctl, node, ranks = controller(tmp_path / "all", slots=4)
-    ranks.step(5)
-    ctl.once()
-    for p in list(ctl.state.active.procs):
-        node.exit(p, -9)
-    ctl.once()
-    (rec,) = ctl.state.records
-    assert ctl.state.phase is not Phase.SUSPENDED and rec.outcome is Outcome.RECOVERED, rec
-    assert rec["spare_slots"] == [2, 3] and sorted(ctl.state.slot_of[p] for p in ctl.state.active.procs) == [2, 3]
+    assert rec.outcome is Outcome.RECOVERED and ctl.state.active.parallel == new and rec["lost_slots"] == [5], rec
+    if slots == 6:
+        assert new.world_size < 5 and len(used) == new.world_size and "spare_slots" not in rec, rec
+        assert used + rec["idle_slots"] == [0, 1, 2, 3, 4]
+    else:
+        assert rec["new"] == rec["old"] == "tp1pp3dp2" and rec["spare_slots"] == [6] and "idle_slots" not in rec, rec
+        assert used == [0, 1, 2, 3, 4, 6]
 
 
 def test_a_recovery_keeps_the_slots_of_processes_that_ended_because_a_peer_vanished(tmp_path):
@@ -452,20 +434,25 @@ def test_a_scale_in_to_no_gpu_saves_suspends_and_a_scale_out_resumes_from_the_sa
     assert resumed.outcome is Outcome.RESUMED and resumed["restored_step"] == 4 and resumed["lost_steps"] == 0
 
 
-def test_every_process_lost_at_once_suspends_on_the_newest_checkpoint(tmp_path):
+@pytest.mark.parametrize("slots", [2, 4])
+def test_every_process_lost_at_once_suspends_on_the_newest_checkpoint(tmp_path, slots):
     """Every process killed at once (no survivor, no error of their own): the job waits with the
     newest checkpoint (none here: from step 0), and ends with no GPU when nothing queued would
-    bring one back. (No idle slot: a recovery would take them.)"""
-    ctl, node, ranks = controller(tmp_path, slots=2)
+    bring one back. Where idle slots are left (4 slots, 2 ranks), the recovery starts on them."""
+    ctl, node, ranks = controller(tmp_path, slots=slots)
     ranks.step(5)
     ctl.once()
     for p in list(ctl.state.active.procs):
         node.exit(p, -9)
     ctl.once()
-    assert ctl.state.phase is Phase.SUSPENDED
     lost, = [r for r in ctl.state.records if r.event.get("kind") == "fail-stop"]
-    assert lost.outcome is Outcome.SUSPENDED and lost["lost_steps"] == 5 and lost["checkpoint"] is None
-    assert ctl.state.suspended["path"] is None and ctl.state.suspended["step"] == 0
+    assert lost["lost_steps"] == 5 and lost["checkpoint"] is None
+    if slots == 2:
+        assert ctl.state.phase is Phase.SUSPENDED and lost.outcome is Outcome.SUSPENDED
+        assert ctl.state.suspended["path"] is None and ctl.state.suspended["step"] == 0
+    else:
+        assert ctl.state.phase is not Phase.SUSPENDED and lost.outcome is Outcome.RECOVERED, lost
+        assert lost["spare_slots"] == [2, 3] and sorted(ctl.state.slot_of[p] for p in ctl.state.active.procs) == [2, 3]
 
 
 def test_every_mode_the_configuration_allows_is_a_strategy_the_controller_runs(tmp_path):
