@@ -10,7 +10,7 @@ import statistics
 from pathlib import Path
 
 import pytest
-from hypothesis import assume, given, settings
+from hypothesis import assume, example, given, settings
 from hypothesis import strategies as st
 
 from liver.policy.events import EventError
@@ -31,6 +31,9 @@ FIXTURES = Path(__file__).parent / "fixtures"
        interval=st.sampled_from([5.0, 20.0, 60.0]), notice=st.sampled_from([0.0, 30.0, 120.0]),
        seed=st.integers(0, 50), profile=st.sampled_from(PROFILES),
        takes=st.sampled_from([losses.RandomNodes(0), losses.RandomNodes(7), losses.IdleFirst(), losses.JobFirst()]))
+# (a fresh clone's run drew this one: restart-periodic, idle on no configuration, then a loss of
+# GPUs it did not run on; it read the configuration it did not have)
+@example(model="1b-cluster", gpus=56, interval=5.0, notice=0.0, seed=22, profile="h200", takes=losses.JobFirst())
 def test_runs_keep_their_invariants(model, gpus, interval, notice, seed, profile, takes):
     job, prof = sim_model(model), load(profile)
     changes = sources.synthetic(gpus, prof.node_size, interval * 60, notice, 2.0, seed=seed)

@@ -477,7 +477,7 @@ class RestartPeriodic(Restart):
     def handle(self, sim: Sim, env: simpy.Environment, c: Change) -> Iterator[Any]:
         n = sim.usable(c)  # (the change's own draws: the same again in ``Restart.handle``)
         old, tgt = sim.layout, None if n is None else self.target(sim, n)
-        if c.gpus >= sim.avail or n is None or tgt is None:
+        if c.gpus >= sim.avail or n is None or old is None or tgt is None:  # (idle, or none fits: as Restart)
             yield from super().handle(sim, env, c)
             return
         yield from self.wait_for_loss(sim, env, c)
