@@ -236,15 +236,15 @@ def test_a_rank_lost_within_a_pipeline_stages_tp_collective_is_healed_not_crashe
     from pathlib import Path
 
     from liver.host import faults
-    from test_run import liver
+    from test_run import liver, replays_as_restart
     root = Path(__file__).resolve().parent.parent
+    config = ("--config", str(root / "configs" / "llama-native.toml"),
+              "--set", f"engine={root / 'tests' / 'recipes' / 'replicated.py'}:RECIPE", "--set", "agent.slots=8")
     empty = tmp_path / "none.txt"
     empty.write_text("# no events\n")
     monkeypatch.setenv(faults.ENV, "mid-step:7:5")
-    rep = liver(tmp_path / "run", "--config", str(root / "configs" / "llama-native.toml"),
-                "--set", f"engine={root / 'tests' / 'recipes' / 'replicated.py'}:RECIPE", "--set", "agent.slots=8",
-                "--events", str(empty), "--set", "parallel=2,2,2", "--set", "gpus=8", "--steps", "7",
-                "--end-after-events", "-1", "--ckpt-every", "0", "--digest")
+    rep = liver(tmp_path / "run", *config, "--events", str(empty), "--set", "parallel=2,2,2", "--set", "gpus=8",
+                "--steps", "7", "--end-after-events", "-1", "--ckpt-every", "0", "--digest")
     monkeypatch.delenv(faults.ENV)
     assert rep["rc"] == 0
     (rec,) = [e for e in rep["events"] if e["event"]["kind"] == "fail-stop"]
@@ -252,6 +252,7 @@ def test_a_rank_lost_within_a_pipeline_stages_tp_collective_is_healed_not_crashe
     assert rec["status"] == "healed from the surviving replicas" and rec["lost_steps"] == 0, rec
     assert rec["digest_equal"] is True and rec["restored_step"] == 4
     check_continuous(rep, 7)
+    replays_as_restart(tmp_path, rep, rec, "2,2,2", 8, k=2, extra=config)
 
 
 def test_a_collectives_error_wrapped_by_the_code_that_ran_it_is_still_a_broken_group():
