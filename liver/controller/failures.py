@@ -195,14 +195,13 @@ class Failures:
         return self.host.step
 
     # ---- the fail-stop from the checkpoint -----------------------------------------------------
-    def _spare_slots(self, survivors: list[int], size: int, silent: set[str]) -> list[int]:
-        """Slots of nodes that are up (no notice, not lost, not ``silent``) that no process of the
-        job held and none lost: at most what the survivors lack of the job's ``size``, in slot order."""
+    def _spare_slots(self, wanted: int, silent: set[str]) -> list[int]:
+        """Up to ``wanted`` slots, in slot order, of nodes that are up (no notice, not lost, not
+        ``silent``) that no process of the job held and none lost."""
         h, s = self.host, self.host.state
         held = {s.slot_of[p] for p in s.active.procs}
-        free = [x for x in h.nodes.slots() if x not in s.lost_slots and x not in held
-                and h.nodes.node_of(x).name not in silent]
-        return free[:max(0, size - len(survivors))]
+        return [x for x in h.nodes.slots() if x not in s.lost_slots and x not in held
+                and h.nodes.node_of(x).name not in silent][:wanted]
 
     def from_checkpoint(self, dead: list[Worker], preempted: bool = False,
                         named: ParallelConfig | None = None) -> None:
@@ -228,7 +227,7 @@ class Failures:
         survivors = [s.slot_of[p] for p in s.active.procs if s.slot_of[p] not in dead_slots]
         # a fail-stop starts every process afresh: idle slots of healthy nodes take the lost ones'
         # places, up to the job's size (not where a notice's scale-in or a named target is the outcome)
-        spare = [] if preempted or named is not None else self._spare_slots(survivors, len(s.active.procs), silent)
+        spare = [] if preempted or named is not None else self._spare_slots(len(s.active.procs) - len(survivors), silent)
         gone = silent or all(w.returncode is not None and w.returncode < 0 for w in dead)
         if not survivors and gone and not spare:
             return h.suspension.every_gpu_lost(dead, failed_step, t0)

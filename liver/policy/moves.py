@@ -62,4 +62,4 @@ STEP_ONLY = Move()
 LIVE = LiveMove()
 RESTART_FROM_CHECKPOINT = RestartMove(save=False)  # a fail-stop's recovery: the newest checkpoint loaded
 
-__all__ = ["DEFAULT_HORIZON_S", "LIVE", "LiveMove", "Move", "RestartMove", "STEP_ONLY"]
+__all__ = ["DEFAULT_HORIZON_S", "LIVE", "LiveMove", "Move", "RESTART_FROM_CHECKPOINT", "RestartMove", "STEP_ONLY"]

@@ -120,7 +120,7 @@ class Sim:
         notice (a fail-stop) every process starts afresh, so idle GPUs take the lost ones' places,
         up to the job's size (the controller's recovery, ``Failures.from_checkpoint``); after a
         notice whose handoff missed the GPUs' going, on ``survivors``' (the notice's target)."""
-        if c.notice_s > 0 or self.layout is None:
+        if c.notice_s > 0:
             return survivors
         return self.best(min(c.gpus, self.layout.size), RESTART_FROM_CHECKPOINT) or survivors
 
